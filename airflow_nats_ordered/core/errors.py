@@ -1,0 +1,43 @@
+"""Named errors. Every message says what was wrong and how to fix it."""
+
+from __future__ import annotations
+
+
+class NatsOrderedError(Exception):
+    """Base class of every error this package raises on purpose."""
+
+
+class ConfigError(NatsOrderedError, ValueError):
+    """A setting, flag, connection extra or record is malformed."""
+
+
+class ConnectError(NatsOrderedError):
+    """The NATS servers could not be reached, or refused the connection."""
+
+
+class AuthError(ConnectError):
+    """The server rejected the credentials (user/password, token, creds, nkey) or TLS."""
+
+
+class StreamNotFoundError(NatsOrderedError):
+    """The partitioned stream does not exist."""
+
+
+class StreamConflictError(NatsOrderedError):
+    """An existing stream differs from the request in a way that cannot be changed in place."""
+
+
+class PartitionMismatchError(StreamConflictError):
+    """The partition count the caller expected differs from the stream's metadata."""
+
+
+class RecordError(NatsOrderedError, ValueError):
+    """One record was refused before sending (no key, payload too large). Nothing was sent."""
+
+
+class MissingKeyError(RecordError):
+    """A record has no key and keyless round-robin was not asked for."""
+
+
+class RecordTooLargeError(RecordError):
+    """A record is larger than the server's max_payload."""

@@ -1,0 +1,366 @@
+"""Partitioned streams: the spec, idempotent create-or-verify, and read-back of the contract.
+
+A partitioned stream is one JetStream stream whose subjects are ``<prefix>.p.<n>`` for
+``n`` in ``[0, P)``. The partition count, hash name and seed live in the stream metadata,
+so publishers and workers read P from the server and never guess it. P cannot change in
+place: a different count would silently move keys to other partitions and break per-key
+order, so a mismatch is always an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from nats.aio.client import Client as NATS
+from nats.js import api
+from nats.js.errors import APIError, NotFoundError
+
+from .errors import ConfigError, PartitionMismatchError, StreamConflictError, StreamNotFoundError
+from .partitioning import HASH_NAME, HASH_SEED, partition_subject, partition_wildcard
+
+META_PARTITIONS = "nats-ordered.partitions"
+META_HASH = "nats-ordered.hash"
+META_SEED = "nats-ordered.seed"
+META_PREFIX = "nats-ordered.prefix"
+META_FORMAT = "nats-ordered.format"
+FORMAT_VERSION = "1"
+
+#: Default msg-id de-duplication window: longer than a Spark task retry plus an Airflow task
+#: retry with its delay. Raise it to cover your slowest rerun; the server keeps every msg-id
+#: of the window in memory (about 100 bytes each).
+DEFAULT_DUPLICATE_WINDOW = 3600.0
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,200}$")
+_PREFIX_RE = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
+MAX_PARTITIONS = 4096
+
+
+@dataclass(frozen=True)
+class StreamSpec:
+    """What a partitioned stream should look like.
+
+    ``duplicate_window`` (seconds) bounds how late a retried or rerun publish is still
+    de-duplicated by ``Nats-Msg-Id``: set it longer than your longest retry (Spark task
+    retries, Airflow task retries with their delay, a backfill rerun policy).
+    """
+
+    name: str
+    partitions: int = 16
+    subject_prefix: str | None = None
+    replicas: int = 1
+    storage: Literal["file", "memory"] = "file"
+    max_age: float | None = None
+    max_bytes: int | None = None
+    max_msgs: int | None = None
+    max_msg_size: int | None = None
+    duplicate_window: float = DEFAULT_DUPLICATE_WINDOW
+    description: str | None = None
+
+    def __post_init__(self) -> None:
+        if not _NAME_RE.match(self.name or ""):
+            raise ConfigError(
+                f"stream name {self.name!r} is not valid: use letters, digits, '_' or '-' "
+                "(no dots, spaces or wildcards)"
+            )
+        if not isinstance(self.partitions, int) or not 1 <= self.partitions <= MAX_PARTITIONS:
+            raise ConfigError(
+                f"partitions must be an integer from 1 to {MAX_PARTITIONS}, got {self.partitions!r}"
+            )
+        if not _PREFIX_RE.match(self.prefix):
+            raise ConfigError(
+                f"subject prefix {self.prefix!r} is not valid: dot-separated tokens of letters, "
+                "digits, '_' or '-', no wildcards"
+            )
+        if self.replicas not in (1, 2, 3, 4, 5):
+            raise ConfigError(f"replicas must be 1 to 5, got {self.replicas!r}")
+        if self.storage not in ("file", "memory"):
+            raise ConfigError(f"storage must be 'file' or 'memory', got {self.storage!r}")
+        if not self.duplicate_window or self.duplicate_window <= 0:
+            raise ConfigError(
+                "duplicate_window must be > 0 seconds: msg-id de-duplication is what makes "
+                "retries and reruns store nothing twice"
+            )
+        if self.max_age is not None and self.max_age < self.duplicate_window:
+            raise ConfigError(
+                f"max_age ({self.max_age:g}s) must be at least duplicate_window "
+                f"({self.duplicate_window:g}s); lower duplicate_window or raise max_age"
+            )
+
+    @property
+    def prefix(self) -> str:
+        """The subject prefix: ``subject_prefix`` or the stream name in lower case."""
+        return self.subject_prefix or self.name.lower()
+
+    @property
+    def subjects(self) -> list[str]:
+        return [partition_wildcard(self.prefix)]
+
+    def metadata(self) -> dict[str, str]:
+        """The contract written into the stream metadata."""
+        return {
+            META_PARTITIONS: str(self.partitions),
+            META_HASH: HASH_NAME,
+            META_SEED: str(HASH_SEED),
+            META_PREFIX: self.prefix,
+            META_FORMAT: FORMAT_VERSION,
+        }
+
+    def stream_config(self) -> api.StreamConfig:
+        """The JetStream configuration for this spec.
+
+        ``allow_batched`` enables the fast-ingest batches the ordered publisher uses;
+        ``allow_direct`` serves per-partition last-message reads from any replica.
+        """
+        return api.StreamConfig(
+            name=self.name,
+            description=self.description,
+            subjects=self.subjects,
+            retention=api.RetentionPolicy.LIMITS,
+            discard=api.DiscardPolicy.OLD,
+            storage=api.StorageType.FILE if self.storage == "file" else api.StorageType.MEMORY,
+            num_replicas=self.replicas,
+            max_age=self.max_age or 0,
+            max_bytes=self.max_bytes if self.max_bytes is not None else -1,
+            max_msgs=self.max_msgs if self.max_msgs is not None else -1,
+            max_msg_size=self.max_msg_size if self.max_msg_size is not None else -1,
+            duplicate_window=self.duplicate_window,
+            allow_direct=True,
+            allow_batched=True,
+            metadata=self.metadata(),
+        )
+
+
+@dataclass(frozen=True)
+class PartitionedStream:
+    """A partitioned stream as the server describes it."""
+
+    name: str
+    prefix: str
+    partitions: int
+    hash_name: str
+    seed: int
+    replicas: int
+    storage: str
+    duplicate_window: float
+    max_msg_size: int
+    allow_batched: bool
+    config: api.StreamConfig = field(repr=False, compare=False)
+
+    def subject(self, partition: int) -> str:
+        return partition_subject(self.prefix, partition)
+
+
+@dataclass(frozen=True)
+class ProvisionResult:
+    """What :func:`provision` did: ``created``, ``updated`` (with ``changes``) or ``unchanged``."""
+
+    action: Literal["created", "updated", "unchanged"]
+    stream: PartitionedStream
+    changes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class PartitionStats:
+    partition: int
+    subject: str
+    messages: int
+    last_seq: int
+
+
+def _from_info(info: api.StreamInfo) -> PartitionedStream:
+    cfg = info.config
+    meta = cfg.metadata or {}
+    name = cfg.name or "?"
+    if META_PARTITIONS not in meta:
+        raise StreamConflictError(
+            f"stream {name} exists but is not a partitioned stream (no {META_PARTITIONS!r} in its "
+            "metadata); it was not created by nats-ordered. Use another stream name, or delete "
+            f"{name} if it is not needed."
+        )
+    try:
+        partitions = int(meta[META_PARTITIONS])
+        seed = int(meta.get(META_SEED, "0"))
+    except ValueError as exc:
+        raise StreamConflictError(
+            f"stream {name} has malformed partition metadata {meta!r}: {exc}"
+        ) from exc
+    hash_name = meta.get(META_HASH, "")
+    if hash_name != HASH_NAME or seed != HASH_SEED:
+        raise StreamConflictError(
+            f"stream {name} was partitioned with hash {hash_name!r} seed {seed}, but this "
+            f"version uses {HASH_NAME!r} seed {HASH_SEED}; keys would land on other partitions"
+        )
+    prefix = meta.get(META_PREFIX) or ""
+    return PartitionedStream(
+        name=name,
+        prefix=prefix,
+        partitions=partitions,
+        hash_name=hash_name,
+        seed=seed,
+        replicas=cfg.num_replicas or 1,
+        storage="memory" if cfg.storage == api.StorageType.MEMORY else "file",
+        duplicate_window=float(cfg.duplicate_window or 0),
+        max_msg_size=cfg.max_msg_size if cfg.max_msg_size is not None else -1,
+        allow_batched=bool(cfg.allow_batched),
+        config=cfg,
+    )
+
+
+async def describe(nc: NATS, name: str) -> PartitionedStream:
+    """Read a partitioned stream's contract (P, prefix, hash) from the server."""
+    js = nc.jetstream()
+    try:
+        info = await js.stream_info(name)
+    except NotFoundError as exc:
+        raise StreamNotFoundError(
+            f"stream {name} does not exist; create it with "
+            f"`nats-ordered provision --stream {name} --partitions N`"
+        ) from exc
+    return _from_info(info)
+
+
+async def _overlapping_streams(nc: NATS, subject: str, exclude: str) -> list[str]:
+    resp = await nc.request(
+        "$JS.API.STREAM.NAMES", json.dumps({"subject": subject}).encode(), timeout=5
+    )
+    names = json.loads(resp.data).get("streams") or []
+    return [n for n in names if n != exclude]
+
+
+def _safe_changes(spec: StreamSpec, current: api.StreamConfig) -> list[tuple[str, Any, Any]]:
+    want = spec.stream_config()
+    fields = [
+        "max_age",
+        "max_bytes",
+        "max_msgs",
+        "max_msg_size",
+        "duplicate_window",
+        "description",
+        "num_replicas",
+        "allow_batched",
+        "allow_direct",
+    ]
+    out = []
+    for f in fields:
+        a, b = getattr(current, f), getattr(want, f)
+        if f == "description":
+            a, b = a or None, b or None
+        elif f in ("max_age", "duplicate_window"):
+            a, b = float(a or 0), float(b or 0)
+        elif f in ("allow_batched", "allow_direct"):
+            a, b = bool(a), bool(b)
+        if a != b:
+            out.append((f, a, b))
+    return out
+
+
+async def provision(nc: NATS, spec: StreamSpec) -> ProvisionResult:
+    """Create the stream, or verify an existing one and apply safe changes.
+
+    Idempotent: running it again with the same spec changes nothing. Refuses (with what
+    differs and what to do) a different partition count, prefix or storage, and subjects
+    that overlap another stream. Applies retention limits, duplicate window, description,
+    replicas and the batch/direct flags in place.
+    """
+    js = nc.jetstream()
+    try:
+        info = await js.stream_info(spec.name)
+    except NotFoundError:
+        info = None
+
+    if info is None:
+        others = await _overlapping_streams(nc, spec.subjects[0], spec.name)
+        if others:
+            raise StreamConflictError(
+                f"cannot create stream {spec.name}: its subjects {spec.subjects[0]!r} overlap "
+                f"stream(s) {', '.join(others)}; choose another --subject-prefix or stream name"
+            )
+        try:
+            created = await js.add_stream(spec.stream_config())
+        except APIError as exc:
+            raise StreamConflictError(
+                f"cannot create stream {spec.name}: {exc.description}"
+            ) from exc
+        return ProvisionResult("created", _from_info(created))
+
+    current = _from_info(info)
+    problems = []
+    if current.partitions != spec.partitions:
+        problems.append(
+            f"stream {spec.name} has {current.partitions} partitions in its metadata but "
+            f"{spec.partitions} were requested; the partition count cannot change in place "
+            "(keys would move to other partitions and lose their order): provision a new "
+            "stream with the new count and republish into it, or request "
+            f"--partitions {current.partitions}"
+        )
+    if current.prefix != spec.prefix:
+        problems.append(
+            f"stream {spec.name} uses subject prefix {current.prefix!r} but {spec.prefix!r} "
+            f"was requested; pass --subject-prefix {current.prefix} or use another stream name"
+        )
+    if current.storage != spec.storage:
+        problems.append(
+            f"stream {spec.name} uses {current.storage} storage but {spec.storage} was "
+            "requested; storage cannot change in place"
+        )
+    if problems:
+        exc_type = (
+            PartitionMismatchError if current.partitions != spec.partitions else StreamConflictError
+        )
+        raise exc_type("; ".join(problems))
+
+    changes = _safe_changes(spec, info.config)
+    if not changes:
+        return ProvisionResult("unchanged", current)
+    new_cfg = spec.stream_config()
+    # keep metadata the server added (e.g. _nats.* API levels) alongside ours
+    merged = dict(info.config.metadata or {})
+    merged.update(new_cfg.metadata or {})
+    new_cfg.metadata = merged
+    try:
+        updated = await js.update_stream(new_cfg)
+    except APIError as exc:
+        raise StreamConflictError(
+            f"cannot update stream {spec.name} ({', '.join(c[0] for c in changes)}): "
+            f"{exc.description}"
+        ) from exc
+    return ProvisionResult(
+        "updated",
+        _from_info(updated),
+        tuple(f"{f}: {_fmt(a)} -> {_fmt(b)}" for f, a, b in changes),
+    )
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:g}s"
+    return repr(v)
+
+
+async def partition_stats(nc: NATS, stream: PartitionedStream | str) -> list[PartitionStats]:
+    """Per-partition message count and last stream sequence (0 for an empty partition)."""
+    if isinstance(stream, str):
+        stream = await describe(nc, stream)
+    js = nc.jetstream()
+    info = await js.stream_info(stream.name, subjects_filter=partition_wildcard(stream.prefix))
+    counts = info.state.subjects or {}
+
+    async def last(p: int) -> int:
+        subj = stream.subject(p)
+        if not counts.get(subj):
+            return 0
+        try:
+            msg = await js.get_last_msg(stream.name, subj, direct=True)
+        except NotFoundError:
+            return 0
+        return int(msg.seq or 0)
+
+    lasts = await asyncio.gather(*(last(p) for p in range(stream.partitions)))
+    return [
+        PartitionStats(p, stream.subject(p), int(counts.get(stream.subject(p), 0)), lasts[p])
+        for p in range(stream.partitions)
+    ]
