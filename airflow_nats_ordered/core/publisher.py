@@ -1,0 +1,807 @@
+"""The ordered, idempotent publisher.
+
+Guarantees
+----------
+* **Per-partition order under failure.** If a send fails or times out, no later record of
+  that partition is ever stored before it.
+* **Exactly once for acknowledged records.** A record the server acknowledged is stored once;
+  a retry or a rerun of the same input (inside the stream's ``duplicate_window``) stores
+  nothing twice, because every record carries a deterministic ``Nats-Msg-Id``.
+* **Nothing is dropped silently.** Records that could not be stored are counted per
+  partition and reported by :meth:`OrderedPublisher.flush` (``PublishError``); records are
+  acknowledged per partition in order, so "the first ``acked`` records of partition p" are
+  exactly the stored ones.
+* **Bounded memory.** At most ``max_pending`` records are held (queued or awaiting their
+  acknowledgement); :meth:`publish` waits when the buffer is full.
+
+Technique (measured in ``bench/``, reasons in ``docs/benchmarks.md``)
+--------------------------------------------------------------------
+Each partition is sent as a *fast-ingest batch* (ADR-50, nats-server >= 2.14) in gap mode
+``fail``: the messages are plain publishes whose reply subject carries the batch id, the
+batch sequence and an operation; the server acknowledges every N messages (flow control)
+and, because a gap ends the batch, **what the server stored of a batch is always a prefix
+of what was sent**. On any failure (timeout, gap, lost connection, server restart, leader
+change) the publisher starts a new batch and resends every unacknowledged record, in order,
+with the same msg-ids: the already stored prefix is de-duplicated, the rest is appended.
+Two batches can only ever store the same sequence of records, each in order, so a record is
+always stored after its predecessor. A batch is committed (one round trip, which returns the
+partition's last stream sequence) when it reaches ``batch_size`` records, when the
+partition has been idle for ``linger`` seconds, and on :meth:`flush`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import itertools
+import json
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import mmh3
+from nats.aio.client import Client as NATS
+from nats.errors import Error as NatsError
+from nats.nuid import NUID
+
+from . import wire
+from .errors import (
+    ConfigError,
+    MissingKeyError,
+    NatsOrderedError,
+    PartitionMismatchError,
+    RecordTooLargeError,
+)
+from .partitioning import HASH_SEED, partition_wildcard
+from .streams import PartitionedStream, describe
+
+log = logging.getLogger(__name__)
+
+HDR_MSG_ID = "Nats-Msg-Id"
+HDR_KEY = "Nats-Ordered-Key"
+HDR_SEQ = "Nats-Ordered-Seq"
+HDR_PRODUCER = "Nats-Ordered-Producer"
+RESERVED_HEADERS = frozenset(h.lower() for h in (HDR_MSG_ID, HDR_KEY, HDR_SEQ, HDR_PRODUCER))
+
+# Server error codes (nats-server errors.json) that mean "this batch is gone, start another".
+_ERR_BATCH_UNKNOWN = 10208
+_ERR_FAST_BATCH_DISABLED = 10203
+_FLOW_MAX = 500  # the server never acknowledges less often than every 500 messages
+_EMPTY_HDR = b"NATS/1.0\r\n\r\n"
+
+
+@dataclass(frozen=True)
+class PublisherConfig:
+    """Knobs of the ordered publisher (Kafka names in brackets).
+
+    ``max_in_flight`` [max.in.flight]: records of one partition sent but not yet
+    acknowledged; the server is asked to acknowledge every ``max_in_flight // 2`` records.
+    ``batch_size`` [batch.size, in records]: records per server batch before it is committed.
+    ``linger`` [linger.ms, seconds]: idle time after which an open batch is committed.
+    ``max_pending`` [buffer.memory, in records]: records held in all (queued + unacked).
+    ``ack_timeout`` [request.timeout.ms]: wait for an acknowledgement before resending.
+    ``delivery_timeout`` [delivery.timeout.ms]: how long a partition keeps retrying before
+    its remaining records are reported as failed.
+    ``producer_id``: mixed into derived msg-ids and sent as a header; give each logical run a
+    stable id (the Airflow run id, say) so a rerun de-duplicates but a new run does not.
+    """
+
+    max_in_flight: int = 1000
+    batch_size: int = 20_000
+    linger: float = 0.05
+    max_pending: int = 50_000
+    ack_timeout: float = 5.0
+    delivery_timeout: float = 120.0
+    producer_id: str = ""
+    allow_keyless: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("max_in_flight", "batch_size", "max_pending"):
+            if int(getattr(self, name)) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        for name in ("ack_timeout", "delivery_timeout"):
+            if float(getattr(self, name)) <= 0:
+                raise ConfigError(f"{name} must be > 0 seconds, got {getattr(self, name)!r}")
+        if self.linger < 0:
+            raise ConfigError(f"linger must be >= 0 seconds, got {self.linger!r}")
+        _check_header_value("producer_id", self.producer_id)
+
+    @property
+    def flow(self) -> int:
+        return max(1, min(_FLOW_MAX, self.max_in_flight // 2))
+
+
+@dataclass
+class PartitionSummary:
+    partition: int
+    accepted: int = 0
+    acked: int = 0
+    failed: int = 0
+    last_seq: int = 0
+    stored: int | None = None
+    duplicates: int | None = None
+    retries: int = 0
+    error: str | None = None
+
+
+@dataclass
+class PublishSummary:
+    """What a publisher did. ``last_seq`` per partition is the high-water mark a drain waits for.
+
+    ``stored``/``duplicates`` come from the partition's message count before and after, so
+    they are exact when this publisher was the only writer of its partitions meanwhile.
+    """
+
+    stream: str
+    partitions: list[PartitionSummary]
+    refused: int = 0
+    elapsed: float = 0.0
+
+    @property
+    def accepted(self) -> int:
+        return sum(p.accepted for p in self.partitions)
+
+    @property
+    def acked(self) -> int:
+        return sum(p.acked for p in self.partitions)
+
+    @property
+    def failed(self) -> int:
+        return sum(p.failed for p in self.partitions)
+
+    @property
+    def duplicates(self) -> int:
+        return sum(p.duplicates or 0 for p in self.partitions)
+
+    @property
+    def high_water_marks(self) -> dict[int, int]:
+        return {p.partition: p.last_seq for p in self.partitions}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "stream": self.stream,
+            "accepted": self.accepted,
+            "acked": self.acked,
+            "failed": self.failed,
+            "refused": self.refused,
+            "duplicates": self.duplicates,
+            "elapsed": round(self.elapsed, 3),
+            "partitions": [vars(p) for p in self.partitions],
+        }
+
+
+class PublishError(NatsOrderedError):
+    """Some records could not be stored. ``summary`` says which, per partition, in order:
+    of partition p, records ``acked+1 .. accepted`` (producer sequence) were not stored."""
+
+    def __init__(self, summary: PublishSummary, first_error: str) -> None:
+        self.summary = summary
+        self.first_error = first_error
+        parts = [
+            f"partition {p.partition}: producer seq {p.acked + 1}..{p.accepted}"
+            for p in summary.partitions
+            if p.failed
+        ]
+        super().__init__(
+            f"{summary.failed} of {summary.accepted} records could not be stored in stream "
+            f"{summary.stream} ({'; '.join(parts[:8])}{' ...' if len(parts) > 8 else ''}); "
+            f"first failure: {first_error}"
+        )
+
+
+class _Retry(Exception):
+    """The current batch is lost; resend every unacknowledged record in a new batch."""
+
+
+class _Fatal(Exception):
+    """This partition cannot make progress; fail its remaining records."""
+
+
+class _Rec:
+    """One accepted record: payload and its encoded header block."""
+
+    __slots__ = ("data", "hdr")
+
+    def __init__(self, data: bytes, hdr: bytes) -> None:
+        self.data = data
+        self.hdr = hdr
+
+
+def _check_header_value(what: str, value: str) -> None:
+    if "\r" in value or "\n" in value:
+        raise ConfigError(f"{what} must not contain line breaks: {value!r}")
+
+
+def derive_msg_id(
+    producer_id: str | bytes, partition: int, seq: int, key: str | bytes, data: bytes
+) -> str:
+    """The default ``Nats-Msg-Id``: a digest of the producer id, the record's position in its
+    partition (its producer sequence), its key and its payload. The same input in the same
+    order gives the same ids on every retry or rerun; identical records at different
+    positions get different ids; a different ``producer_id`` gives different ids."""
+    pb = producer_id.encode() if isinstance(producer_id, str) else producer_id
+    kb = key.encode() if isinstance(key, str) else key
+    return hashlib.blake2b(
+        b"%s\x00%d\x00%d\x00%s\x00%s" % (pb, partition, seq, kb, data), digest_size=15
+    ).hexdigest()
+
+
+class _Lane:
+    """One partition: its queue, its current fast batch and its acknowledgements."""
+
+    def __init__(self, pub: OrderedPublisher, partition: int) -> None:
+        self.pub = pub
+        self.cfg = pub.config
+        self.p = partition
+        self.subject = pub.stream.subject(partition)
+        self.subject_b = self.subject.encode()
+        self.inbox = f"{pub._inbox}.{partition}"
+        self.reply_prefix = b""
+        self.queue: deque[_Rec] = deque()
+        self.inflight: deque[_Rec] = deque()
+        self.replies: deque[tuple[str, bytes]] = deque()
+        self.wake = asyncio.Event()
+        self.idle = asyncio.Event()
+        self.idle.set()
+        self.summary = PartitionSummary(partition)
+        self.error: str | None = None
+        self.batch_id: str | None = None
+        self.batch_seq = 0
+        self.acked_bseq = 0
+        self.flow = self.cfg.flow
+        self.broken = False
+        self._batches = itertools.count(1)
+        self._failing_since: float | None = None
+        self._attempt = 0
+        self.task: asyncio.Task[None] | None = None
+
+    # -- accepting -----------------------------------------------------------------------
+    def accept(self, rec: _Rec) -> None:
+        self.summary.accepted += 1
+        if self.error is not None:
+            self.summary.failed += 1
+            self.pub._release(1)
+            return
+        self.queue.append(rec)
+        self.idle.clear()
+        self.wake.set()
+
+    # -- the sender loop -------------------------------------------------------------------
+    async def run(self) -> None:
+        while True:
+            try:
+                if not await self._step():
+                    return
+            except _Retry as exc:
+                await self._recover(str(exc))
+            except _Fatal as exc:
+                self._fail(str(exc))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # never leave records unaccounted for
+                log.exception("partition %d: unexpected publisher error", self.p)
+                self._fail(f"unexpected error: {exc!r}")
+
+    async def _step(self) -> bool:
+        self._drain_replies()
+        if self.broken:
+            await self._await_reply(final=True)
+            return True
+        if self.queue:
+            if self.batch_id is None:
+                await self._open()
+            elif self._window_open():
+                await self._send_window()
+                if self.batch_seq >= self.cfg.batch_size:
+                    await self._commit()
+            else:
+                await self._await_reply()
+            return True
+        if self.batch_id is not None:
+            # more records may come: wait a linger for them before committing
+            if not self.pub._flushing and await self._wait_work(self.cfg.linger):
+                return True
+            await self._commit()
+            return True
+        self.idle.set()
+        if self.pub._closing:
+            return False
+        await self._wait_work(None)
+        return True
+
+    async def _wait_work(self, timeout: float | None, replies_only: bool = False) -> bool:
+        """Wait for a reply (or, unless ``replies_only``, a new record); False on timeout."""
+        self.wake.clear()
+        if self.replies or (self.queue and not replies_only):
+            return True
+        try:
+            await asyncio.wait_for(self.wake.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    def _window_open(self) -> bool:
+        out = self.batch_seq - self.acked_bseq
+        return out < self.cfg.max_in_flight and out < self.flow * 2
+
+    async def _publish(self, rec: _Rec, op: int) -> None:
+        self.batch_seq += 1
+        reply = b"%s%d.%d.$FI" % (self.reply_prefix, self.batch_seq, op)
+        try:
+            await wire.send(self.pub.nc, self.pub._fast, self.subject_b, reply, rec.hdr, rec.data)
+        except NatsError as exc:
+            raise _Retry(f"send failed: {type(exc).__name__}: {exc}") from exc
+
+    async def _open(self) -> None:
+        # batch ids are per stream on the server: unique per publisher, partition and batch
+        self.batch_id = f"{self.pub._run_tag}p{self.p}b{next(self._batches)}"
+        # <inbox>.<partition>.<batch id>.<flow>.<gap mode>.<batch seq>.<op>.$FI (ADR-50)
+        self.reply_prefix = f"{self.inbox}.{self.batch_id}.{self.cfg.flow}.fail.".encode()
+        self.batch_seq = 0
+        self.acked_bseq = 0
+        self.flow = self.cfg.flow
+        self.broken = False
+        rec = self.queue.popleft()
+        self.inflight.append(rec)
+        await self._publish(rec, 0)
+        # the first reply says whether the server takes the batch and at what flow
+        await self._await_reply()
+
+    async def _send_window(self) -> None:
+        q, inflight = self.queue, self.inflight
+        while q and self._window_open() and self.batch_seq < self.cfg.batch_size:
+            rec = q.popleft()
+            inflight.append(rec)
+            await self._publish(rec, 1)
+
+    async def _commit(self) -> None:
+        """End the batch without storing another message; the reply acknowledges it all."""
+        self.batch_seq += 1
+        reply = b"%s%d.3.$FI" % (self.reply_prefix, self.batch_seq)
+        try:
+            await wire.send(self.pub.nc, self.pub._fast, self.subject_b, reply, _EMPTY_HDR, b"")
+        except NatsError as exc:
+            raise _Retry(f"commit failed: {type(exc).__name__}: {exc}") from exc
+        self.broken = True  # nothing more goes into this batch; wait for its final ack
+        await self._await_reply(final=True)
+
+    async def _await_reply(self, final: bool = False) -> None:
+        """Wait for one reply of the current batch (or, with ``final``, for its end)."""
+        deadline = time.monotonic() + self.cfg.ack_timeout
+        current = self.batch_id
+        while self.batch_id == current and current is not None:
+            if self.replies:
+                bid, data = self.replies.popleft()
+                if self._handle(bid, data) and not final:
+                    return
+                continue
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise _Retry(f"no acknowledgement within {self.cfg.ack_timeout:g}s")
+            await self._wait_work(left, replies_only=True)
+
+    def _drain_replies(self) -> None:
+        while self.replies:
+            bid, data = self.replies.popleft()
+            self._handle(bid, data)
+
+    def _handle(self, bid: str, data: bytes) -> bool:
+        """Apply one reply; True if it belonged to the current batch."""
+        if bid != self.batch_id:
+            return False  # a late reply of an abandoned batch: its records get resent anyway
+        try:
+            msg = json.loads(data)
+        except ValueError:
+            return False
+        err = msg.get("error")
+        if err:
+            code = err.get("err_code")
+            desc = f"{err.get('description', 'error')} (err_code {code})"
+            if "count" in msg:  # the final ack of a batch stopped by this error
+                self._ack_to(int(msg.get("count") or 0))
+            self.batch_id = None
+            if code == _ERR_BATCH_UNKNOWN or err.get("code") == 503:
+                raise _Retry(f"server dropped the batch: {desc}")
+            if code == _ERR_FAST_BATCH_DISABLED:
+                raise _Fatal(
+                    f"stream {self.pub.stream.name} does not allow fast batch publishing: "
+                    f"{desc}; run `nats-ordered provision` for it (sets allow_batched)"
+                )
+            raise _Fatal(f"server refused a record of partition {self.p}: {desc}")
+        kind = msg.get("type")
+        if kind == "ack":
+            self._ack_to(int(msg.get("seq") or 0))
+            self.flow = max(1, int(msg.get("msgs") or self.flow))
+            return True
+        if kind == "gap":
+            self.broken = True  # the server abandons the batch; its final ack follows
+            return True
+        if "batch" in msg:  # final PubAck of the batch
+            self._ack_to(int(msg.get("count") or 0))
+            seq = int(msg.get("seq") or 0)
+            if seq:
+                self.summary.last_seq = max(self.summary.last_seq, seq)
+            self.batch_id = None
+            self.broken = False
+            if self.inflight:  # a gap: the server stored a prefix; resend the rest
+                self.summary.retries += 1
+                self.queue.extendleft(reversed(self.inflight))
+                self.inflight.clear()
+            return True
+        return False
+
+    def _ack_to(self, bseq: int) -> None:
+        n = min(bseq, self.batch_seq) - self.acked_bseq
+        if n <= 0:
+            return
+        n = min(n, len(self.inflight))
+        for _ in range(n):
+            self.inflight.popleft()
+        self.acked_bseq += n
+        self.summary.acked += n
+        self.pub._release(n)
+        self._failing_since = None
+        self._attempt = 0
+
+    async def _recover(self, reason: str) -> None:
+        if self.pub.nc.is_closed:
+            self._fail(f"{reason}; the NATS connection is closed")
+            return
+        now = time.monotonic()
+        if self._failing_since is None:
+            self._failing_since = now
+        self.summary.retries += 1
+        self.batch_id = None
+        self.broken = False
+        self.queue.extendleft(reversed(self.inflight))
+        self.inflight.clear()
+        if now - self._failing_since > self.cfg.delivery_timeout:
+            self._fail(f"{reason}; gave up after {self.cfg.delivery_timeout:g}s of retries")
+            return
+        self._attempt += 1
+        delay = min(1.0, 0.05 * 2 ** min(self._attempt, 5))
+        log.warning(
+            "partition %d: %s; resending %d records in %.2fs",
+            self.p,
+            reason,
+            len(self.queue),
+            delay,
+        )
+        await asyncio.sleep(delay)
+
+    def _fail(self, reason: str) -> None:
+        self.batch_id = None
+        n = len(self.queue) + len(self.inflight)
+        self.queue.clear()
+        self.inflight.clear()
+        self.summary.failed += n
+        self.error = self.summary.error = reason
+        self.pub._release(n)
+        self.idle.set()
+        log.error("partition %d: %s; %d records not stored", self.p, reason, n)
+
+
+class OrderedPublisher:
+    """Publishes keyed records to a partitioned stream, in order per partition, exactly once.
+
+    Usage::
+
+        async with OrderedPublisher(nc, "ORDERS", producer_id=run_id) as pub:
+            for rec in records:
+                await pub.publish(rec["customer"], json.dumps(rec).encode())
+        summary = pub.summary   # or: summary = await pub.flush()
+
+    P, the subject prefix and the hash come from the stream metadata, never from the caller;
+    ``expected_partitions`` only double-checks them.
+    """
+
+    def __init__(
+        self,
+        nc: NATS,
+        stream: str,
+        config: PublisherConfig | None = None,
+        *,
+        expected_partitions: int | None = None,
+        **knobs: Any,
+    ) -> None:
+        if config is not None and knobs:
+            raise TypeError("pass either config= or keyword knobs, not both")
+        self.config = config or PublisherConfig(**knobs)
+        self.nc = nc
+        self.stream_name = stream
+        self.expected_partitions = expected_partitions
+        self.stream: PartitionedStream  # set by start()
+        self.summary: PublishSummary | None = None
+        self._lanes: list[_Lane] = []
+        self._pending = 0
+        self._space = asyncio.Event()
+        self._flushing = False
+        self._closing = False
+        self._started = False
+        self._refused = 0
+        self._rr = 0
+        self._counts_before: dict[str, int] = {}
+        self._t0 = 0.0
+        self._sub: Any = None
+        self._run_tag = NUID().next().decode()
+        self._inbox = f"_INBOX.{NUID().next().decode()}"
+        self._max_size = 0
+        self._nparts = 0
+        self._fast = False
+        self._producer_b = self.config.producer_id.encode()
+        prod = (
+            b"%s: %s\r\n" % (HDR_PRODUCER.encode(), self._producer_b)
+            if self.config.producer_id
+            else b""
+        )
+        head = b"NATS/1.0\r\n%s: %%s\r\n" % HDR_MSG_ID.encode()
+        tail = b"%s: %%d\r\n%s\r\n" % (HDR_SEQ.encode(), prod)
+        self._hdr_fmt = head + HDR_KEY.encode() + b": %s\r\n" + tail
+        self._hdr_fmt_keyless = head + tail
+
+    async def __aenter__(self) -> OrderedPublisher:
+        await self.start()
+        return self
+
+    async def __aexit__(self, et: Any, ev: Any, tb: Any) -> None:
+        if et is None:
+            await self.close()
+        else:
+            await self.close(raise_on_failure=False)
+
+    async def start(self) -> None:
+        if self._started:
+            return
+        self.stream = await describe(self.nc, self.stream_name)
+        if self.expected_partitions is not None and (
+            self.expected_partitions != self.stream.partitions
+        ):
+            raise PartitionMismatchError(
+                f"stream {self.stream.name} has {self.stream.partitions} partitions in its "
+                f"metadata but {self.expected_partitions} were expected; the publisher always "
+                "uses the stream's count: fix the expectation (or provision a new stream)"
+            )
+        if not self.stream.allow_batched:
+            raise ConfigError(
+                f"stream {self.stream.name} does not allow fast batch publishing; run "
+                f"`nats-ordered provision --stream {self.stream.name} --partitions "
+                f"{self.stream.partitions}` to enable it (a safe, in-place change)"
+            )
+        self._nparts = self.stream.partitions
+        self._fast = wire.supports_fast_path(self.nc)
+        self._max_size = self.nc.max_payload
+        if self.stream.max_msg_size and self.stream.max_msg_size > 0:
+            self._max_size = min(self._max_size, self.stream.max_msg_size)
+        self._counts_before = await self._subject_counts()
+        self._lanes = [_Lane(self, p) for p in range(self.stream.partitions)]
+        self._sub = await self.nc.subscribe(
+            f"{self._inbox}.>",
+            cb=self._on_reply,
+            pending_msgs_limit=-1,
+            pending_bytes_limit=-1,
+        )
+        for lane in self._lanes:
+            lane.task = asyncio.ensure_future(lane.run())
+        self._t0 = time.monotonic()
+        self._started = True
+
+    async def _on_reply(self, msg: Any) -> None:
+        # <inbox>.<partition>.<batch id>.<flow>.fail.<seq>.<op>.$FI
+        rest = msg.subject[len(self._inbox) + 1 :]
+        p, _, tail = rest.partition(".")
+        bid = tail.partition(".")[0]
+        try:
+            lane = self._lanes[int(p)]
+        except (ValueError, IndexError):
+            return
+        lane.replies.append((bid, msg.data))
+        lane.wake.set()
+
+    async def _subject_counts(self) -> dict[str, int]:
+        js = self.nc.jetstream()
+        info = await js.stream_info(
+            self.stream.name, subjects_filter=partition_wildcard(self.stream.prefix)
+        )
+        return dict(info.state.subjects or {})
+
+    def _release(self, n: int) -> None:
+        self._pending -= n
+        if self._pending < self.config.max_pending:
+            self._space.set()
+
+    # -- public API ---------------------------------------------------------------------------
+    @property
+    def partitions(self) -> int:
+        return self.stream.partitions
+
+    @property
+    def accepted(self) -> int:
+        return sum(lane.summary.accepted for lane in self._lanes)
+
+    @property
+    def acked(self) -> int:
+        return sum(lane.summary.acked for lane in self._lanes)
+
+    @property
+    def failed(self) -> int:
+        return sum(lane.summary.failed for lane in self._lanes)
+
+    @property
+    def refused(self) -> int:
+        return self._refused
+
+    async def publish(
+        self,
+        key: str | bytes | None,
+        data: bytes,
+        *,
+        msg_id: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> int:
+        """Queue one record; returns its partition.
+
+        Raises :class:`MissingKeyError` or :class:`RecordTooLargeError` for a bad record
+        (nothing is sent and the publisher goes on). Waits while ``max_pending`` records are
+        held. Delivery failures are reported by :meth:`flush`, not here.
+        """
+        if not self._started:
+            raise RuntimeError("call `await publisher.start()` (or use `async with`) first")
+        if self._closing:
+            raise RuntimeError("the publisher is closed")
+        cfg = self.config
+        if key is None or key == "" or key == b"":
+            if not cfg.allow_keyless:
+                self._refused += 1
+                raise MissingKeyError(
+                    "record has no key; every record needs a key to keep per-key order "
+                    "(set the key field), or publish with allow_keyless=True for round-robin"
+                )
+            part = self._rr % self._nparts
+            self._rr += 1
+            kb = b""
+        else:
+            if isinstance(key, str):
+                kb = key.encode()
+            else:
+                kb = bytes(key)
+                try:
+                    kb.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    self._refused += 1
+                    raise MissingKeyError(f"key {key!r} is not valid UTF-8") from exc
+            if b"\r" in kb or b"\n" in kb:
+                self._refused += 1
+                raise MissingKeyError(f"key {key!r} contains a line break, which headers forbid")
+            part = mmh3.hash(kb, HASH_SEED, signed=False) % self._nparts
+        lane = self._lanes[part]
+        seq = lane.summary.accepted + 1
+        if msg_id is None:
+            mid = (
+                hashlib.blake2b(
+                    b"%s\x00%d\x00%d\x00%s\x00%s" % (self._producer_b, part, seq, kb, data),
+                    digest_size=15,
+                )
+                .hexdigest()
+                .encode()
+            )
+        else:
+            mid = msg_id.encode()
+            if not mid or b"\r" in mid or b"\n" in mid or len(mid) > 256:
+                self._refused += 1
+                raise ConfigError(f"msg_id {msg_id!r} must be 1-256 characters without line breaks")
+        hdr = self._hdr_fmt % (mid, kb, seq) if kb else self._hdr_fmt_keyless % (mid, seq)
+        if headers:
+            for k in headers:
+                if k.lower() in RESERVED_HEADERS:
+                    self._refused += 1
+                    raise ConfigError(f"header {k!r} is set by the publisher; remove it")
+            try:
+                hdr = hdr[:-2] + wire.header_block(headers)[10:]
+            except ValueError as exc:
+                self._refused += 1
+                raise ConfigError(str(exc)) from exc
+        size = len(hdr) + len(data)
+        if size > self._max_size:
+            self._refused += 1
+            raise RecordTooLargeError(
+                f"record with key {kb.decode()!r} is {size} bytes with headers, over the limit "
+                f"of {self._max_size} bytes (server max_payload / stream max_msg_size); split "
+                "the record or raise max_payload in the server configuration. Nothing was sent."
+            )
+        if self._pending >= cfg.max_pending:
+            while self._pending >= cfg.max_pending:
+                self._space.clear()
+                await self._space.wait()
+        self._pending += 1
+        lane.accept(_Rec(data, hdr))
+        return part
+
+    async def flush(self) -> PublishSummary:
+        """Send and commit everything accepted so far; return the summary.
+
+        Raises :class:`PublishError` (carrying the summary) if any record could not be stored.
+        """
+        if not self._started:
+            raise RuntimeError("the publisher was not started")
+        self._flushing = True
+        try:
+            for lane in self._lanes:
+                lane.wake.set()
+            await asyncio.gather(*(lane.idle.wait() for lane in self._lanes))
+        finally:
+            self._flushing = False
+        summary = await self._summarize()
+        self.summary = summary
+        errors = [lane.error for lane in self._lanes if lane.error]
+        if summary.failed:
+            raise PublishError(summary, errors[0] if errors else "unknown")
+        return summary
+
+    async def _summarize(self) -> PublishSummary:
+        parts = [lane.summary for lane in self._lanes]
+        try:
+            after = await self._subject_counts()
+        except (TimeoutError, NatsError):
+            after = None
+        js = self.nc.jetstream()
+        for lane in self._lanes:
+            s = lane.summary
+            if after is not None:
+                s.stored = after.get(lane.subject, 0) - self._counts_before.get(lane.subject, 0)
+                s.duplicates = max(0, s.acked - s.stored)
+            if s.acked and not s.last_seq:
+                # every record was a duplicate: the high-water mark is the partition's last
+                with contextlib.suppress(NatsError, asyncio.TimeoutError):
+                    s.last_seq = int(
+                        (await js.get_last_msg(self.stream.name, lane.subject, direct=True)).seq
+                        or 0
+                    )
+        return PublishSummary(
+            stream=self.stream.name,
+            partitions=parts,
+            refused=self._refused,
+            elapsed=time.monotonic() - self._t0,
+        )
+
+    async def close(self, raise_on_failure: bool = True) -> PublishSummary | None:
+        """Flush, stop the partition tasks and drop the reply subscription."""
+        if not self._started or self._closing:
+            return self.summary
+        summary: PublishSummary | None = None
+        try:
+            summary = await self.flush()
+        except PublishError as exc:
+            summary = exc.summary
+            if raise_on_failure:
+                raise
+        finally:
+            self._closing = True
+            for lane in self._lanes:
+                lane.wake.set()
+            for lane in self._lanes:
+                if lane.task is not None:
+                    lane.task.cancel()
+            await asyncio.gather(
+                *(lane.task for lane in self._lanes if lane.task), return_exceptions=True
+            )
+            if self._sub is not None:
+                with contextlib.suppress(NatsError):
+                    await self._sub.unsubscribe()
+        return summary
+
+
+__all__ = [
+    "OrderedPublisher",
+    "PublisherConfig",
+    "PublishError",
+    "PublishSummary",
+    "PartitionSummary",
+    "derive_msg_id",
+    "HDR_KEY",
+    "HDR_MSG_ID",
+    "HDR_SEQ",
+    "HDR_PRODUCER",
+]
