@@ -522,6 +522,7 @@ class OrderedPublisher:
         self._closing = False
         self._started = False
         self._refused = 0
+        self._flushed_at: tuple[int, int] = (-1, -1)
         self._rr = 0
         self._counts_before: dict[str, int] = {}
         self._t0 = 0.0
@@ -600,8 +601,8 @@ class OrderedPublisher:
         lane.replies.append((bid, msg.data))
         lane.wake.set()
 
-    async def _subject_counts(self) -> dict[str, int]:
-        js = self.nc.jetstream()
+    async def _subject_counts(self, timeout: float = 5.0) -> dict[str, int]:
+        js = self.nc.jetstream(timeout=timeout)
         info = await js.stream_info(
             self.stream.name, subjects_filter=partition_wildcard(self.stream.prefix)
         )
@@ -726,6 +727,16 @@ class OrderedPublisher:
         """
         if not self._started:
             raise RuntimeError("the publisher was not started")
+        if self.summary is not None and self._flushed_at == (self.accepted, self._refused):
+            summary = self.summary  # nothing new since the last flush
+        else:
+            summary = await self._flush()
+        if summary.failed:
+            errors = [lane.error for lane in self._lanes if lane.error]
+            raise PublishError(summary, errors[0] if errors else "unknown")
+        return summary
+
+    async def _flush(self) -> PublishSummary:
         self._flushing = True
         try:
             for lane in self._lanes:
@@ -733,32 +744,33 @@ class OrderedPublisher:
             await asyncio.gather(*(lane.idle.wait() for lane in self._lanes))
         finally:
             self._flushing = False
-        summary = await self._summarize()
-        self.summary = summary
-        errors = [lane.error for lane in self._lanes if lane.error]
-        if summary.failed:
-            raise PublishError(summary, errors[0] if errors else "unknown")
-        return summary
+        self.summary = await self._summarize()
+        self._flushed_at = (self.accepted, self._refused)
+        return self.summary
 
     async def _summarize(self) -> PublishSummary:
+        """Per-partition counts; ``stored``/``duplicates`` stay None if the server is away."""
         parts = [lane.summary for lane in self._lanes]
         try:
-            after = await self._subject_counts()
-        except (TimeoutError, NatsError):
+            after: dict[str, int] | None = await self._subject_counts(timeout=2.0)
+        except (NatsError, TimeoutError):
             after = None
-        js = self.nc.jetstream()
-        for lane in self._lanes:
-            s = lane.summary
-            if after is not None:
+        if after is not None:
+            for lane in self._lanes:
+                s = lane.summary
                 s.stored = after.get(lane.subject, 0) - self._counts_before.get(lane.subject, 0)
                 s.duplicates = max(0, s.acked - s.stored)
-            if s.acked and not s.last_seq:
-                # every record was a duplicate: the high-water mark is the partition's last
-                with contextlib.suppress(NatsError, asyncio.TimeoutError):
-                    s.last_seq = int(
-                        (await js.get_last_msg(self.stream.name, lane.subject, direct=True)).seq
-                        or 0
-                    )
+            # a partition whose records were all duplicates got no stream sequence back:
+            # its high-water mark is the partition's last message
+            missing = [ln for ln in self._lanes if ln.summary.acked and not ln.summary.last_seq]
+            js = self.nc.jetstream()
+
+            async def last(lane: _Lane) -> None:
+                with contextlib.suppress(NatsError, TimeoutError):
+                    msg = await js.get_last_msg(self.stream.name, lane.subject, direct=True)
+                    lane.summary.last_seq = int(msg.seq or 0)
+
+            await asyncio.gather(*(last(ln) for ln in missing))
         return PublishSummary(
             stream=self.stream.name,
             partitions=parts,
