@@ -6,6 +6,7 @@ import asyncio
 
 import nats
 import pytest
+from streamcheck import check_stored, make_records, read_stream
 
 from airflow_nats_ordered.core.errors import (
     ConfigError,
@@ -24,7 +25,6 @@ from airflow_nats_ordered.core.publisher import (
     derive_msg_id,
 )
 from airflow_nats_ordered.core.streams import StreamSpec, provision
-from streamcheck import check_stored, make_records, read_stream
 
 
 async def _publish_all(nc, stream, records, **knobs):
@@ -185,11 +185,9 @@ def test_memory_is_bounded_by_max_pending(nats_server, unique_name):
     records = make_records(3_000, keys=30)
 
     async def go():
-        nc = await nats.connect(nats_server.url, reconnect_time_wait=0.2,
-                                max_reconnect_attempts=-1)
+        nc = await nats.connect(nats_server.url, reconnect_time_wait=0.2, max_reconnect_attempts=-1)
         await provision(nc, StreamSpec(unique_name, partitions=4))
-        pub = OrderedPublisher(nc, unique_name, max_pending=500, max_in_flight=100,
-                               ack_timeout=1.0)
+        pub = OrderedPublisher(nc, unique_name, max_pending=500, max_in_flight=100, ack_timeout=1.0)
         await pub.start()
         high = 0
 
@@ -231,7 +229,9 @@ def test_config_knobs_are_validated():
 
 def test_derived_msg_ids_are_deterministic_and_position_sensitive():
     a = derive_msg_id("run", 3, 1, "k", b"same")
-    assert a == derive_msg_id("run", 3, 1, "k", b"same") == derive_msg_id(b"run", 3, 1, b"k", b"same")
+    assert (
+        a == derive_msg_id("run", 3, 1, "k", b"same") == derive_msg_id(b"run", 3, 1, b"k", b"same")
+    )
     assert a != derive_msg_id("run", 3, 2, "k", b"same")  # same content, later position
     assert a != derive_msg_id("run2", 3, 1, "k", b"same")  # another run
     assert a != derive_msg_id("run", 3, 1, "k", b"other")

@@ -11,10 +11,10 @@ import asyncio
 
 import nats
 import pytest
+from streamcheck import check_stored, make_records, read_stream
 
 from airflow_nats_ordered.core.publisher import OrderedPublisher, PublishError
 from airflow_nats_ordered.core.streams import StreamSpec, provision
-from streamcheck import check_stored, make_records, read_stream
 
 
 async def _connect(urls):
@@ -97,7 +97,12 @@ def test_stream_leader_killed_mid_publish_in_r3_cluster(nats_cluster, unique_nam
             await asyncio.to_thread(nats_cluster.kill, idx)
 
         summary, error = await _publish_with_fault(
-            nc, unique_name, records, 10_000, kill_leader, ack_timeout=2.0,
+            nc,
+            unique_name,
+            records,
+            10_000,
+            kill_leader,
+            ack_timeout=2.0,
             delivery_timeout=60,
         )
         stored = await read_stream(nc, unique_name)
@@ -114,9 +119,7 @@ def test_stream_leader_killed_mid_publish_in_r3_cluster(nats_cluster, unique_nam
 
 
 @pytest.mark.chaos
-def test_server_down_past_delivery_timeout_reports_every_unstored_record(
-    nats_server, unique_name
-):
+def test_server_down_past_delivery_timeout_reports_every_unstored_record(nats_server, unique_name):
     records = make_records(30_000, keys=300)
 
     async def go():
@@ -127,7 +130,13 @@ def test_server_down_past_delivery_timeout_reports_every_unstored_record(
             nats_server.kill()
 
         summary, error = await _publish_with_fault(
-            nc, unique_name, records, 8_000, crash, ack_timeout=0.5, delivery_timeout=2.0,
+            nc,
+            unique_name,
+            records,
+            8_000,
+            crash,
+            ack_timeout=0.5,
+            delivery_timeout=2.0,
             max_pending=5_000,
         )
         await asyncio.to_thread(nats_server.restart)

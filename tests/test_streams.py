@@ -59,8 +59,13 @@ def test_safe_changes_are_applied_in_place(shared_nats_server, unique_name):
         await provision(nc, StreamSpec(unique_name, partitions=4))
         res = await provision(
             nc,
-            StreamSpec(unique_name, partitions=4, duplicate_window=7200, max_age=86400,
-                       description="orders"),
+            StreamSpec(
+                unique_name,
+                partitions=4,
+                duplicate_window=7200,
+                max_age=86400,
+                description="orders",
+            ),
         )
         return res, await nc.jetstream().stream_info(unique_name)
 
