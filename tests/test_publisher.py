@@ -12,6 +12,7 @@ from airflow_nats_ordered.core.errors import (
     ConfigError,
     MissingKeyError,
     PartitionMismatchError,
+    RecordError,
     RecordTooLargeError,
 )
 from airflow_nats_ordered.core.partitioning import partition_for
@@ -126,7 +127,7 @@ def test_bad_records_are_refused_and_nothing_else_is_lost(nats_server, unique_na
                         await pub.publish("huge-key", b"x" * (nc.max_payload + 1))
                     errors.append(str(e2.value))
                 if i == 900:
-                    with pytest.raises(ConfigError, match="set by the publisher"):
+                    with pytest.raises(RecordError, match="set by the publisher"):
                         await pub.publish("k", b"x", headers={"Nats-Msg-Id": "mine"})
         stored = await read_stream(nc, unique_name)
         await nc.close()

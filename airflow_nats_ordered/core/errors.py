@@ -41,3 +41,11 @@ class MissingKeyError(RecordError):
 
 class RecordTooLargeError(RecordError):
     """A record is larger than the server's max_payload."""
+
+
+class InvalidKeyError(RecordError):
+    """A record's key cannot be sent (not UTF-8, or contains a line break)."""
+
+
+class InvalidMsgIdError(RecordError):
+    """A caller-supplied msg-id cannot be sent (empty, too long, or has a line break)."""

@@ -7,10 +7,11 @@ Guarantees
 * **Exactly once for acknowledged records.** A record the server acknowledged is stored once;
   a retry or a rerun of the same input (inside the stream's ``duplicate_window``) stores
   nothing twice, because every record carries a deterministic ``Nats-Msg-Id``.
-* **Nothing is dropped silently.** Records that could not be stored are counted per
+* **Nothing is dropped silently.** Records not confirmed as stored are counted per
   partition and reported by :meth:`OrderedPublisher.flush` (``PublishError``); records are
-  acknowledged per partition in order, so "the first ``acked`` records of partition p" are
-  exactly the stored ones.
+  acknowledged per partition in order, so the unconfirmed ones of partition p are exactly
+  its records after the first ``acked``. (An unconfirmed record may still have been stored
+  when its acknowledgement was lost; republishing completes the partition exactly once.)
 * **Bounded memory.** At most ``max_pending`` records are held (queued or awaiting their
   acknowledgement); :meth:`publish` waits when the buffer is full.
 
@@ -50,9 +51,12 @@ from nats.nuid import NUID
 from . import wire
 from .errors import (
     ConfigError,
+    InvalidKeyError,
+    InvalidMsgIdError,
     MissingKeyError,
     NatsOrderedError,
     PartitionMismatchError,
+    RecordError,
     RecordTooLargeError,
 )
 from .partitioning import HASH_SEED, partition_wildcard
@@ -174,8 +178,12 @@ class PublishSummary:
 
 
 class PublishError(NatsOrderedError):
-    """Some records could not be stored. ``summary`` says which, per partition, in order:
-    of partition p, records ``acked+1 .. accepted`` (producer sequence) were not stored."""
+    """Some records were not confirmed as stored. ``summary`` says which, per partition, in
+    order: of partition p, records ``acked+1 .. accepted`` (producer sequence).
+
+    Some of them may still have been stored (an acknowledgement lost with the connection),
+    but each partition always holds a gap-free prefix of its input; republishing the same
+    input inside the duplicate window completes it and stores nothing twice."""
 
     def __init__(self, summary: PublishSummary, first_error: str) -> None:
         self.summary = summary
@@ -186,9 +194,10 @@ class PublishError(NatsOrderedError):
             if p.failed
         ]
         super().__init__(
-            f"{summary.failed} of {summary.accepted} records could not be stored in stream "
-            f"{summary.stream} ({'; '.join(parts[:8])}{' ...' if len(parts) > 8 else ''}); "
-            f"first failure: {first_error}"
+            f"{summary.failed} of {summary.accepted} records were not confirmed as stored in "
+            f"stream {summary.stream} ({'; '.join(parts[:8])}{' ...' if len(parts) > 8 else ''});"
+            f" first failure: {first_error}. Republishing the same input (same producer id) "
+            "completes the stream without storing anything twice."
         )
 
 
@@ -318,7 +327,10 @@ class _Lane:
         if self.replies or (self.queue and not replies_only):
             return True
         try:
-            await asyncio.wait_for(self.wake.wait(), timeout)
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
+            # that races with the event, and close() would then wait forever
+            async with asyncio.timeout(timeout):
+                await self.wake.wait()
         except TimeoutError:
             return False
         return True
@@ -524,6 +536,7 @@ class OrderedPublisher:
         self._refused = 0
         self._flushed_at: tuple[int, int] = (-1, -1)
         self._rr = 0
+        self._since_yield = 0
         self._counts_before: dict[str, int] = {}
         self._t0 = 0.0
         self._sub: Any = None
@@ -672,10 +685,10 @@ class OrderedPublisher:
                     kb.decode("utf-8")
                 except UnicodeDecodeError as exc:
                     self._refused += 1
-                    raise MissingKeyError(f"key {key!r} is not valid UTF-8") from exc
+                    raise InvalidKeyError(f"key {key!r} is not valid UTF-8") from exc
             if b"\r" in kb or b"\n" in kb:
                 self._refused += 1
-                raise MissingKeyError(f"key {key!r} contains a line break, which headers forbid")
+                raise InvalidKeyError(f"key {key!r} contains a line break, which headers forbid")
             part = mmh3.hash(kb, HASH_SEED, signed=False) % self._nparts
         lane = self._lanes[part]
         seq = lane.summary.accepted + 1
@@ -692,18 +705,20 @@ class OrderedPublisher:
             mid = msg_id.encode()
             if not mid or b"\r" in mid or b"\n" in mid or len(mid) > 256:
                 self._refused += 1
-                raise ConfigError(f"msg_id {msg_id!r} must be 1-256 characters without line breaks")
+                raise InvalidMsgIdError(
+                    f"msg_id {msg_id!r} must be 1-256 characters without line breaks"
+                )
         hdr = self._hdr_fmt % (mid, kb, seq) if kb else self._hdr_fmt_keyless % (mid, seq)
         if headers:
             for k in headers:
                 if k.lower() in RESERVED_HEADERS:
                     self._refused += 1
-                    raise ConfigError(f"header {k!r} is set by the publisher; remove it")
+                    raise RecordError(f"header {k!r} is set by the publisher; remove it")
             try:
                 hdr = hdr[:-2] + wire.header_block(headers)[10:]
             except ValueError as exc:
                 self._refused += 1
-                raise ConfigError(str(exc)) from exc
+                raise RecordError(str(exc)) from exc
         size = len(hdr) + len(data)
         if size > self._max_size:
             self._refused += 1
@@ -718,6 +733,10 @@ class OrderedPublisher:
                 await self._space.wait()
         self._pending += 1
         lane.accept(_Rec(data, hdr))
+        self._since_yield += 1
+        if self._since_yield >= 256:  # let the partition senders run while a producer loops
+            self._since_yield = 0
+            await asyncio.sleep(0)
         return part
 
     async def flush(self) -> PublishSummary:
