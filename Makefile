@@ -1,0 +1,46 @@
+# Every target bootstraps .venv by itself: on a fresh clone `make demo` and `make test`
+# are the only commands needed. The virtualenv is rebuilt when pyproject.toml changes.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+EXTRAS := dev,airflow,spark
+PYTEST_ARGS ?=
+
+.PHONY: venv test demo bench lint format clean
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "error: Python >= 3.11 is needed (found %s); set PYTHON=python3.11" % sys.version.split()[0])'
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(BIN)/python -m pip install -q --disable-pip-version-check uv \
+	  || echo "uv unavailable: installing with pip (slower)"
+	@if [ -x $(BIN)/uv ]; then \
+	  $(BIN)/uv pip install -q --python $(BIN)/python -e '.[$(EXTRAS)]'; \
+	else \
+	  $(BIN)/python -m pip install -q --disable-pip-version-check -e '.[$(EXTRAS)]'; \
+	fi
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+test: venv
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+demo: venv
+	$(BIN)/python -m airflow_nats_ordered.demo
+
+bench: venv
+	$(BIN)/python bench/run.py
+
+CODE_DIRS := $(wildcard airflow_nats_ordered dags spark_apps bench tests)
+
+lint: venv
+	$(BIN)/ruff check $(CODE_DIRS)
+	$(BIN)/ruff format --check $(CODE_DIRS)
+
+format: venv
+	$(BIN)/ruff format $(CODE_DIRS)
+
+clean:
+	rm -rf $(VENV) .demo .bench .pytest_cache

@@ -1,0 +1,222 @@
+"""`make bench`: publishing techniques on one stream layout, as ratios to raw core publish.
+
+Every variant publishes the same records (16 partitions, 100-byte payloads, file storage,
+keys spread over the partitions) into a fresh stream on the same embedded nats-server.
+Variants run interleaved for several rounds and each figure is reported as a ratio to the
+raw core publish measured in the same round, because these machines are shared and
+noisy: absolute rates drift, ratios much less.
+
+Variants
+  raw        core publish with the same headers (msg-id, key, sequence), no acks: the limit
+  raw-wire   the same with pre-encoded header blocks (what the ordered publisher sends)
+  async      nats-py ``js.publish_async`` with msg-ids: what a user would write
+             (fast, but a failed message can be resent after later ones: not order-safe)
+  atomic     per-partition atomic batches (ADR-50, 1000 messages, one batch in flight per
+             partition): order-safe, the alternative we did not choose
+  sync       ``js.publish`` one at a time (on fewer records; rate only)
+  ordered    airflow_nats_ordered OrderedPublisher (fast-ingest batches, gap=fail)
+
+Environment: BENCH_N (records, default 200000), BENCH_ROUNDS (default 3).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import nats
+from nats.aio.client import Client as NATS
+from nats.nuid import NUID
+
+from airflow_nats_ordered.core import wire
+from airflow_nats_ordered.core.partitioning import partition_for, partition_subject
+from airflow_nats_ordered.core.publisher import OrderedPublisher, derive_msg_id
+from airflow_nats_ordered.core.streams import StreamSpec
+from airflow_nats_ordered.embedded import NatsServer
+
+PARTITIONS = 16
+PAYLOAD = 100
+N = int(os.environ.get("BENCH_N", "200000"))
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
+SYNC_N = max(1000, N // 40)
+
+Record = tuple[str, str, int, bytes, str]  # key, subject, producer seq, payload, msg id
+
+
+def make_records(n: int, prefix: str) -> list[Record]:
+    seqs = [0] * PARTITIONS
+    out = []
+    for i in range(n):
+        key = f"key-{(i * 7919) % 5000}"
+        p = partition_for(key, PARTITIONS)
+        seqs[p] += 1
+        payload = (b"%d:" % i).ljust(PAYLOAD, b"x")
+        out.append(
+            (key, partition_subject(prefix, p), seqs[p], payload,
+             derive_msg_id("bench", p, seqs[p], key, payload))
+        )
+    return out
+
+
+def headers(rec: Record) -> dict[str, str]:
+    return {"Nats-Msg-Id": rec[4], "Nats-Ordered-Key": rec[0], "Nats-Ordered-Seq": str(rec[2])}
+
+
+async def wait_stored(nc: NATS, stream: str, n: int, timeout: float = 60.0) -> int:
+    js = nc.jetstream()
+    deadline = time.monotonic() + timeout
+    while True:
+        got = (await js.stream_info(stream)).state.messages
+        if got >= n or time.monotonic() > deadline:
+            return got
+        await asyncio.sleep(0.02)
+
+
+async def v_raw(nc: NATS, stream: str, recs: list[Record]) -> int:
+    for r in recs:
+        await nc.publish(r[1], r[3], headers=headers(r))
+    await nc.flush()
+    return await wait_stored(nc, stream, len(recs))
+
+
+async def v_raw_wire(nc: NATS, stream: str, recs: list[Record]) -> int:
+    fast = wire.supports_fast_path(nc)
+    pre = [(r[1].encode(), wire.header_block(headers(r)), r[3]) for r in recs]
+    t0 = time.perf_counter()
+    for subject, hdr, data in pre:
+        await wire.send(nc, fast, subject, b"", hdr, data)
+    await nc.flush()
+    stored = await wait_stored(nc, stream, len(recs))
+    # encoding is excluded from this variant's time: report only the send
+    v_raw_wire.elapsed = time.perf_counter() - t0  # type: ignore[attr-defined]
+    return stored
+
+
+async def v_async(nc: NATS, stream: str, recs: list[Record]) -> int:
+    js = nc.jetstream(publish_async_max_pending=4000)
+    for r in recs:
+        await js.publish_async(r[1], r[3], headers=headers(r))
+    await js.publish_async_completed()
+    return await wait_stored(nc, stream, len(recs))
+
+
+async def v_sync(nc: NATS, stream: str, recs: list[Record]) -> int:
+    js = nc.jetstream()
+    for r in recs[:SYNC_N]:
+        await js.publish(r[1], r[3], headers=headers(r))
+    return SYNC_N
+
+
+async def v_atomic(nc: NATS, stream: str, recs: list[Record], batch: int = 1000) -> int:
+    by_part: dict[str, list[Record]] = {}
+    for r in recs:
+        by_part.setdefault(r[1], []).append(r)
+
+    async def one_partition(subject: str, prs: list[Record]) -> None:
+        for start in range(0, len(prs), batch):
+            chunk = prs[start : start + batch]
+            bid = NUID().next().decode()
+            for i, r in enumerate(chunk, 1):
+                h = headers(r) | {"Nats-Batch-Id": bid, "Nats-Batch-Sequence": str(i)}
+                if i == len(chunk):
+                    h["Nats-Batch-Commit"] = "1"
+                if i == 1 or i == len(chunk):
+                    resp = await nc.request(subject, r[3], headers=h, timeout=30)
+                    if b"error" in resp.data:
+                        raise RuntimeError(resp.data.decode())
+                else:
+                    await nc.publish(subject, r[3], headers=h)
+
+    await asyncio.gather(*(one_partition(s, prs) for s, prs in by_part.items()))
+    return await wait_stored(nc, stream, len(recs))
+
+
+async def v_ordered(nc: NATS, stream: str, recs: list[Record]) -> int:
+    async with OrderedPublisher(nc, stream, producer_id="bench") as pub:
+        for r in recs:
+            await pub.publish(r[0], r[3])
+    assert pub.summary is not None and pub.summary.failed == 0
+    return pub.summary.acked
+
+
+VARIANTS: dict[str, Callable[[NATS, str, list[Record]], Awaitable[int]]] = {
+    "raw": v_raw,
+    "raw-wire": v_raw_wire,
+    "async": v_async,
+    "atomic": v_atomic,
+    "sync": v_sync,
+    "ordered": v_ordered,
+}
+
+
+async def run_variant(nc: NATS, name: str, rnd: int) -> tuple[float, int]:
+    stream = f"BENCH_{name.upper().replace('-', '_')}_{rnd}"
+    spec = StreamSpec(stream, partitions=PARTITIONS, subject_prefix=stream.lower())
+    cfg = spec.stream_config()
+    cfg.allow_atomic = name == "atomic"
+    js = nc.jetstream()
+    await js.add_stream(cfg)
+    recs = make_records(N, spec.prefix)
+    await asyncio.sleep(0.2)
+    t0 = time.perf_counter()
+    stored = await VARIANTS[name](nc, stream, recs)
+    elapsed = time.perf_counter() - t0
+    if name == "raw-wire":
+        elapsed = v_raw_wire.elapsed  # type: ignore[attr-defined]
+    count = SYNC_N if name == "sync" else N
+    await js.delete_stream(stream)
+    return count / elapsed, stored
+
+
+async def main() -> int:
+    results: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    ratios: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    stored_ok: dict[str, bool] = {v: True for v in VARIANTS}
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp, NatsServer(Path(tmp)) as srv:
+        nc = await nats.connect(srv.url, pending_size=8 * 1024 * 1024)
+        print(f"nats-server {srv.url}: {N:,} records x {PAYLOAD} B, {PARTITIONS} partitions, "
+              f"file storage, {ROUNDS} rounds", file=sys.stderr)
+        names = list(VARIANTS)
+        for rnd in range(ROUNDS):
+            order = names[rnd % len(names):] + names[: rnd % len(names)]
+            round_rates = {}
+            for name in order:
+                rate, stored = await run_variant(nc, name, rnd)
+                round_rates[name] = rate
+                expected = SYNC_N if name == "sync" else N
+                stored_ok[name] &= stored == expected
+                print(f"  round {rnd + 1} {name:9s} {rate:>10,.0f} msg/s  stored {stored:,}",
+                      file=sys.stderr)
+            for name, rate in round_rates.items():
+                results[name].append(rate)
+                ratios[name].append(rate / round_rates["raw"])
+        await nc.close()
+
+    print()
+    print(f"{'variant':10s} {'msg/s (median)':>15s} {'x raw (median)':>15s} "
+          f"{'x raw (min..max)':>18s}  all stored")
+    for name in VARIANTS:
+        r = ratios[name]
+        print(f"{name:10s} {statistics.median(results[name]):>15,.0f} "
+              f"{statistics.median(r):>15.2f} {min(r):>8.2f}..{max(r):<8.2f}  "
+              f"{'yes' if stored_ok[name] else 'NO'}")
+    goal = statistics.median(ratios["ordered"])
+    verdict = "meets" if goal >= 0.5 else "MISSES"
+    print(f"\nordered publisher = {goal:.2f} x raw core publish ({verdict} the >= 0.5 x goal)")
+    out = Path(".bench")
+    out.mkdir(exist_ok=True)
+    (out / "publish.json").write_text(json.dumps(
+        {"n": N, "rounds": ROUNDS, "rates": results, "ratios_vs_raw": ratios,
+         "all_stored": stored_ok}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))
