@@ -46,9 +46,8 @@ def test_project_services_run_declared_console_scripts_and_real_subcommands(caps
 def test_referenced_files_exist():
     for name, svc in SERVICES.items():
         if "build" in svc:
-            ctx = ROOT / (
-                svc["build"] if isinstance(svc["build"], str) else svc["build"]["context"]
-            )
+            build = svc["build"]
+            ctx = ROOT / (build if isinstance(build, str) else build["context"])
             dockerfile = ctx / "Dockerfile"
             assert dockerfile.is_file(), f"service {name}: {dockerfile} is missing"
             for line in dockerfile.read_text().splitlines():
