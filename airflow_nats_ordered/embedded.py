@@ -55,7 +55,14 @@ _LIVE_LOCK = threading.Lock()
 
 
 class NatsServerError(RuntimeError):
-    """A test nats-server could not be started or did not become ready."""
+    """A test nats-server could not be started or did not become ready.
+
+    ``port_clash`` is True when the server exited because a port was already taken.
+    """
+
+    def __init__(self, message: str, *, port_clash: bool = False) -> None:
+        super().__init__(message)
+        self.port_clash = port_clash
 
 
 def _kill_leftovers() -> None:
@@ -344,7 +351,7 @@ class NatsServer:
                 self.wait_ready()
                 return self
             except NatsServerError as exc:
-                if "address already in use" in str(exc) and attempt + 1 < attempts:
+                if exc.port_clash and attempt + 1 < attempts:
                     self._port = free_port()
                     self._monitor_port = free_port()
                     continue
@@ -380,13 +387,23 @@ class NatsServer:
             return ""
         return "\n".join(text.splitlines()[-lines:])
 
+    def _current_run_log(self) -> str:
+        """Log text written since the latest start."""
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+        return text.rsplit("==== starting", 1)[-1]
+
     def _fail(self, reason: str) -> NatsServerError:
         exited = self._proc is not None and self._proc.poll() is not None
         self._terminate(signal.SIGKILL)
+        clash = exited and "address already in use" in self._current_run_log()
         return NatsServerError(
             f"nats-server {self._name} ({self.url}) {reason}"
             f"{' (process exited)' if exited else ''}; config {self.config_path}; "
-            f"log tail:\n{self.log_tail()}"
+            f"log tail:\n{self.log_tail()}",
+            port_clash=clash,
         )
 
     def health(self) -> tuple[bool, str]:
@@ -412,9 +429,10 @@ class NatsServer:
         detail = "not started"
         while time.monotonic() < deadline:
             if self._proc is None or self._proc.poll() is not None:
-                tail = self.log_tail()
-                reason = "address already in use" if "address already in use" in tail else "exited"
-                raise self._fail(f"{reason} during startup")
+                clash = "address already in use" in self._current_run_log()
+                raise self._fail(
+                    f"{'address already in use' if clash else 'exited'} during startup"
+                )
             ok, detail = self.health()
             if ok:
                 return
@@ -550,7 +568,7 @@ class NatsCluster:
                 return self
             except NatsServerError as exc:
                 self.stop()
-                if "address already in use" in str(exc) and attempt < 2:
+                if exc.port_clash and attempt < 2:
                     self._build()
                     continue
                 raise

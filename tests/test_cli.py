@@ -19,11 +19,11 @@ from typing import Any
 
 import nats
 import pytest
-from natsserver import NatsServer
 from streamcheck import check_stored, read_stream
 
 from airflow_nats_ordered import cli
 from airflow_nats_ordered.core.partitioning import partition_for
+from airflow_nats_ordered.embedded import NatsServer
 
 CONSOLE_SCRIPT = Path(sys.executable).with_name("nats-ordered")
 
@@ -557,7 +557,7 @@ def test_missing_stream_and_partition_expectation(
 def test_unreachable_server_is_exit_2_with_a_clear_message(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    from natsserver import free_port
+    from airflow_nats_ordered.embedded import free_port
 
     url = f"nats://127.0.0.1:{free_port()}"
     rc, out, err = run_cli(capsys, "info", "--stream", "S", "--server", url)

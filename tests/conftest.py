@@ -1,0 +1,61 @@
+"""Pytest fixtures running real nats-server processes (see ``airflow_nats_ordered.embedded``).
+
+* ``nats_server`` - a fresh single JetStream server per test, store in ``tmp_path``; use it
+  when the test kills/restarts the server or needs an empty server.
+* ``shared_nats_server`` - one server for the whole session; fast, but tests must use
+  unique stream/bucket/subject names (see ``unique_name``) and must not stop it.
+* ``nats_url`` - URL of ``shared_nats_server``.
+* ``nats_cluster`` - a fresh 3-node JetStream cluster per test (marker ``cluster``).
+* ``unique_name`` - a fresh ``T_<hex>`` name, valid as a stream, bucket or subject token.
+
+Tests are plain ``def`` functions that call ``asyncio.run(...)``; there is no
+pytest-asyncio. Every process is stopped at fixture teardown (and killed at exit).
+"""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+# Test helpers (natsserver, authfixtures) are imported as top-level modules from tests/.
+if str(Path(__file__).parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).parent))
+
+from airflow_nats_ordered.embedded import NatsCluster, NatsServer  # noqa: E402
+
+
+@pytest.fixture
+def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
+    """A fresh JetStream server on free loopback ports, stopped after the test."""
+    with NatsServer(tmp_path / "nats", name="test-server") as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def shared_nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
+    """One JetStream server shared by the session; use unique names, never stop it."""
+    with NatsServer(tmp_path_factory.mktemp("shared-nats"), name="shared") as server:
+        yield server
+
+
+@pytest.fixture
+def nats_url(shared_nats_server: NatsServer) -> str:
+    """``nats://127.0.0.1:PORT`` of the shared server."""
+    return shared_nats_server.url
+
+
+@pytest.fixture
+def nats_cluster(tmp_path: Path) -> Iterator[NatsCluster]:
+    """A fresh 3-node JetStream cluster (meta leader elected), stopped after the test."""
+    with NatsCluster(tmp_path / "cluster", n=3) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def unique_name() -> str:
+    """A unique ``T_<hex>`` name usable as stream, KV bucket, consumer or subject token."""
+    return f"T_{uuid.uuid4().hex[:12]}"
