@@ -27,6 +27,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
+import inspect
 import json
 import logging
 import math
@@ -45,6 +47,7 @@ import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NATS
 
+from .core.assignor import Assignment
 from .core.connection import ConnectionOptions, connect
 from .core.errors import (
     ConfigError,
@@ -55,6 +58,7 @@ from .core.errors import (
     RecordTooLargeError,
     StreamNotFoundError,
 )
+from .core.group import GroupConfig, GroupStore
 from .core.publisher import OrderedPublisher, PublishError, PublishSummary
 from .core.streams import (
     DEFAULT_DUPLICATE_WINDOW,
@@ -65,6 +69,8 @@ from .core.streams import (
     partition_stats,
     provision,
 )
+from .core.worker import Worker, WorkerConfig
+from .handlers import load_handler
 from .inputs import FORMATS, InputError, InputRecord, open_records
 
 __all__ = [
@@ -1002,6 +1008,280 @@ async def _run_info(args: argparse.Namespace, options: ConnectionOptions) -> int
     return EXIT_OK
 
 
+# ---------------------------------------------------------------------------- worker
+
+
+def _configure_worker(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--stream", required=True, metavar="S", help="partitioned stream")
+    p.add_argument(
+        "--group",
+        required=True,
+        metavar="G",
+        help="consumer group: members share its partitions; each group sees all",
+    )
+    p.add_argument(
+        "--handler",
+        required=True,
+        metavar="MODULE:FUNC",
+        help="the handler, e.g. mypkg.handlers:apply (a function, coroutine or "
+        "class; see airflow_nats_ordered.handlers)",
+    )
+    p.add_argument(
+        "--member-id", metavar="ID", default=None, help="stable member id (default: HOST-PID)"
+    )
+    p.add_argument(
+        "--lease-ttl",
+        type=_positive_float,
+        default=5.0,
+        metavar="SECONDS",
+        help="partition lease TTL; a dead member's partitions move after it "
+        "(default 5; every member of a group must use the same)",
+    )
+    p.add_argument(
+        "--fetch-batch",
+        type=_positive_int,
+        default=500,
+        metavar="N",
+        help="messages read per request (default 500)",
+    )
+    p.add_argument(
+        "--commit-every",
+        type=_positive_int,
+        default=1000,
+        metavar="N",
+        help="commit the position every N messages (default 1000)",
+    )
+    p.add_argument(
+        "--commit-interval",
+        type=_positive_float,
+        default=1.0,
+        metavar="SECONDS",
+        help="... or every this many seconds (default 1)",
+    )
+    p.add_argument(
+        "--max-retries",
+        type=int,
+        default=3,
+        metavar="N",
+        help="handler retries before the poison policy applies (default 3)",
+    )
+    p.add_argument(
+        "--retry-backoff",
+        type=_positive_float,
+        default=0.2,
+        metavar="SECONDS",
+        help="first retry delay, doubled each retry (default 0.2)",
+    )
+    p.add_argument(
+        "--poison",
+        choices=("dead-letter", "block"),
+        default="dead-letter",
+        help="after the retries: publish to <prefix>.dlq.<group>.<partition> and "
+        "move on (default), or block the partition and report it in status",
+    )
+    p.add_argument(
+        "--batch-handler",
+        action="store_true",
+        help="call the handler with a list of messages per fetched batch",
+    )
+    p.add_argument(
+        "--audit-log",
+        metavar="FILE",
+        default=None,
+        help="append lease windows and assignments as JSON lines (for audits)",
+    )
+
+
+def _worker_config(args: argparse.Namespace) -> WorkerConfig:
+    kw: dict[str, Any] = dict(
+        lease_ttl=args.lease_ttl,
+        fetch_batch=args.fetch_batch,
+        commit_every=args.commit_every,
+        commit_interval=args.commit_interval,
+        max_retries=args.max_retries,
+        retry_backoff=args.retry_backoff,
+        poison=args.poison,
+        batch_handler=args.batch_handler,
+        audit_log=args.audit_log,
+    )
+    if args.member_id:
+        kw["member_id"] = args.member_id
+    return WorkerConfig(args.stream, args.group, **kw)
+
+
+async def _run_worker(args: argparse.Namespace, options: ConnectionOptions) -> int:
+    cfg = _worker_config(args)
+    loaded = load_handler(args.handler)
+    # a long-running member rides out server restarts: reconnect for as long as it takes
+    options = dataclasses.replace(options, max_reconnect_attempts=-1)
+    async with _connected(options) as nc:
+        worker = Worker(
+            nc, cfg, loaded.handler, on_assign=loaded.on_assign, on_revoke=loaded.on_revoke
+        )
+        stop = asyncio.Event()
+        received: list[int] = []
+
+        def on_signal(sig: int) -> None:
+            received.append(sig)
+            if len(received) == 1:
+                _err(
+                    f"member {cfg.member_id}: stopping (finishing messages in hand, "
+                    "committing, releasing leases; signal again to exit at once)"
+                )
+                stop.set()
+            else:
+                os._exit(EXIT_SIGTERM if sig == signal.SIGTERM else EXIT_SIGINT)
+
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.add_signal_handler(sig, on_signal, sig)
+        await worker.start()
+        _err(f"member {cfg.member_id} joined group {cfg.group} of {cfg.stream}")
+        waiter = asyncio.ensure_future(stop.wait())
+        await asyncio.wait(
+            {waiter, asyncio.ensure_future(worker.stopped.wait())},
+            return_when=asyncio.FIRST_COMPLETED,
+        )
+        crashed = not stop.is_set()
+        await worker.stop()
+        if loaded.close is not None:
+            r = loaded.close()
+            if inspect.isawaitable(r):
+                await r
+        st = worker.stats
+        _err(
+            f"member {cfg.member_id} left: {st['processed']:,} messages processed, "
+            f"{st['retries']} retries, {st['dead_lettered']} dead-lettered, "
+            f"{st['fenced']} fenced, {st['leases_lost']} leases lost"
+        )
+    return EXIT_USAGE if crashed else EXIT_OK
+
+
+# ---------------------------------------------------------------------------- status
+
+
+def _configure_status(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--stream", required=True, metavar="S", help="partitioned stream")
+    p.add_argument("--group", required=True, metavar="G", help="consumer group")
+    p.add_argument("--json", action="store_true", help="print a JSON object")
+
+
+async def _run_status(args: argparse.Namespace, options: ConnectionOptions) -> int:
+    async with _connected(options) as nc:
+        stream = await describe(nc, args.stream)
+        stats = await partition_stats(nc, stream)
+        store = await _open_group(nc, args)
+        snap = await store.snapshot()
+    generation = None
+    if snap.assignment:
+        generation = Assignment.from_json(snap.assignment).generation
+    now = time.time()
+    parts = []
+    for s in stats:
+        c = snap.commits.get(s.partition)
+        committed = c.seq if c else 0
+        owner = snap.leases.get(s.partition, (None, 0))[0]
+        parts.append(
+            {
+                "partition": s.partition,
+                "owner": owner,
+                "fencing_token": c.token if c else 0,
+                "committed": committed,
+                "last": s.last_seq,
+                "lag": _lag(s.last_seq, committed, s.messages),
+                "blocked": snap.blocked.get(s.partition),
+            }
+        )
+    members = [
+        {
+            "member": m,
+            "host": info.get("host"),
+            "pid": info.get("pid"),
+            "partitions": sorted(p["partition"] for p in parts if p["owner"] == m),
+            "heartbeat_age": round(max(0.0, now - float(info.get("ts", now))), 3),
+        }
+        for m, info in sorted(snap.members.items())
+    ]
+    out = {
+        "stream": stream.name,
+        "group": args.group,
+        "generation": generation,
+        "leader": snap.leader,
+        "partitions": parts,
+        "members": members,
+    }
+    if args.json:
+        _print_json(out)
+        return EXIT_OK
+    print(
+        format_table(
+            ("partition", "owner", "token", "committed", "last", "lag", "blocked"),
+            [
+                (
+                    p["partition"],
+                    p["owner"],
+                    p["fencing_token"],
+                    p["committed"],
+                    p["last"],
+                    p["lag"],
+                    p["blocked"],
+                )
+                for p in parts
+            ],
+            footer=[("total", "", "", "", "", sum(p["lag"] for p in parts), "")],
+        )
+    )
+    print()
+    print(
+        format_table(
+            ("member", "host", "pid", "partitions", "heartbeat age"),
+            [
+                (
+                    m["member"],
+                    m["host"],
+                    m["pid"],
+                    len(m["partitions"]),
+                    f"{m['heartbeat_age']:.1f}s",
+                )
+                for m in members
+            ],
+        )
+        if members
+        else "no live members"
+    )
+    print(
+        f"group {args.group} of {stream.name}: generation {generation or '-'}, "
+        f"leader {snap.leader or '-'}, {len(members)} member(s), "
+        f"lag {sum(p['lag'] for p in parts):,}"
+    )
+    return EXIT_OK
+
+
+def _lag(last: int, committed: int, messages: int) -> int:
+    """Messages after the committed position (an upper bound: sequences are shared by all
+    partitions, so the count comes from the partition's own messages)."""
+    if committed >= last:
+        return 0
+    return messages if committed == 0 else min(messages, last - committed)
+
+
+async def _open_group(nc: NATS, args: argparse.Namespace) -> GroupStore:
+    js = nc.jetstream()
+    cfg = GroupConfig(args.stream, args.group)
+    try:
+        kv = await js.key_value(cfg.lease_bucket)
+        ttl = (await kv.status()).ttl or cfg.lease_ttl
+    except Exception as exc:
+        raise NatsOrderedError(
+            f"group {args.group} of stream {args.stream} has no state yet: start a worker "
+            f"with `nats-ordered worker --stream {args.stream} --group {args.group} ...`"
+        ) from exc
+    return await GroupStore.open(
+        nc, GroupConfig(args.stream, args.group, lease_ttl=ttl), create=False
+    )
+
+
 # ---------------------------------------------------------------------------- commands
 
 
@@ -1035,6 +1315,20 @@ COMMANDS: list[Command] = [
         "same file again (same order, same --producer-id, within the stream's duplicate "
         "window) stores nothing twice. Exit 0 when every record was stored, 1 when records "
         "were refused (no key, too large) or failed, 2 for usage/input/connection errors.",
+    ),
+    Command(
+        "worker",
+        "run a member of a consumer group: owns partitions by lease, processes them in order",
+        _configure_worker,
+        _run_worker,
+        "Members of a group share the stream's partitions and rebalance when members join, "
+        "leave or die. SIGTERM/SIGINT: finish the message in hand, commit, release, exit 0.",
+    ),
+    Command(
+        "status",
+        "show a group: owner, fencing token, committed position and lag per partition",
+        _configure_status,
+        _run_status,
     ),
     Command(
         "info",

@@ -1,0 +1,56 @@
+"""Handlers run by the chaos tests' worker processes (imported via PYTHONPATH=tests).
+
+``Recorder`` applies every message through the reference fenced sink: the event row is
+written in the same transaction that advances the partition's fence, and a write with a
+stale token is refused and stops the partition (``Fenced``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+
+from airflow_nats_ordered.core.fenced_sink import FencedSqliteSink
+from airflow_nats_ordered.core.fencing import Verdict
+from airflow_nats_ordered.core.group import Fenced
+
+EVENTS_DDL = (
+    "CREATE TABLE IF NOT EXISTS events (id INTEGER PRIMARY KEY, k TEXT, i INTEGER, "
+    "partition INTEGER, seq INTEGER, token INTEGER, member TEXT, at REAL)"
+)
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.sink = FencedSqliteSink(os.environ["CHAOS_SINK"])
+        self.member = os.environ.get("CHAOS_MEMBER", str(os.getpid()))
+        self.delay = float(os.environ.get("CHAOS_DELAY", "0"))
+
+    # Sink calls block (SQLite locks, fsync): they run in a thread so the worker's event loop
+    # keeps renewing leases even while another process holds the database lock.
+    async def on_assign(self, partition: int, token: int) -> None:
+        await asyncio.to_thread(self.sink.fence, partition, token)
+
+    async def __call__(self, msg) -> None:
+        d = json.loads(msg.data)
+
+        def write(conn) -> None:
+            conn.execute(
+                "INSERT INTO events (k, i, partition, seq, token, member, at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (d["k"], d["i"], msg.partition, msg.stream_seq, msg.fencing_token,
+                 self.member, time.time()),
+            )
+
+        verdict = await asyncio.to_thread(
+            self.sink.apply, msg.partition, msg.fencing_token, msg.stream_seq, write
+        )
+        if verdict is Verdict.STALE_TOKEN:
+            raise Fenced(f"sink refused token {msg.fencing_token} on partition {msg.partition}")
+        if self.delay:
+            await asyncio.sleep(self.delay)
+
+    def close(self) -> None:
+        self.sink.close()

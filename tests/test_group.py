@@ -1,0 +1,129 @@
+"""Leases, fencing tokens and commits in the group's KV buckets, against a real server."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import nats
+import pytest
+
+from airflow_nats_ordered.core.errors import ConfigError
+from airflow_nats_ordered.core.group import Fenced, GroupConfig, GroupStore, LeaseLost
+
+
+async def _store(url, name, ttl=1.0):
+    nc = await nats.connect(url)
+    return nc, await GroupStore.open(nc, GroupConfig(name, "g", lease_ttl=ttl))
+
+
+def test_only_one_member_can_hold_a_lease(shared_nats_server, unique_name):
+    async def go():
+        nc, store = await _store(shared_nats_server.url, unique_name)
+        a = await store.acquire("p.0", "a")
+        b = await store.acquire("p.0", "b")
+        await nc.close()
+        return a, b
+
+    a, b = asyncio.run(go())
+    assert a is not None and a.valid and b is None
+
+
+def test_lease_expiry_is_decided_by_the_server_after_the_ttl(shared_nats_server, unique_name):
+    async def go():
+        nc, store = await _store(shared_nats_server.url, unique_name, ttl=1.0)
+        a = await store.acquire("p.0", "a")
+        t0 = time.monotonic()
+        # not before the TTL: nobody can take it while the holder believes it valid
+        while a.valid:
+            assert await store.acquire("p.0", "b") is None
+            await asyncio.sleep(0.05)
+        b = None
+        while b is None and time.monotonic() - t0 < 5:
+            b = await store.acquire("p.0", "b")
+            await asyncio.sleep(0.02)
+        took = time.monotonic() - t0
+        with pytest.raises(LeaseLost):
+            await store.renew(a)
+        await nc.close()
+        return took, b
+
+    took, b = asyncio.run(go())
+    assert b is not None and 0.9 < took < 3.0
+
+
+def test_release_hands_a_lease_over_without_waiting_for_the_ttl(shared_nats_server, unique_name):
+    async def go():
+        nc, store = await _store(shared_nats_server.url, unique_name, ttl=30.0)
+        a = await store.acquire("p.0", "a")
+        await store.release(a)
+        b = await store.acquire("p.0", "b")
+        await nc.close()
+        return a, b
+
+    a, b = asyncio.run(go())
+    assert b is not None and not a.valid
+
+
+def test_renewal_keeps_a_lease_past_its_ttl(shared_nats_server, unique_name):
+    async def go():
+        nc, store = await _store(shared_nats_server.url, unique_name, ttl=1.0)
+        a = await store.acquire("p.0", "a")
+        for _ in range(8):
+            await asyncio.sleep(0.25)
+            await store.renew(a)
+            assert await store.acquire("p.0", "b") is None
+        await nc.close()
+
+    asyncio.run(go())
+
+
+def test_every_grant_has_a_larger_token_and_keeps_the_committed_position(
+    shared_nats_server, unique_name
+):
+    async def go():
+        nc, store = await _store(shared_nats_server.url, unique_name)
+        g1 = await store.grant(3, "a")
+        await store.commit(g1, 41)
+        g2 = await store.grant(3, "b")
+        g3 = await store.grant(3, "c")
+        await nc.close()
+        return g1, g2, g3
+
+    g1, g2, g3 = asyncio.run(go())
+    assert g1.token < g2.token < g3.token
+    assert g2.committed == 41 and g3.committed == 41
+
+
+def test_zombie_owner_cannot_commit_after_a_new_grant(shared_nats_server, unique_name):
+    async def go():
+        nc, store = await _store(shared_nats_server.url, unique_name)
+        old = await store.grant(0, "zombie")
+        await store.commit(old, 10)
+        new = await store.grant(0, "new")
+        with pytest.raises(Fenced, match="fenced off by a newer owner"):
+            await store.commit(old, 20)
+        await store.commit(new, 15)
+        snap = await store.snapshot()
+        await nc.close()
+        return snap
+
+    snap = asyncio.run(go())
+    assert snap.commits[0].seq == 15 and snap.commits[0].member == "new"
+
+
+def test_members_of_a_group_must_agree_on_the_lease_ttl(shared_nats_server, unique_name):
+    async def go():
+        nc, _ = await _store(shared_nats_server.url, unique_name, ttl=2.0)
+        with pytest.raises(ConfigError, match="pass --lease-ttl 2"):
+            await GroupStore.open(nc, GroupConfig(unique_name, "g", lease_ttl=5.0))
+        await nc.close()
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("kw,match", [({"group": "a.b"}, "group name"),
+                                       ({"lease_ttl": 0.1}, "lease TTL")])
+def test_bad_group_settings_are_refused(kw, match):
+    with pytest.raises(ConfigError, match=match):
+        GroupConfig(**({"stream": "S", "group": "g"} | kw))

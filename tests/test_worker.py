@@ -1,0 +1,229 @@
+"""The worker in-process against a real server: order, groups, rebalancing, poison."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import defaultdict
+
+import nats
+import pytest
+
+from airflow_nats_ordered.core.publisher import OrderedPublisher
+from airflow_nats_ordered.core.streams import StreamSpec, provision
+from airflow_nats_ordered.core.worker import HDR_ERROR, Worker, WorkerConfig
+
+
+async def _setup(url, stream, n, keys=50, partitions=8):
+    nc = await nats.connect(url)
+    await provision(nc, StreamSpec(stream, partitions=partitions))
+    await _publish(nc, stream, 0, n, keys)
+    return nc
+
+
+async def _publish(nc, stream, start, n, keys):
+    async with OrderedPublisher(nc, stream) as pub:
+        for g in range(start, start + n):
+            k = f"k{g % keys}"
+            await pub.publish(k, json.dumps({"k": k, "i": g // keys}).encode())
+
+
+class Recorder:
+    def __init__(self):
+        self.seen = defaultdict(list)
+        self.meta = []
+
+    def __call__(self, msg):
+        d = json.loads(msg.data)
+        assert d["k"] == msg.key
+        self.seen[msg.key].append(d["i"])
+        self.meta.append((msg.partition, msg.fencing_token, msg.stream_seq))
+
+    @property
+    def count(self):
+        return sum(len(v) for v in self.seen.values())
+
+
+async def _until(cond, timeout=20.0):
+    t0 = time.monotonic()
+    while not cond():
+        if time.monotonic() - t0 > timeout:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.05)
+
+
+def _cfg(stream, group="g", member="m1", **kw):
+    return WorkerConfig(stream, group, member_id=member, lease_ttl=kw.pop("lease_ttl", 2.0), **kw)
+
+
+def test_one_worker_processes_every_message_in_per_key_order(shared_nats_server, unique_name):
+    rec = Recorder()
+
+    async def go():
+        nc = await _setup(shared_nats_server.url, unique_name, 5000)
+        w = Worker(nc, _cfg(unique_name), rec)
+        await w.start()
+        await _until(lambda: rec.count >= 5000)
+        await w.stop()
+        await nc.close()
+
+    asyncio.run(go())
+    assert rec.count == 5000
+    for v in rec.seen.values():
+        assert v == list(range(len(v)))  # in order, no gaps, no duplicates
+    assert {t for _, t, _ in rec.meta} == {1}  # first grant of each partition: token 1
+    by_part = defaultdict(list)
+    for p, _, seq in rec.meta:
+        by_part[p].append(seq)
+    assert all(s == sorted(s) for s in by_part.values())
+
+
+def test_each_group_sees_every_message(shared_nats_server, unique_name):
+    a, b = Recorder(), Recorder()
+
+    async def go():
+        nc = await _setup(shared_nats_server.url, unique_name, 2000)
+        wa = Worker(nc, _cfg(unique_name, group="ga"), a)
+        wb = Worker(nc, _cfg(unique_name, group="gb"), b)
+        await wa.start()
+        await wb.start()
+        await _until(lambda: a.count >= 2000 and b.count >= 2000)
+        await wa.stop()
+        await wb.stop()
+        await nc.close()
+
+    asyncio.run(go())
+    assert a.count == b.count == 2000
+
+
+def test_join_moves_only_the_new_members_share_and_leave_hands_over_at_once(
+    shared_nats_server, unique_name
+):
+    """Cooperative: on a join only the partitions that move are revoked; a graceful leave
+    hands over without waiting for the (long) lease TTL."""
+    rec = Recorder()
+    revoked = defaultdict(list)
+
+    async def go():
+        nc = await _setup(shared_nats_server.url, unique_name, 3000, partitions=12)
+        ttl = 20.0  # a TTL wait would blow the timeouts below
+        w1 = Worker(nc, _cfg(unique_name, member="m1", lease_ttl=ttl), rec,
+                    on_revoke=lambda p: revoked["m1"].append(p))
+        await w1.start()
+        await _until(lambda: len(w1.owned) == 12)
+        w2 = Worker(nc, _cfg(unique_name, member="m2", lease_ttl=ttl), rec)
+        await w2.start()
+        await _until(lambda: len(w2.owned) == 6 and len(w1.owned) == 6, timeout=5)
+        moved = set(w2.owned)
+        t0 = time.monotonic()
+        await w2.stop()
+        await _until(lambda: len(w1.owned) == 12, timeout=5)
+        handover = time.monotonic() - t0
+        await _publish(nc, unique_name, 3000, 600, 50)
+        await _until(lambda: rec.count >= 3600)
+        await w1.stop()
+        await nc.close()
+        return moved, handover
+
+    moved, handover = asyncio.run(go())
+    assert set(revoked["m1"][:6]) == moved  # only the moved partitions were revoked on join
+    assert handover < 5  # no TTL (20 s) wait
+    # graceful hand-overs commit first: every key exactly once, in order
+    for v in rec.seen.values():
+        assert v == list(range(len(v)))
+
+
+def test_restart_resumes_from_the_committed_position(shared_nats_server, unique_name):
+    first, second = Recorder(), Recorder()
+
+    async def go():
+        nc = await _setup(shared_nats_server.url, unique_name, 1000)
+        w = Worker(nc, _cfg(unique_name), first)
+        await w.start()
+        await _until(lambda: first.count >= 1000)
+        await w.stop()
+        await _publish(nc, unique_name, 1000, 500, 50)
+        w = Worker(nc, _cfg(unique_name, member="m2"), second)
+        await w.start()
+        await _until(lambda: second.count >= 500)
+        await asyncio.sleep(0.3)
+        await w.stop()
+        await nc.close()
+
+    asyncio.run(go())
+    assert first.count == 1000 and second.count == 500  # graceful stop committed everything
+    assert min(min(v) for v in second.seen.values()) == 20
+    assert {t for _, t, _ in second.meta} == {2}  # the second grant has a larger token
+
+
+def test_poison_message_is_dead_lettered_with_its_error_and_processing_moves_on(
+    shared_nats_server, unique_name
+):
+    rec = Recorder()
+    attempts = defaultdict(int)
+
+    def handler(msg):
+        d = json.loads(msg.data)
+        if d["k"] == "k7" and d["i"] == 3:
+            attempts[msg.stream_seq] += 1
+            raise ValueError("cannot parse amount")
+        rec(msg)
+
+    async def go():
+        nc = await _setup(shared_nats_server.url, unique_name, 500)
+        w = Worker(nc, _cfg(unique_name, max_retries=2, retry_backoff=0.01), handler)
+        await w.start()
+        await _until(lambda: rec.count >= 499)
+        await w.stop()
+        js = nc.jetstream()
+        sub = await js.pull_subscribe(">", stream=f"{unique_name}_DLQ")
+        dead = await sub.fetch(1, timeout=5)
+        await nc.close()
+        return dead, w.stats
+
+    dead, stats = asyncio.run(go())
+    assert list(attempts.values()) == [3]  # 1 try + 2 retries
+    assert stats["dead_lettered"] == 1
+    assert "ValueError: cannot parse amount" in dead[0].headers[HDR_ERROR]
+    assert dead[0].headers["Nats-Ordered-Key"] == "k7"
+    assert json.loads(dead[0].data) == {"k": "k7", "i": 3}
+    assert rec.seen["k7"] == [0, 1, 2, 4, 5, 6, 7, 8, 9]  # moved on, in order
+
+
+def test_poison_block_policy_stops_the_partition_and_reports_why(
+    shared_nats_server, unique_name
+):
+    rec = Recorder()
+
+    def handler(msg):
+        if json.loads(msg.data) == {"k": "k7", "i": 3}:
+            raise RuntimeError("downstream rejected")
+        rec(msg)
+
+    async def go():
+        nc = await _setup(shared_nats_server.url, unique_name, 500)
+        w = Worker(
+            nc, _cfg(unique_name, max_retries=1, retry_backoff=0.01, poison="block"), handler
+        )
+        await w.start()
+        await _until(lambda: any(o.blocked for o in w.owned.values()))
+        await asyncio.sleep(0.5)
+        snap = await w.store.snapshot()
+        await w.stop()
+        await nc.close()
+        return snap
+
+    snap = asyncio.run(go())
+    assert rec.seen["k7"] == [0, 1, 2]  # nothing after the poison message of that partition
+    (reason,) = snap.blocked.values()
+    assert "RuntimeError: downstream rejected" in reason and "after 2 attempts" in reason
+
+
+def test_worker_settings_are_validated():
+    from airflow_nats_ordered.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="poison policy"):
+        WorkerConfig("S", "g", poison="skip")
+    with pytest.raises(ConfigError, match="member id"):
+        WorkerConfig("S", "g", member_id="a.b")
