@@ -1271,12 +1271,12 @@ async def _open_group(nc: NATS, args: argparse.Namespace) -> GroupStore:
     cfg = GroupConfig(args.stream, args.group)
     try:
         kv = await js.key_value(cfg.lease_bucket)
-        ttl = (await kv.status()).ttl or cfg.lease_ttl
-    except Exception as exc:
+    except (nats.js.errors.BucketNotFoundError, nats.js.errors.NotFoundError) as exc:
         raise NatsOrderedError(
             f"group {args.group} of stream {args.stream} has no state yet: start a worker "
             f"with `nats-ordered worker --stream {args.stream} --group {args.group} ...`"
         ) from exc
+    ttl = (await kv.status()).ttl or cfg.lease_ttl
     return await GroupStore.open(
         nc, GroupConfig(args.stream, args.group, lease_ttl=ttl), create=False
     )

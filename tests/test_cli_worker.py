@@ -1,0 +1,132 @@
+"""`nats-ordered worker` and `nats-ordered status` as users run them."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from airflow_nats_ordered.cli import main as cli
+
+TESTS = Path(__file__).resolve().parent
+
+
+def _status(url, stream, capsys, starting=False):
+    code = cli(["status", "--stream", stream, "--group", "g", "--json", "--server", url])
+    out = capsys.readouterr()
+    if starting and code == 2 and "has no state yet" in out.err:
+        return None  # the worker has not created the group's buckets yet
+    assert code == 0, out.err
+    return json.loads(out.out)
+
+
+def test_worker_drains_the_stream_status_reports_it_and_sigterm_exits_0(
+    shared_nats_server, unique_name, tmp_path, capsys
+):
+    url = shared_nats_server.url
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"k": f"k{i % 7}", "i": i}) + "\n" for i in range(700)))
+    assert cli(["provision", "--stream", unique_name, "--partitions", "4", "--server", url]) == 0
+    assert (
+        cli(["publish", "--stream", unique_name, str(rows), "--key-field", "k", "--server", url])
+        == 0
+    )
+    capsys.readouterr()
+    env = dict(os.environ, PYTHONPATH=str(TESTS), CHAOS_SINK=str(tmp_path / "sink.db"))
+    import sqlite3
+
+    from chaos_handlers import EVENTS_DDL
+
+    from airflow_nats_ordered.core.fenced_sink import FencedSqliteSink
+
+    FencedSqliteSink(tmp_path / "sink.db").close()
+    with sqlite3.connect(tmp_path / "sink.db") as db:
+        db.execute(EVENTS_DDL)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "airflow_nats_ordered.cli",
+            "worker",
+            "--stream",
+            unique_name,
+            "--group",
+            "g",
+            "--handler",
+            "chaos_handlers:Recorder",
+            "--member-id",
+            "solo",
+            "--lease-ttl",
+            "2",
+            "--server",
+            url,
+        ],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            st = _status(url, unique_name, capsys, starting=True)
+            if (
+                st
+                and st["partitions"]
+                and sum(p["lag"] for p in st["partitions"]) == 0
+                and all(p["owner"] == "solo" for p in st["partitions"])
+            ):
+                break
+            assert time.monotonic() < deadline, st
+            time.sleep(0.3)
+        assert st["generation"] >= 1 and st["leader"] == "solo"
+        assert [m["member"] for m in st["members"]] == ["solo"]
+        assert st["members"][0]["partitions"] == [0, 1, 2, 3]
+        for p in st["partitions"]:
+            assert set(p) >= {"partition", "owner", "fencing_token", "committed", "last", "lag"}
+            assert p["committed"] == p["last"] and p["fencing_token"] == 1
+        # the readable table
+        assert cli(["status", "--stream", unique_name, "--group", "g", "--server", url]) == 0
+        table = capsys.readouterr().out
+        assert "partition" in table and "heartbeat age" in table and "leader solo" in table
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "700 messages processed" in err
+    after = _status(url, unique_name, capsys)
+    assert all(p["owner"] is None for p in after["partitions"])  # released, not expired
+    assert after["members"] == []
+
+
+def test_status_of_an_unknown_group_says_how_to_start_one(shared_nats_server, unique_name, capsys):
+    url = shared_nats_server.url
+    assert cli(["provision", "--stream", unique_name, "--partitions", "2", "--server", url]) == 0
+    code = cli(["status", "--stream", unique_name, "--group", "nobody", "--server", url])
+    assert code == 2
+    assert "nats-ordered worker --stream" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "handler,match",
+    [
+        ("nodots", "package.module:function"),
+        ("no_such_mod:f", "cannot import handler module"),
+        ("chaos_handlers:Nope", "has no attribute"),
+    ],
+)
+def test_bad_handler_paths_are_clear_errors(
+    shared_nats_server, unique_name, capsys, monkeypatch, handler, match
+):
+    monkeypatch.syspath_prepend(str(TESTS))
+    url = shared_nats_server.url
+    assert cli(["provision", "--stream", unique_name, "--partitions", "2", "--server", url]) == 0
+    code = cli(
+        ["worker", "--stream", unique_name, "--group", "g", "--handler", handler, "--server", url]
+    )
+    assert code == 2 and match in capsys.readouterr().err
