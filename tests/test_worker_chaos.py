@@ -94,7 +94,7 @@ class Pool:
 
     def stop_all(self) -> dict[str, int]:
         codes = {}
-        for m, p in self.procs.items():
+        for p in self.procs.values():
             if p.poll() is None:
                 p.send_signal(signal.SIGCONT)
                 p.terminate()
@@ -209,7 +209,7 @@ def test_kill_pause_join_and_leave_keep_order_fencing_and_exclusive_ownership(
         by_part[p].append((a, b, member, token))
     for p, ws in by_part.items():
         ws.sort()
-        for (a1, b1, m1, t1), (a2, b2, m2, t2) in zip(ws, ws[1:], strict=False):
+        for (_a1, b1, m1, t1), (a2, _b2, m2, t2) in zip(ws, ws[1:], strict=False):
             assert b1 <= a2 or m1 == m2, (
                 f"partition {p}: {m1} (token {t1}) valid until {b1:.3f} overlaps "
                 f"{m2} (token {t2}) from {a2:.3f}"
