@@ -59,8 +59,13 @@ def make_records(n: int, prefix: str) -> list[Record]:
         seqs[p] += 1
         payload = (b"%d:" % i).ljust(PAYLOAD, b"x")
         out.append(
-            (key, partition_subject(prefix, p), seqs[p], payload,
-             derive_msg_id("bench", p, seqs[p], key, payload))
+            (
+                key,
+                partition_subject(prefix, p),
+                seqs[p],
+                payload,
+                derive_msg_id("bench", p, seqs[p], key, payload),
+            )
         )
     return out
 
@@ -181,40 +186,58 @@ async def main() -> int:
     stored_ok: dict[str, bool] = {v: True for v in VARIANTS}
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp, NatsServer(Path(tmp)) as srv:
         nc = await nats.connect(srv.url, pending_size=8 * 1024 * 1024)
-        print(f"nats-server {srv.url}: {N:,} records x {PAYLOAD} B, {PARTITIONS} partitions, "
-              f"file storage, {ROUNDS} rounds", file=sys.stderr)
+        print(
+            f"nats-server {srv.url}: {N:,} records x {PAYLOAD} B, {PARTITIONS} partitions, "
+            f"file storage, {ROUNDS} rounds",
+            file=sys.stderr,
+        )
         names = list(VARIANTS)
         for rnd in range(ROUNDS):
-            order = names[rnd % len(names):] + names[: rnd % len(names)]
+            order = names[rnd % len(names) :] + names[: rnd % len(names)]
             round_rates = {}
             for name in order:
                 rate, stored = await run_variant(nc, name, rnd)
                 round_rates[name] = rate
                 expected = SYNC_N if name == "sync" else N
                 stored_ok[name] &= stored == expected
-                print(f"  round {rnd + 1} {name:9s} {rate:>10,.0f} msg/s  stored {stored:,}",
-                      file=sys.stderr)
+                print(
+                    f"  round {rnd + 1} {name:9s} {rate:>10,.0f} msg/s  stored {stored:,}",
+                    file=sys.stderr,
+                )
             for name, rate in round_rates.items():
                 results[name].append(rate)
                 ratios[name].append(rate / round_rates["raw"])
         await nc.close()
 
     print()
-    print(f"{'variant':10s} {'msg/s (median)':>15s} {'x raw (median)':>15s} "
-          f"{'x raw (min..max)':>18s}  all stored")
+    print(
+        f"{'variant':10s} {'msg/s (median)':>15s} {'x raw (median)':>15s} "
+        f"{'x raw (min..max)':>18s}  all stored"
+    )
     for name in VARIANTS:
         r = ratios[name]
-        print(f"{name:10s} {statistics.median(results[name]):>15,.0f} "
-              f"{statistics.median(r):>15.2f} {min(r):>8.2f}..{max(r):<8.2f}  "
-              f"{'yes' if stored_ok[name] else 'NO'}")
+        print(
+            f"{name:10s} {statistics.median(results[name]):>15,.0f} "
+            f"{statistics.median(r):>15.2f} {min(r):>8.2f}..{max(r):<8.2f}  "
+            f"{'yes' if stored_ok[name] else 'NO'}"
+        )
     goal = statistics.median(ratios["ordered"])
     verdict = "meets" if goal >= 0.5 else "MISSES"
     print(f"\nordered publisher = {goal:.2f} x raw core publish ({verdict} the >= 0.5 x goal)")
     out = Path(".bench")
     out.mkdir(exist_ok=True)
-    (out / "publish.json").write_text(json.dumps(
-        {"n": N, "rounds": ROUNDS, "rates": results, "ratios_vs_raw": ratios,
-         "all_stored": stored_ok}, indent=2))
+    (out / "publish.json").write_text(
+        json.dumps(
+            {
+                "n": N,
+                "rounds": ROUNDS,
+                "rates": results,
+                "ratios_vs_raw": ratios,
+                "all_stored": stored_ok,
+            },
+            indent=2,
+        )
+    )
     return 0
 
 

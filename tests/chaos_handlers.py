@@ -40,8 +40,15 @@ class Recorder:
             conn.execute(
                 "INSERT INTO events (k, i, partition, seq, token, member, at) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (d["k"], d["i"], msg.partition, msg.stream_seq, msg.fencing_token,
-                 self.member, time.time()),
+                (
+                    d["k"],
+                    d["i"],
+                    msg.partition,
+                    msg.stream_seq,
+                    msg.fencing_token,
+                    self.member,
+                    time.time(),
+                ),
             )
 
         verdict = await asyncio.to_thread(

@@ -122,8 +122,9 @@ def test_members_of_a_group_must_agree_on_the_lease_ttl(shared_nats_server, uniq
     asyncio.run(go())
 
 
-@pytest.mark.parametrize("kw,match", [({"group": "a.b"}, "group name"),
-                                       ({"lease_ttl": 0.1}, "lease TTL")])
+@pytest.mark.parametrize(
+    "kw,match", [({"group": "a.b"}, "group name"), ({"lease_ttl": 0.1}, "lease TTL")]
+)
 def test_bad_group_settings_are_refused(kw, match):
     with pytest.raises(ConfigError, match=match):
         GroupConfig(**({"stream": "S", "group": "g"} | kw))

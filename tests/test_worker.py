@@ -108,8 +108,12 @@ def test_join_moves_only_the_new_members_share_and_leave_hands_over_at_once(
     async def go():
         nc = await _setup(shared_nats_server.url, unique_name, 3000, partitions=12)
         ttl = 20.0  # a TTL wait would blow the timeouts below
-        w1 = Worker(nc, _cfg(unique_name, member="m1", lease_ttl=ttl), rec,
-                    on_revoke=lambda p: revoked["m1"].append(p))
+        w1 = Worker(
+            nc,
+            _cfg(unique_name, member="m1", lease_ttl=ttl),
+            rec,
+            on_revoke=lambda p: revoked["m1"].append(p),
+        )
         await w1.start()
         await _until(lambda: len(w1.owned) == 12)
         w2 = Worker(nc, _cfg(unique_name, member="m2", lease_ttl=ttl), rec)
@@ -191,9 +195,7 @@ def test_poison_message_is_dead_lettered_with_its_error_and_processing_moves_on(
     assert rec.seen["k7"] == [0, 1, 2, 4, 5, 6, 7, 8, 9]  # moved on, in order
 
 
-def test_poison_block_policy_stops_the_partition_and_reports_why(
-    shared_nats_server, unique_name
-):
+def test_poison_block_policy_stops_the_partition_and_reports_why(shared_nats_server, unique_name):
     rec = Recorder()
 
     def handler(msg):

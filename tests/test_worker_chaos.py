@@ -64,15 +64,42 @@ class Pool:
         self.procs: dict[str, subprocess.Popen] = {}
 
     def start(self, member: str) -> None:
-        env = dict(os.environ, PYTHONPATH=f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-                   CHAOS_SINK=str(self.sink), CHAOS_MEMBER=member, CHAOS_DELAY="0.002")
+        env = dict(
+            os.environ,
+            PYTHONPATH=f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+            CHAOS_SINK=str(self.sink),
+            CHAOS_MEMBER=member,
+            CHAOS_DELAY="0.002",
+        )
         log = open(self.tmp / f"{member}.log", "wb")  # noqa: SIM115 - closed with the process
         self.procs[member] = subprocess.Popen(
-            [sys.executable, "-m", "airflow_nats_ordered.cli", "worker", "--stream",
-             self.stream, "--group", "chaos", "--handler", "chaos_handlers:Recorder",
-             "--member-id", member, "--lease-ttl", str(TTL), "--commit-every", "50",
-             "--commit-interval", "0.2", "--audit-log", str(self.audit), "--server", self.url],
-            env=env, stdout=log, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "airflow_nats_ordered.cli",
+                "worker",
+                "--stream",
+                self.stream,
+                "--group",
+                "chaos",
+                "--handler",
+                "chaos_handlers:Recorder",
+                "--member-id",
+                member,
+                "--lease-ttl",
+                str(TTL),
+                "--commit-every",
+                "50",
+                "--commit-interval",
+                "0.2",
+                "--audit-log",
+                str(self.audit),
+                "--server",
+                self.url,
+            ],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
 
     def signal(self, member: str, sig: int) -> None:
@@ -174,8 +201,10 @@ def test_kill_pause_join_and_leave_keep_order_fencing_and_exclusive_ownership(
 
     # 2. zero writes accepted with a stale token
     highest: dict[int, int] = defaultdict(int)
-    merged = sorted([(a.id, "apply", a) for a in audit] + [(f.id, "fence", f) for f in fences],
-                    key=lambda x: x[0])
+    merged = sorted(
+        [(a.id, "apply", a) for a in audit] + [(f.id, "fence", f) for f in fences],
+        key=lambda x: x[0],
+    )
     for _, kind, row in merged:
         if kind == "fence":
             highest[row.partition] = max(highest[row.partition], row.token)
@@ -184,7 +213,8 @@ def test_kill_pause_join_and_leave_keep_order_fencing_and_exclusive_ownership(
             highest[row.partition] = row.token
     w2_pid = pool.procs["w2"].pid
     zombie_applied = [
-        a for a in audit
+        a
+        for a in audit
         if a.pid == w2_pid and a.verdict is Verdict.APPLY and paused_at < a.applied_at < resumed_at
     ]
     assert not zombie_applied  # nothing was written while it was stopped, of course
