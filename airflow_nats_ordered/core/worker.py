@@ -427,7 +427,11 @@ class Worker:
             for p in sorted(self._mine - set(self.owned)):
                 if self._stopping:
                     return
-                await self._try_claim(p)
+                try:
+                    await self._try_claim(p)
+                except (NatsError, TimeoutError) as exc:
+                    # a blip (server restart, leader change): try again next tick
+                    log.warning("member %s: claiming partition %d failed: %s", self.member, p, exc)
 
     async def _try_claim(self, p: int) -> None:
         lease = await self.store.acquire(f"p.{p}", self.member)
@@ -438,13 +442,24 @@ class Worker:
         except Exception:
             await self.store.release(lease)
             raise
+        if self.on_assign is not None:
+            try:
+                r = self.on_assign(p, grant.token)
+                if inspect.isawaitable(r):
+                    await r
+            except Exception:
+                # e.g. the sink is unavailable: give the partition back, retry next tick
+                log.exception(
+                    "member %s: on_assign(%d, %d) failed; releasing the partition",
+                    self.member,
+                    p,
+                    grant.token,
+                )
+                await self.store.release(lease)
+                return
         owned = _Owned(p, lease, grant)
         self.owned[p] = owned
         self._audit_lease(p, lease, grant.token)
-        if self.on_assign is not None:
-            r = self.on_assign(p, grant.token)
-            if inspect.isawaitable(r):
-                await r
         owned.task = asyncio.ensure_future(self._run_partition(owned))
         log.info(
             "member %s owns partition %d (token %d, from seq %d)",
@@ -497,8 +512,8 @@ class Worker:
                     if since_commit >= self.cfg.commit_every or (
                         time.monotonic() - last_commit >= self.cfg.commit_interval
                     ):
-                        await self.store.commit(grant, last)
-                        since_commit, last_commit = 0, time.monotonic()
+                        if await self._commit(grant, last):
+                            since_commit, last_commit = 0, time.monotonic()
                 if batch:
                     if not await self._deliver(o, batch, batch[0]):
                         return
@@ -508,8 +523,8 @@ class Worker:
                     since_commit >= self.cfg.commit_every
                     or time.monotonic() - last_commit >= self.cfg.commit_interval
                 ):
-                    await self.store.commit(grant, last)
-                    since_commit, last_commit = 0, time.monotonic()
+                    if await self._commit(grant, last):
+                        since_commit, last_commit = 0, time.monotonic()
             graceful = True
         except Fenced as exc:
             self.stats["fenced"] += 1
@@ -541,6 +556,22 @@ class Worker:
                     if inspect.isawaitable(r):
                         await r
             log.info("member %s released partition %d at seq %d", self.member, p, last)
+
+    async def _commit(self, grant: Grant, seq: int) -> bool:
+        """Commit; a transient failure (server restart) is retried at the next commit point.
+        Fenced propagates: a newer owner exists."""
+        try:
+            await self.store.commit(grant, seq)
+            return True
+        except (NatsError, TimeoutError) as exc:
+            log.warning(
+                "member %s: committing partition %d at %d failed (%s); will retry",
+                self.member,
+                grant.partition,
+                seq,
+                exc,
+            )
+            return False
 
     async def _call(self, arg: Any) -> None:
         r = self.handler(arg)
