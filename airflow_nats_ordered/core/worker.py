@@ -267,6 +267,10 @@ class Worker:
         await asyncio.gather(
             *(o.task for o in self.owned.values() if o.task), return_exceptions=True
         )
+        for o in list(self.owned.values()):  # still in on_assign: nothing was processed
+            with contextlib.suppress(Exception):
+                await self.store.release(o.lease)
+            self.owned.pop(o.partition, None)
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -294,11 +298,11 @@ class Worker:
             os.close(fd)
 
     def _audit_lease(self, p: int, lease: Lease, token: int) -> None:
-        # wall-clock validity window: from the send time to valid_until
+        """A validity window in wall-clock time: from now (the claim or renewal is confirmed;
+        nothing is processed before) to the lease's deadline (its send time + TTL - margin)."""
         now_wall, now_mono = time.time(), time.monotonic()
         until = now_wall + (lease.valid_until - now_mono)
-        start = until - (self.cfg.lease_ttl - self.cfg.group_config.safety_margin)
-        self._audit(kind="lease", partition=p, token=token, valid_from=start, valid_until=until)
+        self._audit(kind="lease", partition=p, token=token, valid_from=now_wall, valid_until=until)
 
     def _info(self) -> dict[str, Any]:
         return {
@@ -442,6 +446,11 @@ class Worker:
         except Exception:
             await self.store.release(lease)
             raise
+        # registered first, so the heartbeat renews the lease while on_assign runs (a sink
+        # may wait on a lock); processing starts only once on_assign has returned
+        owned = _Owned(p, lease, grant)
+        self.owned[p] = owned
+        self._audit_lease(p, lease, grant.token)
         if self.on_assign is not None:
             try:
                 r = self.on_assign(p, grant.token)
@@ -455,11 +464,9 @@ class Worker:
                     p,
                     grant.token,
                 )
+                self.owned.pop(p, None)
                 await self.store.release(lease)
                 return
-        owned = _Owned(p, lease, grant)
-        self.owned[p] = owned
-        self._audit_lease(p, lease, grant.token)
         owned.task = asyncio.ensure_future(self._run_partition(owned))
         log.info(
             "member %s owns partition %d (token %d, from seq %d)",
@@ -509,22 +516,17 @@ class Worker:
                         return  # blocked
                     last = msg.stream_seq
                     since_commit += 1
-                    if since_commit >= self.cfg.commit_every or (
-                        time.monotonic() - last_commit >= self.cfg.commit_interval
+                    if self._commit_due(since_commit, last_commit) and await self._commit(
+                        grant, last
                     ):
-                        if await self._commit(grant, last):
-                            since_commit, last_commit = 0, time.monotonic()
+                        since_commit, last_commit = 0, time.monotonic()
                 if batch:
                     if not await self._deliver(o, batch, batch[0]):
                         return
                     last = batch[-1].stream_seq
                     since_commit += len(batch)
-                if since_commit and (
-                    since_commit >= self.cfg.commit_every
-                    or time.monotonic() - last_commit >= self.cfg.commit_interval
-                ):
-                    if await self._commit(grant, last):
-                        since_commit, last_commit = 0, time.monotonic()
+                if self._commit_due(since_commit, last_commit) and await self._commit(grant, last):
+                    since_commit, last_commit = 0, time.monotonic()
             graceful = True
         except Fenced as exc:
             self.stats["fenced"] += 1
@@ -535,6 +537,7 @@ class Worker:
         except asyncio.CancelledError:
             pass
         finally:
+            stopped_at = time.time()  # processing has stopped: the end of this owner's window
             await reader.close()
             if graceful and o.lease.valid:
                 with contextlib.suppress(Fenced, NatsError, asyncio.TimeoutError):
@@ -546,7 +549,7 @@ class Worker:
                 kind="released",
                 partition=p,
                 token=grant.token,
-                at=time.time(),
+                at=stopped_at,
                 graceful=graceful,
                 last=last,
             )
@@ -556,6 +559,12 @@ class Worker:
                     if inspect.isawaitable(r):
                         await r
             log.info("member %s released partition %d at seq %d", self.member, p, last)
+
+    def _commit_due(self, since_commit: int, last_commit: float) -> bool:
+        return since_commit > 0 and (
+            since_commit >= self.cfg.commit_every
+            or time.monotonic() - last_commit >= self.cfg.commit_interval
+        )
 
     async def _commit(self, grant: Grant, seq: int) -> bool:
         """Commit; a transient failure (server restart) is retried at the next commit point.
