@@ -209,7 +209,8 @@ class GroupStore:
         sent = time.monotonic()
         try:
             rev = await self.leases.create(key, _dump({"member": member}))
-        except KeyWrongLastSequenceError:
+        except (KeyWrongLastSequenceError, KeyNotFoundError):
+            # held; or (a nats-py race) it expired between create's two steps: retry later
             return None
         return Lease(key, member, rev, self._deadline(sent))
 
