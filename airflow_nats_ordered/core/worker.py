@@ -194,6 +194,9 @@ class _Owned:
         self.revoke = asyncio.Event()
         self.processed = 0
         self.blocked: str | None = None
+        # renewals and the final commit + release of one lease never interleave
+        self.lock = asyncio.Lock()
+        self.releasing = False
 
 
 class Worker:
@@ -262,6 +265,11 @@ class Worker:
             await self.stopped.wait()
             return
         self._stopping = True
+        # no new claims while handing over: halt the leader and reconcile loops first
+        # (the heartbeat keeps renewing the leases being handed over)
+        for t in self._tasks[1:]:
+            t.cancel()
+        await asyncio.gather(*self._tasks[1:], return_exceptions=True)
         for o in list(self.owned.values()):
             o.revoke.set()
         await asyncio.gather(
@@ -339,20 +347,26 @@ class Worker:
             except (TimeoutError, NatsError) as exc:
                 log.warning("member %s: heartbeat failed: %s", self.member, exc)
             for o in list(self.owned.values()):
-                try:
-                    await self.store.renew(o.lease)
-                    self._audit_lease(o.partition, o.lease, o.grant.token)
-                except LeaseLost as exc:
-                    self.stats["leases_lost"] += 1
-                    log.warning(
-                        "member %s: %s; stopping partition %d", self.member, exc, o.partition
-                    )
-                    if o.task:
-                        o.task.cancel()
-                except (TimeoutError, NatsError) as exc:
-                    log.warning(
-                        "member %s: renewing partition %d failed: %s", self.member, o.partition, exc
-                    )
+                async with o.lock:
+                    if o.releasing:
+                        continue  # handing over: its final commit and release own the lease
+                    try:
+                        await self.store.renew(o.lease)
+                        self._audit_lease(o.partition, o.lease, o.grant.token)
+                    except LeaseLost as exc:
+                        self.stats["leases_lost"] += 1
+                        log.warning(
+                            "member %s: %s; stopping partition %d", self.member, exc, o.partition
+                        )
+                        if o.task:
+                            o.task.cancel()
+                    except (NatsError, TimeoutError) as exc:
+                        log.warning(
+                            "member %s: renewing partition %d failed: %s",
+                            self.member,
+                            o.partition,
+                            exc,
+                        )
             if self._leader_lease is not None:
                 try:
                     await self.store.renew(self._leader_lease)
@@ -443,8 +457,8 @@ class Worker:
             return
         try:
             grant = await self.store.grant(p, self.member)
-        except Exception:
-            await self.store.release(lease)
+        except BaseException:  # including cancellation by stop(): give the lease back
+            await asyncio.shield(self.store.release(lease))
             raise
         # registered first, so the heartbeat renews the lease while on_assign runs (a sink
         # may wait on a lock); processing starts only once on_assign has returned
@@ -539,12 +553,15 @@ class Worker:
         finally:
             stopped_at = time.time()  # processing has stopped: the end of this owner's window
             await reader.close()
-            if graceful and o.lease.valid:
-                with contextlib.suppress(Fenced, NatsError, asyncio.TimeoutError):
-                    await self.store.commit(grant, last)
-                with contextlib.suppress(NatsError, asyncio.TimeoutError):
-                    await self.store.release(o.lease)
-            self.owned.pop(p, None)
+            async with o.lock:
+                o.releasing = True
+                if graceful and o.lease.valid:
+                    with contextlib.suppress(Fenced, NatsError, asyncio.TimeoutError):
+                        await self.store.commit(grant, last)
+                    with contextlib.suppress(NatsError, asyncio.TimeoutError):
+                        await self.store.release(o.lease)
+            if self.owned.get(p) is o:  # never drop a newer claim of the same partition
+                del self.owned[p]
             self._audit(
                 kind="released",
                 partition=p,
