@@ -58,7 +58,7 @@ from .core.errors import (
     RecordTooLargeError,
     StreamNotFoundError,
 )
-from .core.group import GroupConfig, GroupStore
+from .core.group import GroupStore
 from .core.publisher import OrderedPublisher, PublishError, PublishSummary
 from .core.streams import (
     DEFAULT_DUPLICATE_WINDOW,
@@ -1171,7 +1171,7 @@ async def _run_status(args: argparse.Namespace, options: ConnectionOptions) -> i
     async with _connected(options) as nc:
         stream = await describe(nc, args.stream)
         stats = await partition_stats(nc, stream)
-        store = await _open_group(nc, args)
+        store = await GroupStore.attach(nc, args.stream, args.group)
         snap = await store.snapshot()
     generation = None
     if snap.assignment:
@@ -1264,22 +1264,6 @@ def _lag(last: int, committed: int, messages: int) -> int:
     if committed >= last:
         return 0
     return messages if committed == 0 else min(messages, last - committed)
-
-
-async def _open_group(nc: NATS, args: argparse.Namespace) -> GroupStore:
-    js = nc.jetstream()
-    cfg = GroupConfig(args.stream, args.group)
-    try:
-        kv = await js.key_value(cfg.lease_bucket)
-    except (nats.js.errors.BucketNotFoundError, nats.js.errors.NotFoundError) as exc:
-        raise NatsOrderedError(
-            f"group {args.group} of stream {args.stream} has no state yet: start a worker "
-            f"with `nats-ordered worker --stream {args.stream} --group {args.group} ...`"
-        ) from exc
-    ttl = (await kv.status()).ttl or cfg.lease_ttl
-    return await GroupStore.open(
-        nc, GroupConfig(args.stream, args.group, lease_ttl=ttl), create=False
-    )
 
 
 # ---------------------------------------------------------------------------- commands

@@ -155,6 +155,21 @@ class GroupStore:
         self.state = state
 
     @classmethod
+    async def attach(cls, nc: NATS, stream: str, group: str) -> GroupStore:
+        """Open an existing group's buckets with the lease TTL it uses (for ``status``)."""
+        js = nc.jetstream()
+        try:
+            leases = await js.key_value(GroupConfig(stream, group).lease_bucket)
+            state = await js.key_value(GroupConfig(stream, group).state_bucket)
+        except (BucketNotFoundError, NotFoundError) as exc:
+            raise NatsOrderedError(
+                f"group {group} of stream {stream} has no state yet: start a worker with "
+                f"`nats-ordered worker --stream {stream} --group {group} ...`"
+            ) from exc
+        ttl = (await leases.status()).ttl or 5.0
+        return cls(nc, GroupConfig(stream, group, lease_ttl=ttl), leases, state)
+
+    @classmethod
     async def open(cls, nc: NATS, cfg: GroupConfig, create: bool = True) -> GroupStore:
         """Open (or create) the group's buckets; refuse a lease TTL that differs."""
         js = nc.jetstream()

@@ -233,9 +233,15 @@ def derive_msg_id(
     positions get different ids; a different ``producer_id`` gives different ids."""
     pb = producer_id.encode() if isinstance(producer_id, str) else producer_id
     kb = key.encode() if isinstance(key, str) else key
-    return hashlib.blake2b(
-        b"%s\x00%d\x00%d\x00%s\x00%s" % (pb, partition, seq, kb, data), digest_size=15
-    ).hexdigest()
+    return _msg_id(pb, partition, seq, kb, data).decode()
+
+
+def _msg_id(producer: bytes, partition: int, seq: int, key: bytes, data: bytes) -> bytes:
+    """The one definition of the derived msg-id (see :func:`derive_msg_id`)."""
+    digest = hashlib.blake2b(
+        b"%s\x00%d\x00%d\x00%s\x00%s" % (producer, partition, seq, key, data), digest_size=15
+    )
+    return digest.hexdigest().encode()
 
 
 class _Lane:
@@ -693,14 +699,7 @@ class OrderedPublisher:
         lane = self._lanes[part]
         seq = lane.summary.accepted + 1
         if msg_id is None:
-            mid = (
-                hashlib.blake2b(
-                    b"%s\x00%d\x00%d\x00%s\x00%s" % (self._producer_b, part, seq, kb, data),
-                    digest_size=15,
-                )
-                .hexdigest()
-                .encode()
-            )
+            mid = _msg_id(self._producer_b, part, seq, kb, data)
         else:
             mid = msg_id.encode()
             if not mid or b"\r" in mid or b"\n" in mid or len(mid) > 256:

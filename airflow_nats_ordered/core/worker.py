@@ -49,7 +49,7 @@ from nats.js.errors import (
 )
 
 from .assignor import Assignment, assign
-from .errors import ConfigError, NatsOrderedError
+from .errors import ConfigError
 from .group import Fenced, Grant, GroupConfig, GroupStore, Lease, LeaseLost, default_member_id
 from .partitioning import partition_subject
 from .streams import PartitionedStream, describe
@@ -701,7 +701,3 @@ async def run_worker(
     await stop.wait()
     await w.stop()
     return w
-
-
-class WorkerError(NatsOrderedError):
-    """A worker could not start (bad handler path, group settings, stream)."""
