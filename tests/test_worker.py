@@ -53,6 +53,18 @@ async def _until(cond, timeout=20.0):
         await asyncio.sleep(0.05)
 
 
+def _assert_in_order_at_least_once(rec):
+    for v in rec.seen.values():
+        distinct = sorted(set(v))
+        assert distinct == list(range(len(distinct)))  # nothing lost
+        # in order: any re-delivery restarts from an earlier committed point and replays
+        # the same sequence, so each delivery is either the next one or a replay
+        high = -1
+        for x in v:
+            assert x <= high + 1, f"skipped ahead to {x} after {high}"
+            high = max(high, x)
+
+
 def _cfg(stream, group="g", member="m1", **kw):
     return WorkerConfig(stream, group, member_id=member, lease_ttl=kw.pop("lease_ttl", 2.0), **kw)
 
@@ -255,12 +267,64 @@ def test_server_restart_under_a_running_worker_loses_nothing(nats_server, unique
         await nc.close()
 
     asyncio.run(go())
+    _assert_in_order_at_least_once(rec)
+
+
+def test_a_claim_whose_lease_lapses_during_on_assign_never_processes(
+    shared_nats_server, unique_name
+):
+    """on_assign that outlives the lease (here: it blocks the event loop past the TTL, as a
+    paused process would) must not start processing under that grant: the claim is given
+    up and the partition is claimed afresh with a newer token."""
+    rec = Recorder()
+    blocked = []
+
+    def on_assign(p, token):
+        if not blocked:
+            blocked.append((p, token))
+            time.sleep(1.6)  # the whole event loop stalls: no renewal can be sent
+
+    async def go():
+        nc = await _setup(shared_nats_server.url, unique_name, 500, partitions=1)
+        w = Worker(nc, _cfg(unique_name, lease_ttl=1.0), rec, on_assign=on_assign)
+        await w.start()
+        await _until(lambda: rec.count >= 500)
+        await w.stop()
+        await nc.close()
+
+    asyncio.run(go())
+    assert blocked == [(0, 1)]
+    assert {t for _, t, _ in rec.meta} == {2}  # grant 1 lapsed in on_assign: never used
     for v in rec.seen.values():
-        distinct = sorted(set(v))
-        assert distinct == list(range(len(distinct)))  # nothing lost
-        # in order: any re-delivery restarts from an earlier committed point and replays
-        # the same sequence, so each delivery is either the next one or a replay
-        high = -1
-        for x in v:
-            assert x <= high + 1, f"skipped ahead to {x} after {high}"
-            high = max(high, x)
+        assert v == list(range(len(v)))
+
+
+def test_a_partition_cancelled_again_during_its_clean_up_is_claimed_again(nats_server, unique_name):
+    """A partition task interrupted a second time while cleaning up (its server calls hang)
+    must still leave `owned`; otherwise this member would never claim it again."""
+    rec = Recorder()
+
+    async def go():
+        nc = await _setup(nats_server.url, unique_name, 200, partitions=1)
+        w = Worker(nc, _cfg(unique_name, lease_ttl=1.0), rec)
+        await w.start()
+        await _until(lambda: rec.count >= 200)
+        task = w.owned[0].task
+        nats_server.pause()  # the reader's clean-up (deleting its consumer) now hangs
+        try:
+            task.cancel()
+            await asyncio.sleep(0.3)
+            assert not task.done()
+            task.cancel()
+            await asyncio.sleep(0.1)
+        finally:
+            nats_server.resume()
+        await _until(lambda: task.done())
+        await _publish(nc, unique_name, 200, 200, 50)
+        await _until(lambda: rec.count >= 400)
+        await w.stop()
+        await nc.close()
+
+    asyncio.run(go())
+    assert {t for _, t, _ in rec.meta} == {1, 2}
+    _assert_in_order_at_least_once(rec)

@@ -35,6 +35,7 @@ import logging
 import os
 import socket
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -127,52 +128,112 @@ def dead_letter_subject(prefix: str, group: str, partition: int) -> str:
     return f"{prefix}.dlq.{group}.{partition}"
 
 
+def _stream_seq(reply: str) -> int:
+    """The stream sequence from a JetStream delivery's reply subject (both ACK formats)."""
+    t = reply.split(".")
+    # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>            (v1)
+    # $JS.ACK.<domain>.<acchash>.<stream>.<consumer>.<delivered>.<sseq>.<cseq>...     (v2)
+    return int(t[5] if len(t) == 9 else t[7])
+
+
 class _PartitionReader:
-    """Reads one partition from a start sequence with an ephemeral ack-none pull consumer,
-    recreating it after the last delivered sequence if the server loses it."""
+    """Reads one partition from a start sequence with an ack-none pull consumer, keeping at
+    most two pull requests of ``batch`` messages in flight: pipelined, and bounded (at most
+    ``2 * batch`` messages are ever buffered or on the wire for a partition, so lease
+    renewals never queue behind megabytes of data on the shared connection). A consumer
+    that disappears (server restart) or goes silent is re-created after the last delivered
+    sequence; anything re-delivered is dropped."""
+
+    EXPIRES = 5.0
 
     def __init__(self, nc: NATS, stream: str, subject: str, start: int, batch: int) -> None:
+        self.nc = nc
         self.js = nc.jetstream()
         self.stream = stream
         self.subject = subject
         self.next_seq = max(1, start)
         self.batch = batch
         self.sub: Any = None
+        self.consumer = ""
+        self.inbox = ""
+        self._buf: deque[tuple[int, Any]] = deque()
+        self._ready = asyncio.Event()
+        self._outstanding = 0
+        self._last_activity = 0.0
+        self._lost = False
+
+    async def _on_msg(self, m: Any) -> None:
+        self._last_activity = time.monotonic()
+        h = m.headers
+        status = h.get("Status") if h else None
+        if status:  # 408 request expired, 409 consumer gone or limits, 100 heartbeat
+            if status in ("408", "409"):
+                left = h.get("Nats-Pending-Messages")
+                self._outstanding -= int(left) if left and left.isdigit() else self.batch
+                self._outstanding = max(0, self._outstanding)
+                if status == "409" and "Deleted" in (h.get("Description") or ""):
+                    self._lost = True
+            self._ready.set()
+            return
+        self._outstanding -= 1
+        self._buf.append((_stream_seq(m.reply), m))
+        self._ready.set()
 
     async def _open(self) -> None:
-        cfg = api.ConsumerConfig(
-            deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
-            opt_start_seq=self.next_seq,
-            ack_policy=api.AckPolicy.NONE,
-            filter_subject=self.subject,
-            inactive_threshold=30.0,
-            mem_storage=True,
-            num_replicas=1,
+        await self.close()
+        info = await self.js.add_consumer(
+            self.stream,
+            config=api.ConsumerConfig(
+                deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
+                opt_start_seq=self.next_seq,
+                ack_policy=api.AckPolicy.NONE,
+                filter_subject=self.subject,
+                inactive_threshold=30.0,
+                mem_storage=True,
+                num_replicas=1,
+            ),
         )
-        self.sub = await self.js.pull_subscribe(self.subject, stream=self.stream, config=cfg)
+        self.consumer = info.name or ""
+        self.inbox = self.nc.new_inbox()
+        self.sub = await self.nc.subscribe(self.inbox, cb=self._on_msg)
+        self._outstanding = 0
+        self._lost = False
+        self._last_activity = time.monotonic()
 
-    async def fetch(self, timeout: float) -> list[Any]:
-        if self.sub is None:
-            await self._open()
+    async def _pull(self) -> None:
+        req = json.dumps({"batch": self.batch, "expires": int(self.EXPIRES * 1e9)}).encode()
+        await self.nc.publish(
+            f"$JS.API.CONSUMER.MSG.NEXT.{self.stream}.{self.consumer}", req, reply=self.inbox
+        )
+        self._outstanding += self.batch
+
+    async def fetch(self, timeout: float) -> list[tuple[int, Any]]:
+        """Up to ``batch`` (stream seq, message) pairs in order; [] after ``timeout``."""
         try:
-            msgs = await self.sub.fetch(self.batch, timeout=timeout)
-        except TimeoutError:
-            return []
-        except (NatsError, NotFoundError) as exc:
-            log.info(
-                "reader of %s lost its consumer (%s); reopening at %d",
-                self.subject,
-                exc,
-                self.next_seq,
-            )
+            silent = time.monotonic() - self._last_activity > self.EXPIRES + 2
+            if self.sub is None or self._lost or (self._outstanding and silent):
+                await self._open()
+            while self._outstanding + len(self._buf) <= self.batch:
+                await self._pull()
+        except (NatsError, NotFoundError, TimeoutError) as exc:
+            log.info("reader of %s: %s; retrying at seq %d", self.subject, exc, self.next_seq)
             await self.close()
+            await asyncio.sleep(min(timeout, 0.5))
             return []
+        if not self._buf:
+            self._ready.clear()
+            try:
+                async with asyncio.timeout(timeout):
+                    await self._ready.wait()
+            except TimeoutError:
+                return []
         out = []
-        for m in msgs:
-            seq = m.metadata.sequence.stream
+        buf = self._buf
+        while buf and len(out) < self.batch:
+            seq, m = buf.popleft()
             if seq < self.next_seq:
-                continue  # re-delivered after a reopen
-            out.append(m)
+                continue  # re-delivered after the consumer was re-created
+            out.append((seq, m))
             self.next_seq = seq + 1
         return out
 
@@ -181,6 +242,12 @@ class _PartitionReader:
             with contextlib.suppress(Exception):
                 await self.sub.unsubscribe()
             self.sub = None
+        if self.consumer:
+            with contextlib.suppress(Exception):
+                await self.js.delete_consumer(self.stream, self.consumer)
+            self.consumer = ""
+        self._buf.clear()
+        self._outstanding = 0
 
 
 class _Owned:
@@ -346,32 +413,42 @@ class Worker:
                 )
             except (TimeoutError, NatsError) as exc:
                 log.warning("member %s: heartbeat failed: %s", self.member, exc)
-            for o in list(self.owned.values()):
-                async with o.lock:
-                    if o.releasing:
-                        continue  # handing over: its final commit and release own the lease
-                    try:
-                        await self.store.renew(o.lease)
-                        self._audit_lease(o.partition, o.lease, o.grant.token)
-                    except LeaseLost as exc:
-                        self.stats["leases_lost"] += 1
-                        log.warning(
-                            "member %s: %s; stopping partition %d", self.member, exc, o.partition
-                        )
-                        if o.task:
-                            o.task.cancel()
-                    except (NatsError, TimeoutError) as exc:
-                        log.warning(
-                            "member %s: renewing partition %d failed: %s",
-                            self.member,
-                            o.partition,
-                            exc,
-                        )
+            # all renewals in one round trip (each under its partition's lock): sequential
+            # renewals behind a busy event loop could outlast the lease margin
+            await asyncio.gather(*(self._renew(o) for o in list(self.owned.values())))
             if self._leader_lease is not None:
                 try:
                     await self.store.renew(self._leader_lease)
                 except (TimeoutError, LeaseLost, NatsError):
                     self._leader_lease = None
+
+    async def _renew(self, o: _Owned) -> None:
+        async with o.lock:
+            if o.releasing:
+                return  # handing over: its final commit and release own the lease
+            try:
+                await self.store.renew(o.lease)
+                self._audit_lease(o.partition, o.lease, o.grant.token)
+            except LeaseLost as exc:
+                self._lease_lost(o, exc)
+            except (NatsError, TimeoutError) as exc:
+                log.warning(
+                    "member %s: renewing partition %d failed: %s", self.member, o.partition, exc
+                )
+
+    def _lease_lost(self, o: _Owned, exc: LeaseLost) -> None:
+        """Stop a partition whose lease is gone, exactly once, whatever stage it is in."""
+        if self.owned.get(o.partition) is not o:
+            return  # already on its way out
+        self.stats["leases_lost"] += 1
+        log.warning("member %s: %s; stopping partition %d", self.member, exc, o.partition)
+        if o.task is None:
+            # still in on_assign (e.g. the process was paused there): forget the claim so the
+            # partition can be claimed afresh; _try_claim sees this when on_assign returns
+            del self.owned[o.partition]
+        elif not o.task.done() and not o.task.cancelling():
+            # once: a second cancel would interrupt the task's own clean-up
+            o.task.cancel()
 
     async def _live_members(self) -> list[str]:
         js = self.nc.jetstream()
@@ -478,8 +555,21 @@ class Worker:
                     p,
                     grant.token,
                 )
-                self.owned.pop(p, None)
+                if self.owned.get(p) is owned:
+                    del self.owned[p]
                 await self.store.release(lease)
+                return
+            if self.owned.get(p) is not owned or not lease.valid:
+                # the lease lapsed while on_assign ran: someone else may own the partition now
+                log.warning(
+                    "member %s: lease of partition %d lapsed during on_assign; giving it up",
+                    self.member,
+                    p,
+                )
+                if self.owned.get(p) is owned:
+                    del self.owned[p]
+                with contextlib.suppress(NatsError, TimeoutError):
+                    await self.store.release(lease)
                 return
         owned.task = asyncio.ensure_future(self._run_partition(owned))
         log.info(
@@ -508,22 +598,17 @@ class Worker:
                 wait = max(0.05, min(0.5, o.lease.valid_until - time.monotonic()))
                 msgs = await reader.fetch(timeout=wait)
                 batch: list[Message] = []
-                for m in msgs:
-                    if o.revoke.is_set() and not self.cfg.batch_handler:
+                token, batch_mode = grant.token, self.cfg.batch_handler
+                for seq, m in msgs:
+                    if o.revoke.is_set() and not batch_mode:
                         break
-                    if not o.lease.valid:
+                    if time.monotonic() >= o.lease.valid_until:
                         raise LeaseLost(f"lease of partition {p} expired locally")
-                    h = dict(m.headers or {})
+                    h = m.headers or {}
                     msg = Message(
-                        h.get("Nats-Ordered-Key", ""),
-                        m.data,
-                        h,
-                        p,
-                        m.metadata.sequence.stream,
-                        grant.token,
-                        m.subject,
+                        h.get("Nats-Ordered-Key", ""), m.data, h, p, seq, token, m.subject
                     )
-                    if self.cfg.batch_handler:
+                    if batch_mode:
                         batch.append(msg)
                         continue
                     if not await self._deliver(o, msg, msg):
@@ -552,24 +637,29 @@ class Worker:
             pass
         finally:
             stopped_at = time.time()  # processing has stopped: the end of this owner's window
-            await reader.close()
-            async with o.lock:
+            try:
+                await reader.close()
+                async with o.lock:
+                    o.releasing = True
+                    if graceful and o.lease.valid:
+                        with contextlib.suppress(Fenced, NatsError, asyncio.TimeoutError):
+                            await self.store.commit(grant, last)
+                        with contextlib.suppress(NatsError, asyncio.TimeoutError):
+                            await self.store.release(o.lease)
+            finally:
+                # even if the clean-up above is interrupted: a partition left in `owned`
+                # without a live task would never be claimed again by this member
                 o.releasing = True
-                if graceful and o.lease.valid:
-                    with contextlib.suppress(Fenced, NatsError, asyncio.TimeoutError):
-                        await self.store.commit(grant, last)
-                    with contextlib.suppress(NatsError, asyncio.TimeoutError):
-                        await self.store.release(o.lease)
-            if self.owned.get(p) is o:  # never drop a newer claim of the same partition
-                del self.owned[p]
-            self._audit(
-                kind="released",
-                partition=p,
-                token=grant.token,
-                at=stopped_at,
-                graceful=graceful,
-                last=last,
-            )
+                if self.owned.get(p) is o:  # never drop a newer claim of the same partition
+                    del self.owned[p]
+                self._audit(
+                    kind="released",
+                    partition=p,
+                    token=grant.token,
+                    at=stopped_at,
+                    graceful=graceful,
+                    last=last,
+                )
             if self.on_revoke is not None:
                 with contextlib.suppress(Exception):
                     r = self.on_revoke(p)
@@ -603,9 +693,9 @@ class Worker:
         r = self.handler(arg)
         if self._is_async or inspect.isawaitable(r):
             await r
-        elif time.monotonic() - self._last_yield > 0.01:
+        elif time.monotonic() - self._last_yield > 0.005:
             # a synchronous handler never yields: give the heartbeat and the other partitions
-            # a turn at least every 10 ms, or leases would starve and expire
+            # a turn at least every 5 ms, or leases would starve and expire
             self._last_yield = time.monotonic()
             await asyncio.sleep(0)
 
