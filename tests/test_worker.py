@@ -328,3 +328,52 @@ def test_a_partition_cancelled_again_during_its_clean_up_is_claimed_again(nats_s
     asyncio.run(go())
     assert {t for _, t, _ in rec.meta} == {1, 2}
     _assert_in_order_at_least_once(rec)
+
+
+def test_worker_pool_shares_partitions_joins_and_leaves(shared_nats_server, unique_name):
+    """The in-process pool: members on their own connections share the partitions; add()
+    joins, remove() leaves gracefully; everything is processed once per group, in order,
+    and stop() leaves no lease behind."""
+    from airflow_nats_ordered.core.group import GroupStore
+    from airflow_nats_ordered.core.pool import WorkerPool
+
+    rec = Recorder()
+
+    async def go():
+        nc = await _setup(shared_nats_server.url, unique_name, 3000, partitions=8)
+        cfg = _cfg(unique_name, member="pool", commit_interval=0.2)
+        async with WorkerPool(shared_nats_server.url, cfg, rec, size=2) as pool:
+            assert pool.members == ["pool-1", "pool-2"]
+            await _until(lambda: rec.count >= 3000)
+            await _until(lambda: all(len(w.owned) == 4 for w in pool.workers))
+            joined = await pool.add()
+            await _until(lambda: len(joined.owned) >= 2)
+            await _publish(nc, unique_name, 3000, 2000, 50)
+            await pool.remove("pool-1")
+            assert pool.members == ["pool-2", "pool-3"]
+            await _until(lambda: rec.count >= 5000)
+            await _until(lambda: sum(len(w.owned) for w in pool.workers) == 8)
+            processed = pool.stats["processed"]
+        store = await GroupStore.open(nc, cfg.group_config)
+        snap = await store.snapshot()
+        await nc.close()
+        return processed, snap
+
+    processed, snap = asyncio.run(go())
+    assert rec.count == 5000  # graceful leaves commit: nothing re-delivered
+    for v in rec.seen.values():
+        assert v == list(range(len(v)))
+    assert processed == 5000
+    assert snap.leases == {} and snap.members == {} and snap.leader is None, snap
+    assert sorted(snap.commits) == list(range(8))
+
+
+def test_worker_pool_refuses_bad_sizes_and_unknown_members(unique_name):
+    from airflow_nats_ordered.core.errors import ConfigError
+    from airflow_nats_ordered.core.pool import WorkerPool
+
+    with pytest.raises(ConfigError, match="pool size"):
+        WorkerPool("nats://127.0.0.1:4222", _cfg(unique_name), print, size=-1)
+    pool = WorkerPool("nats://127.0.0.1:4222", _cfg(unique_name), print)
+    with pytest.raises(ConfigError, match="no members"):
+        asyncio.run(pool.remove())
