@@ -28,6 +28,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import faulthandler
 import inspect
 import json
 import logging
@@ -1109,6 +1110,32 @@ def _worker_config(args: argparse.Namespace) -> WorkerConfig:
     return WorkerConfig(args.stream, args.group, **kw)
 
 
+def _install_stack_dumps(loop: asyncio.AbstractEventLoop) -> None:
+    """``kill -USR1 <pid>``: every thread's stack to stderr, even if the event loop is
+    blocked (faulthandler, in C). ``kill -USR2 <pid>``: every asyncio task's stack (needs
+    a running loop). For a member that does not stop or does not make progress."""
+    with contextlib.suppress(AttributeError, ValueError, RuntimeError, OSError):
+        faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+
+    def dump_tasks() -> None:
+        tasks = asyncio.all_tasks(loop)
+        lines = [f"--- {len(tasks)} asyncio tasks ---"]
+        for t in tasks:
+            lines.append(f"task {t.get_name()}:")
+            # the whole await chain (Task.print_stack shows only the outermost coroutine)
+            coro: Any = t.get_coro()
+            while coro is not None:
+                frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+                if frame is not None:
+                    code = frame.f_code
+                    lines.append(f"  {code.co_filename}:{frame.f_lineno} in {code.co_name}")
+                coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+        print("\n".join(lines), file=sys.stderr, flush=True)
+
+    with contextlib.suppress(NotImplementedError, RuntimeError, ValueError, AttributeError):
+        loop.add_signal_handler(signal.SIGUSR2, dump_tasks)
+
+
 async def _run_worker(args: argparse.Namespace, options: ConnectionOptions) -> int:
     cfg = _worker_config(args)
     loaded = load_handler(args.handler)
@@ -1136,6 +1163,7 @@ async def _run_worker(args: argparse.Namespace, options: ConnectionOptions) -> i
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                 loop.add_signal_handler(sig, on_signal, sig)
+        _install_stack_dumps(loop)
         await worker.start()
         _err(f"member {cfg.member_id} joined group {cfg.group} of {cfg.stream}")
         waiter = asyncio.ensure_future(stop.wait())
@@ -1306,7 +1334,9 @@ COMMANDS: list[Command] = [
         _configure_worker,
         _run_worker,
         "Members of a group share the stream's partitions and rebalance when members join, "
-        "leave or die. SIGTERM/SIGINT: finish the message in hand, commit, release, exit 0.",
+        "leave or die. SIGTERM/SIGINT: finish the message in hand, commit, release, exit 0 "
+        "(a second signal exits at once). SIGUSR1 dumps every thread's stack to stderr, "
+        "SIGUSR2 every asyncio task's.",
     ),
     Command(
         "status",

@@ -94,10 +94,16 @@ def test_worker_drains_the_stream_status_reports_it_and_sigterm_exits_0(
         assert cli(["status", "--stream", unique_name, "--group", "g", "--server", url]) == 0
         table = capsys.readouterr().out
         assert "partition" in table and "heartbeat age" in table and "leader solo" in table
+        # a member can be inspected in place: threads (SIGUSR1) and asyncio tasks (SIGUSR2)
+        proc.send_signal(signal.SIGUSR1)
+        proc.send_signal(signal.SIGUSR2)
+        time.sleep(1.0)
     finally:
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
+    assert "Current thread" in err or "Thread 0x" in err  # faulthandler's dump
+    assert "asyncio tasks ---" in err and "_heartbeat_loop" in err
     assert "700 messages processed" in err
     after = _status(url, unique_name, capsys)
     assert all(p["owner"] is None for p in after["partitions"])  # released, not expired

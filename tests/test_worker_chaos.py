@@ -10,7 +10,9 @@ SIGTERMs one. Then it checks, over everything published and everything applied:
   were refused;
 * never two owners of a partition at once (the members' lease windows never overlap);
 * each pure join moved at most ceil(P / (N + 1)) partitions, all to the new member;
-* the SIGTERM'd member exited 0 after releasing its partitions.
+* the SIGTERM'd member exited 0 after releasing its partitions, and at the end every
+  surviving member (the resumed zombie included) exits 0 on SIGTERM; one that hangs has
+  its threads and tasks dumped into its log (SIGUSR1/SIGUSR2) for the failure message.
 """
 
 from __future__ import annotations
@@ -129,6 +131,10 @@ class Pool:
             try:
                 codes[m] = p.wait(30)
             except subprocess.TimeoutExpired:
+                # a member that does not stop: dump its threads and tasks into its log
+                p.send_signal(signal.SIGUSR1)
+                p.send_signal(signal.SIGUSR2)
+                time.sleep(2.0)
                 p.kill()
                 codes[m] = p.wait()
         return codes
@@ -274,3 +280,6 @@ def test_kill_pause_join_and_leave_keep_order_fencing_and_exclusive_ownership(
     ]
     assert released and all(e["graceful"] for e in released), released
     assert codes["w1"] == -signal.SIGKILL
+    # 6. the others, the resumed zombie included, leave gracefully on SIGTERM too
+    for m in ("w2", "w4", "w5"):
+        assert codes[m] == 0, f"{m} exited {codes[m]}:\n{pool.log(m)[-6000:]}"
