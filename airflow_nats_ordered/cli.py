@@ -1148,6 +1148,9 @@ async def _run_worker(args: argparse.Namespace, options: ConnectionOptions) -> i
         stop = asyncio.Event()
         received: list[int] = []
 
+        def exit_now(sig: int, _frame: object = None) -> None:
+            os._exit(EXIT_SIGTERM if sig == signal.SIGTERM else EXIT_SIGINT)
+
         def on_signal(sig: int) -> None:
             received.append(sig)
             if len(received) == 1:
@@ -1156,8 +1159,14 @@ async def _run_worker(args: argparse.Namespace, options: ConnectionOptions) -> i
                     "committing, releasing leases; signal again to exit at once)"
                 )
                 stop.set()
+                # the second signal must work even if the event loop is blocked (say, in a
+                # handler's close() waiting on a lock): a plain handler, not the loop's
+                for s in (signal.SIGINT, signal.SIGTERM):
+                    with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                        loop.remove_signal_handler(s)
+                        signal.signal(s, exit_now)
             else:
-                os._exit(EXIT_SIGTERM if sig == signal.SIGTERM else EXIT_SIGINT)
+                exit_now(sig)
 
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

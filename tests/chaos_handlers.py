@@ -61,3 +61,14 @@ class Recorder:
 
     def close(self) -> None:
         self.sink.close()
+
+
+class StuckClose:
+    """A handler whose close() never returns in time (a sink waiting on a lock)."""
+
+    def __call__(self, msg) -> None:
+        pass
+
+    def close(self) -> None:
+        print("close() is stuck", flush=True)
+        time.sleep(120)

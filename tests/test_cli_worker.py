@@ -110,6 +110,35 @@ def test_worker_drains_the_stream_status_reports_it_and_sigterm_exits_0(
     assert after["members"] == []
 
 
+def test_a_second_sigterm_exits_at_once_even_if_the_handler_close_hangs(
+    shared_nats_server, unique_name
+):
+    url = shared_nats_server.url
+    assert cli(["provision", "--stream", unique_name, "--partitions", "2", "--server", url]) == 0
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "airflow_nats_ordered.cli", "worker", "--stream", unique_name]
+        + ["--group", "g", "--handler", "chaos_handlers:StuckClose", "--lease-ttl", "2"]
+        + ["--server", url],
+        env=dict(os.environ, PYTHONPATH=str(TESTS)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = proc.stderr.readline()
+        assert "joined group g" in line, line
+        proc.send_signal(signal.SIGTERM)
+        assert "close() is stuck" in proc.stdout.readline()
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(10)
+        assert time.monotonic() - t0 < 5
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert code == 143  # 128 + SIGTERM, as a shell reports it
+
+
 def test_status_of_an_unknown_group_says_how_to_start_one(shared_nats_server, unique_name, capsys):
     url = shared_nats_server.url
     assert cli(["provision", "--stream", unique_name, "--partitions", "2", "--server", url]) == 0

@@ -232,6 +232,27 @@ def test_poison_block_policy_stops_the_partition_and_reports_why(shared_nats_ser
     assert rec.seen["k7"] == [0, 1, 2]  # nothing after the poison message of that partition
     (reason,) = snap.blocked.values()
     assert "RuntimeError: downstream rejected" in reason and "after 2 attempts" in reason
+    (blocked_partition,) = snap.blocked
+
+    # the fix is deployed: a new member resumes exactly at the poison message (the blocked
+    # member committed what it had done and released at stop), and the marker is cleared
+    fixed = Recorder()
+
+    async def resume():
+        nc = await nats.connect(shared_nats_server.url)
+        w = Worker(nc, _cfg(unique_name, member="m2", poison="block"), fixed)
+        await w.start()
+        await _until(lambda: rec.count + fixed.count >= 500)
+        snap = await w.store.snapshot()
+        await w.stop()
+        await nc.close()
+        return snap
+
+    after = asyncio.run(resume())
+    assert fixed.seen["k7"] == [3, 4, 5, 6, 7, 8, 9]
+    assert rec.count + fixed.count == 500  # nothing re-delivered: stop committed
+    assert {p for p, _, _ in fixed.meta} == {blocked_partition}
+    assert after.blocked == {}
 
 
 def test_worker_settings_are_validated():
@@ -377,3 +398,38 @@ def test_worker_pool_refuses_bad_sizes_and_unknown_members(unique_name):
     pool = WorkerPool("nats://127.0.0.1:4222", _cfg(unique_name), print)
     with pytest.raises(ConfigError, match="no members"):
         asyncio.run(pool.remove())
+
+
+def test_deliveries_lost_between_server_and_worker_are_read_again(
+    shared_nats_server, unique_name, monkeypatch
+):
+    """Ack-none consumers never re-send: a delivery lost on the way (a reconnect, a slow
+    consumer cut-off) must be noticed from the consumer sequence and read again, in order."""
+    from airflow_nats_ordered.core import worker as worker_mod
+
+    real_on_msg = worker_mod._PartitionReader._on_msg
+    seen = {"n": 0, "dropped": 0}
+
+    async def lossy_on_msg(self, m):
+        if not (m.headers and m.headers.get("Status")):
+            seen["n"] += 1
+            if seen["n"] in (700, 2_500):
+                seen["dropped"] += 1
+                return
+        await real_on_msg(self, m)
+
+    monkeypatch.setattr(worker_mod._PartitionReader, "_on_msg", lossy_on_msg)
+    rec = Recorder()
+
+    async def go():
+        nc = await _setup(shared_nats_server.url, unique_name, 4000, keys=1, partitions=1)
+        w = Worker(nc, _cfg(unique_name, fetch_batch=100), rec)
+        await w.start()
+        await _until(lambda: rec.count >= 4000)
+        await asyncio.sleep(0.3)
+        await w.stop()
+        await nc.close()
+
+    asyncio.run(go())
+    assert seen["dropped"] == 2
+    assert rec.seen["k0"] == list(range(4000))  # nothing skipped, nothing twice

@@ -107,10 +107,13 @@ class WorkerPool:
     async def stop(self) -> None:
         """All members leave (concurrently, so hand-overs do not wait on each other)."""
         workers, self.workers = self.workers, []
-        await asyncio.gather(*(w.stop() for w in workers), return_exceptions=True)
-        for w in workers:
-            with contextlib.suppress(Exception):
-                await self._conns.pop(w.member).close()
+        try:
+            await asyncio.gather(*(w.stop() for w in workers), return_exceptions=True)
+        finally:
+            for w in workers:
+                nc = self._conns.pop(w.member)
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(nc.close())
 
     async def __aenter__(self) -> WorkerPool:
         try:

@@ -50,7 +50,7 @@ from nats.js.errors import (
 )
 
 from .assignor import Assignment, assign
-from .errors import ConfigError
+from .errors import ConfigError, NatsOrderedError
 from .group import Fenced, Grant, GroupConfig, GroupStore, Lease, LeaseLost, default_member_id
 from .partitioning import partition_subject
 from .streams import PartitionedStream, describe
@@ -124,25 +124,40 @@ class WorkerConfig:
         return self.poll_interval or min(0.1, self.lease_ttl / 10)
 
 
+async def _cancel_and_wait(tasks: list[asyncio.Task[None]]) -> None:
+    """Cancel and wait for ``tasks``; cancel again while any survives (on Python 3.11 an
+    ``asyncio.wait_for`` inside nats-py can swallow a cancellation)."""
+    pending = {t for t in tasks if not t.done()}
+    while pending:
+        for t in pending:
+            t.cancel()
+        _, pending = await asyncio.wait(pending, timeout=1.0)
+
+
 def dead_letter_subject(prefix: str, group: str, partition: int) -> str:
     return f"{prefix}.dlq.{group}.{partition}"
 
 
-def _stream_seq(reply: str) -> int:
-    """The stream sequence from a JetStream delivery's reply subject (both ACK formats)."""
+def _sequences(reply: str) -> tuple[int, int]:
+    """(stream sequence, consumer sequence) from a JetStream delivery's reply subject, in
+    both ACK subject formats."""
     t = reply.split(".")
     # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>            (v1)
     # $JS.ACK.<domain>.<acchash>.<stream>.<consumer>.<delivered>.<sseq>.<cseq>...     (v2)
-    return int(t[5] if len(t) == 9 else t[7])
+    return (int(t[5]), int(t[6])) if len(t) == 9 else (int(t[7]), int(t[8]))
 
 
 class _PartitionReader:
     """Reads one partition from a start sequence with an ack-none pull consumer, keeping at
     most two pull requests of ``batch`` messages in flight: pipelined, and bounded (at most
     ``2 * batch`` messages are ever buffered or on the wire for a partition, so lease
-    renewals never queue behind megabytes of data on the shared connection). A consumer
-    that disappears (server restart) or goes silent is re-created after the last delivered
-    sequence; anything re-delivered is dropped."""
+    renewals never queue behind megabytes of data on the shared connection).
+
+    With ack-none nothing is re-sent, so nothing may be lost between server and handler:
+    every delivery's consumer sequence must follow the previous one. On a gap (a delivery
+    lost in a reconnect), a reconnect of the client, an unexpected status, or silence past
+    the request expiry, the consumer is re-created at the first sequence not yet handed
+    out; anything delivered twice is dropped."""
 
     EXPIRES = 5.0
 
@@ -161,22 +176,45 @@ class _PartitionReader:
         self._outstanding = 0
         self._last_activity = 0.0
         self._lost = False
+        self._cseq = 0  # the last consumer sequence received
+        self._reconnects = 0
 
     async def _on_msg(self, m: Any) -> None:
         self._last_activity = time.monotonic()
         h = m.headers
         status = h.get("Status") if h else None
-        if status:  # 408 request expired, 409 consumer gone or limits, 100 heartbeat
-            if status in ("408", "409"):
+        if status:
+            if status == "408":  # a request expired: its undelivered rest is not coming
                 left = h.get("Nats-Pending-Messages")
                 self._outstanding -= int(left) if left and left.isdigit() else self.batch
                 self._outstanding = max(0, self._outstanding)
-                if status == "409" and "Deleted" in (h.get("Description") or ""):
-                    self._lost = True
+            elif status != "100":  # 409 consumer deleted / leadership change, 503, ...
+                log.info(
+                    "reader of %s: status %s %s; re-creating the consumer",
+                    self.subject,
+                    status,
+                    h.get("Description", ""),
+                )
+                self._lost = True
             self._ready.set()
             return
+        if self._lost or not m.reply:
+            return  # the consumer is being re-created from next_seq; or not a delivery
+        seq, cseq = _sequences(m.reply)
+        if cseq != self._cseq + 1:
+            log.warning(
+                "reader of %s: delivery %d after %d (lost on the wire); re-reading from seq %d",
+                self.subject,
+                cseq,
+                self._cseq,
+                self.next_seq,
+            )
+            self._lost = True
+            self._ready.set()
+            return
+        self._cseq = cseq
         self._outstanding -= 1
-        self._buf.append((_stream_seq(m.reply), m))
+        self._buf.append((seq, m))
         self._ready.set()
 
     async def _open(self) -> None:
@@ -198,6 +236,8 @@ class _PartitionReader:
         self.sub = await self.nc.subscribe(self.inbox, cb=self._on_msg)
         self._outstanding = 0
         self._lost = False
+        self._cseq = 0
+        self._reconnects = self.nc.stats["reconnects"]
         self._last_activity = time.monotonic()
 
     async def _pull(self) -> None:
@@ -211,7 +251,12 @@ class _PartitionReader:
         """Up to ``batch`` (stream seq, message) pairs in order; [] after ``timeout``."""
         try:
             silent = time.monotonic() - self._last_activity > self.EXPIRES + 2
-            if self.sub is None or self._lost or (self._outstanding and silent):
+            if (
+                self.sub is None
+                or self._lost
+                or (self._outstanding and silent)
+                or self.nc.stats["reconnects"] != self._reconnects
+            ):
                 await self._open()
             while self._outstanding + len(self._buf) <= self.batch:
                 await self._pull()
@@ -264,6 +309,8 @@ class _Owned:
         # renewals and the final commit + release of one lease never interleave
         self.lock = asyncio.Lock()
         self.releasing = False
+        self.lost = False
+        self.processed_once = False
 
 
 class Worker:
@@ -295,6 +342,8 @@ class Worker:
         self._leader_lease: Lease | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
+        self._closing = False  # the heartbeat loop ends (set once hand-over is done)
+        self._crash: asyncio.Task[None] | None = None
         self._started = time.time()
         self._assignment_rev = 0
         self._last_yield = time.monotonic()
@@ -327,34 +376,48 @@ class Worker:
         )
 
     async def stop(self) -> None:
-        """Leave gracefully: finish messages in hand, commit, release everything."""
+        """Leave gracefully: finish messages in hand, commit, release everything.
+
+        If ``stop()`` itself is cancelled, the member still stops (as a crash would: what
+        was not released expires after the TTL) and :attr:`stopped` is set."""
         if self._stopping:
             await self.stopped.wait()
             return
         self._stopping = True
+        try:
+            await self._leave()
+        finally:
+            self._closing = True
+            for t in self._tasks:
+                t.cancel()
+            for o in list(self.owned.values()):
+                if o.task is not None:
+                    o.task.cancel()
+            self.stopped.set()
+
+    async def _leave(self) -> None:
         # no new claims while handing over: halt the leader and reconcile loops first
         # (the heartbeat keeps renewing the leases being handed over)
-        for t in self._tasks[1:]:
-            t.cancel()
-        await asyncio.gather(*self._tasks[1:], return_exceptions=True)
+        await _cancel_and_wait(self._tasks[1:])
         for o in list(self.owned.values()):
             o.revoke.set()
         await asyncio.gather(
             *(o.task for o in self.owned.values() if o.task), return_exceptions=True
         )
         for o in list(self.owned.values()):  # still in on_assign: nothing was processed
-            with contextlib.suppress(Exception):
-                await self.store.release(o.lease)
-            self.owned.pop(o.partition, None)
-        for t in self._tasks:
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+            async with o.lock:  # not while a renewal changes the revision
+                o.releasing = True
+                with contextlib.suppress(Exception):
+                    await self.store.release(o.lease)
+            if self.owned.get(o.partition) is o:
+                del self.owned[o.partition]
+        self._closing = True
+        await _cancel_and_wait(self._tasks)
         with contextlib.suppress(Exception):
             if self._leader_lease is not None:
                 await self.store.release(self._leader_lease)
             if self._member_lease is not None:
                 await self.store.release(self._member_lease)
-        self.stopped.set()
         log.info("member %s left group %s", self.member, self.cfg.group)
 
     async def run(self) -> None:
@@ -394,7 +457,8 @@ class Worker:
             raise
         except Exception:
             log.exception("member %s: background loop failed; leaving the group", self.member)
-            asyncio.ensure_future(self._crash_stop())
+            if self._crash is None:
+                self._crash = asyncio.ensure_future(self._crash_stop())
 
     async def _crash_stop(self) -> None:
         # lose leases without committing (as a crash would): safe, the next owner resumes
@@ -405,8 +469,11 @@ class Worker:
 
     # -- background loops ------------------------------------------------------------------------
     async def _heartbeat_loop(self) -> None:
-        while True:
+        while not self._closing:
             await asyncio.sleep(self.cfg.group_config.renew_interval)
+            if self.nc.is_closed:
+                # the client gave up reconnecting: nothing can be renewed or committed again
+                raise ConnectionError("the NATS connection is closed")
             try:
                 self._member_lease = await self.store.heartbeat(
                     self.member, self._member_lease, self._info()
@@ -442,6 +509,10 @@ class Worker:
             return  # already on its way out
         self.stats["leases_lost"] += 1
         log.warning("member %s: %s; stopping partition %d", self.member, exc, o.partition)
+        # the processing loop checks validity before every message: it stops there even if
+        # the cancel below were swallowed
+        o.lease.valid_until = 0.0
+        o.lost = True
         if o.task is None:
             # still in on_assign (e.g. the process was paused there): forget the claim so the
             # partition can be claimed afresh; _try_claim sees this when on_assign returns
@@ -524,8 +595,8 @@ class Worker:
                     return
                 try:
                     await self._try_claim(p)
-                except (NatsError, TimeoutError) as exc:
-                    # a blip (server restart, leader change): try again next tick
+                except (NatsError, TimeoutError, NatsOrderedError) as exc:
+                    # a blip (server restart, leader change, a contended token): next tick
                     log.warning("member %s: claiming partition %d failed: %s", self.member, p, exc)
 
     async def _try_claim(self, p: int) -> None:
@@ -537,6 +608,12 @@ class Worker:
         except BaseException:  # including cancellation by stop(): give the lease back
             await asyncio.shield(self.store.release(lease))
             raise
+        if not lease.valid:
+            # paused between claim and grant: a newer owner may exist, do not fence it off
+            # further with on_assign; the partition is claimed afresh next tick
+            with contextlib.suppress(NatsError, TimeoutError):
+                await self.store.release(lease)
+            return
         # registered first, so the heartbeat renews the lease while on_assign runs (a sink
         # may wait on a lock); processing starts only once on_assign has returned
         owned = _Owned(p, lease, grant)
@@ -591,8 +668,9 @@ class Worker:
         last_commit = time.monotonic()
         since_commit = 0
         graceful = False
+        halted = False  # the handler could not finish a message: stop here, commit before it
         try:
-            while not o.revoke.is_set():
+            while not o.revoke.is_set() and not halted:
                 if not o.lease.valid:
                     raise LeaseLost(f"lease of partition {p} expired locally")
                 wait = max(0.05, min(0.5, o.lease.valid_until - time.monotonic()))
@@ -612,16 +690,18 @@ class Worker:
                         batch.append(msg)
                         continue
                     if not await self._deliver(o, msg, msg):
-                        return  # blocked
+                        halted = True
+                        break
                     last = msg.stream_seq
                     since_commit += 1
                     if self._commit_due(since_commit, last_commit) and await self._commit(
                         grant, last
                     ):
                         since_commit, last_commit = 0, time.monotonic()
-                if batch:
+                if batch and not halted:
                     if not await self._deliver(o, batch, batch[0]):
-                        return
+                        halted = True
+                        break
                     last = batch[-1].stream_seq
                     since_commit += len(batch)
                 if self._commit_due(since_commit, last_commit) and await self._commit(grant, last):
@@ -631,8 +711,14 @@ class Worker:
             self.stats["fenced"] += 1
             log.warning("member %s: %s", self.member, exc)
         except LeaseLost as exc:
-            self.stats["leases_lost"] += 1
+            if not o.lost:  # (already counted if the heartbeat found it lost)
+                self.stats["leases_lost"] += 1
             log.warning("member %s: %s", self.member, exc)
+        except (NatsError, TimeoutError) as exc:
+            # e.g. dead-lettering failed during a server blip: hand the partition back with
+            # what was done committed; it is claimed again on the next tick
+            log.warning("member %s: partition %d stopped by %r", self.member, p, exc)
+            graceful = True
         except asyncio.CancelledError:
             pass
         finally:
@@ -700,7 +786,9 @@ class Worker:
             await asyncio.sleep(0)
 
     async def _deliver(self, o: _Owned, arg: Any, first: Message) -> bool:
-        """Run the handler with retries; apply the poison policy. False if blocked."""
+        """Run the handler with retries; apply the poison policy. False if the partition
+        must stop before this message: blocked and then revoked, or revoked while retrying
+        (the next owner tries it again)."""
         attempt = 0
         while True:
             try:
@@ -708,6 +796,11 @@ class Worker:
                 n = len(arg) if isinstance(arg, list) else 1
                 o.processed += n
                 self.stats["processed"] += n
+                if not o.processed_once:
+                    o.processed_once = True
+                    # past any message an earlier owner blocked on: clear the marker
+                    with contextlib.suppress(NatsError, TimeoutError):
+                        await self.store.set_blocked(o.partition, None)
                 return True
             except (asyncio.CancelledError, Fenced):
                 raise  # a fenced sink told the handler a newer owner exists: stop, no retry
@@ -718,6 +811,8 @@ class Worker:
                     await asyncio.sleep(self.cfg.retry_backoff * 2 ** (attempt - 1))
                     if not o.lease.valid:
                         raise LeaseLost(f"lease of partition {o.partition} expired") from exc
+                    if o.revoke.is_set():
+                        return False  # moving or stopping: the next owner retries it
                     continue
                 reason = f"{type(exc).__name__}: {exc}"
                 msgs = arg if isinstance(arg, list) else [arg]
@@ -730,6 +825,8 @@ class Worker:
                     # keep the lease (nobody may skip the message), stop processing
                     await o.revoke.wait()
                     return False
+                if not o.lease.valid:
+                    raise LeaseLost(f"lease of partition {o.partition} expired") from exc
                 for m in msgs:
                     await self._dead_letter(m, reason)
                 return True
