@@ -433,3 +433,27 @@ def test_deliveries_lost_between_server_and_worker_are_read_again(
     asyncio.run(go())
     assert seen["dropped"] == 2
     assert rec.seen["k0"] == list(range(4000))  # nothing skipped, nothing twice
+
+
+def test_a_cancelled_stop_still_stops_the_member(shared_nats_server, unique_name):
+    """stop() under a timeout that fires mid-hand-over: the member must still end (its
+    loops and partition tasks finish, `stopped` is set) rather than linger half-alive."""
+    rec = Recorder()
+
+    async def go():
+        nc = await _setup(shared_nats_server.url, unique_name, 200, partitions=4)
+        w = Worker(nc, _cfg(unique_name), rec)
+        await w.start()
+        await _until(lambda: rec.count >= 200 and len(w.owned) == 4)
+        partition_tasks = [o.task for o in w.owned.values()]
+        stopping = asyncio.ensure_future(w.stop())
+        await asyncio.sleep(0.01)
+        stopping.cancel()
+        await asyncio.gather(stopping, return_exceptions=True)
+        assert w.stopped.is_set()
+        await asyncio.sleep(0.5)
+        alive = [t for t in w._tasks + partition_tasks if not t.done()]
+        await nc.close()
+        return alive
+
+    assert asyncio.run(go()) == []
