@@ -698,12 +698,12 @@ class Worker:
                         grant, last
                     ):
                         since_commit, last_commit = 0, time.monotonic()
-                if batch and not halted:
-                    if not await self._deliver(o, batch, batch[0]):
+                if batch:  # (batch mode only: the loop above never halts in it)
+                    if await self._deliver(o, batch, batch[0]):
+                        last = batch[-1].stream_seq
+                        since_commit += len(batch)
+                    else:
                         halted = True
-                        break
-                    last = batch[-1].stream_seq
-                    since_commit += len(batch)
                 if self._commit_due(since_commit, last_commit) and await self._commit(grant, last):
                     since_commit, last_commit = 0, time.monotonic()
             graceful = True
