@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from nats.aio.client import Client as NATS
 from nats.js import api
@@ -55,6 +57,12 @@ async def read_stream(nc: NATS, stream: str, batch: int = 2000) -> list[Stored]:
         await sub.unsubscribe()
     out.sort(key=lambda s: s.seq)
     return out
+
+
+def write_jsonl(path: Path, rows: Any) -> Path:
+    """Write ``rows`` (dicts) as JSON lines; returns ``path``."""
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
 
 
 def make_records(n: int, keys: int, size: int = 100) -> list[tuple[str, bytes]]:

@@ -19,7 +19,7 @@ from typing import Any
 
 import nats
 import pytest
-from streamcheck import check_stored, read_stream
+from streamcheck import check_stored, read_stream, write_jsonl
 
 from airflow_nats_ordered import cli
 from airflow_nats_ordered.core.partitioning import partition_for
@@ -240,7 +240,7 @@ def test_publish_jsonl_with_order_by_and_msg_id_field_keeps_per_key_order(
     provision(capsys, url, unique_name, 8)
     rows = make_rows(3000, keys=40)
     path = tmp_path / "events.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_jsonl(path, rows)
 
     rc, res, err = run_json(
         capsys,
@@ -296,7 +296,7 @@ def test_republishing_the_same_file_stores_nothing_new(
     provision(capsys, url, unique_name, 4)
     rows = make_rows(1000, keys=10, seed=3)
     path = tmp_path / "events.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_jsonl(path, rows)
     argv = ("publish", "--stream", unique_name, path, "--key-field", "customer", "--server", url)
 
     rc, first, _ = run_json(capsys, *argv, "--producer-id", "run-1")
@@ -433,7 +433,7 @@ def test_refused_records_are_counted_reported_and_the_rest_stored(
         rows[40]["pad"] = "x" * 5000  # over max_payload
         rows[50]["pad"] = "y" * 5000
         path = tmp_path / "events.jsonl"
-        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        write_jsonl(path, rows)
 
         rc, res, err = run_json(
             capsys,
@@ -494,7 +494,7 @@ def test_wrong_key_field_is_an_immediate_clear_error(
     url = shared_nats_server.url
     provision(capsys, url, unique_name, 2)
     path = tmp_path / "events.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in make_rows(50, keys=3)))
+    write_jsonl(path, make_rows(50, keys=3))
     rc, out, err = run_cli(
         capsys, "publish", "--stream", unique_name, path, "--key-field", "custmer", "--server", url
     )
@@ -610,7 +610,7 @@ def test_info_table_and_json(
     provision(capsys, url, unique_name, 3)
     rows = [{"k": k, "n": i} for i, k in enumerate("aabbbcccc")]
     path = tmp_path / "e.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_jsonl(path, rows)
     rc, _, err = run_cli(
         capsys, "publish", "--stream", unique_name, path, "--key-field", "k", "--server", url
     )
@@ -807,7 +807,7 @@ def test_records_not_stored_in_time_are_reported_failed_with_exit_1(
     stored = stored_messages(nats_server.url, unique_name)
     assert 100 <= sum(check_stored(want, stored, 2, unique_name.lower()).values()) <= 150
     path = tmp_path / "again.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_jsonl(path, rows)
     rc, again, err = run_json(
         capsys, "publish", "--stream", unique_name, path, "--key-field", "k",
         "--server", nats_server.url,

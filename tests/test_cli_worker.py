@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from streamcheck import write_jsonl
 
 from airflow_nats_ordered.cli import main as cli
 
@@ -31,7 +32,7 @@ def test_worker_drains_the_stream_status_reports_it_and_sigterm_exits_0(
 ):
     url = shared_nats_server.url
     rows = tmp_path / "rows.jsonl"
-    rows.write_text("".join(json.dumps({"k": f"k{i % 7}", "i": i}) + "\n" for i in range(700)))
+    write_jsonl(rows, ({"k": f"k{i % 7}", "i": i} for i in range(700)))
     assert cli(["provision", "--stream", unique_name, "--partitions", "4", "--server", url]) == 0
     assert (
         cli(["publish", "--stream", unique_name, str(rows), "--key-field", "k", "--server", url])

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from streamcheck import write_jsonl
 
 from airflow_nats_ordered.inputs import (
     PROBE_ROWS,
@@ -26,11 +27,6 @@ from airflow_nats_ordered.inputs import (
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
-
-
-def _jsonl(path: Path, rows: list[Any]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
 
 
 def _csv(path: Path, header: list[str], rows: list[list[str]]) -> Path:
@@ -131,7 +127,7 @@ def test_key_text_and_json_safe_values() -> None:
 
 
 def test_jsonl_key_field_absent_everywhere_is_an_immediate_error(tmp_path: Path) -> None:
-    path = _jsonl(tmp_path / "in.jsonl", [{"customer": "a", "ts": 1}] * 3)
+    path = write_jsonl(tmp_path / "in.jsonl", [{"customer": "a", "ts": 1}] * 3)
     with pytest.raises(InputError) as e:
         open_records(path, key_field="custmer")
     msg = str(e.value)
@@ -141,14 +137,14 @@ def test_jsonl_key_field_absent_everywhere_is_an_immediate_error(tmp_path: Path)
 
 def test_jsonl_key_field_seen_in_a_later_row_is_fine(tmp_path: Path) -> None:
     rows = [{"v": i} for i in range(10)] + [{"k": "x", "v": 10}]
-    recs = _read(_jsonl(tmp_path / "in.jsonl", rows), key_field="k")
+    recs = _read(write_jsonl(tmp_path / "in.jsonl", rows), key_field="k")
     assert [r.key for r in recs] == [None] * 10 + ["x"]
 
 
 def test_jsonl_probe_is_bounded(tmp_path: Path) -> None:
     rows = [{"v": i} for i in range(PROBE_ROWS + 5)] + [{"k": "x"}]
     with pytest.raises(InputError, match=f"first {PROBE_ROWS} records"):
-        open_records(_jsonl(tmp_path / "in.jsonl", rows), key_field="k")
+        open_records(write_jsonl(tmp_path / "in.jsonl", rows), key_field="k")
 
 
 def test_invalid_json_line_names_the_line(tmp_path: Path) -> None:
@@ -247,7 +243,7 @@ def test_order_by_is_a_stable_sort_with_nulls_last(tmp_path: Path) -> None:
         {"k": "a", "ts": None, "n": 5},
         {"k": "b", "ts": 1, "n": 6},
     ]
-    path = _jsonl(tmp_path / "in.jsonl", rows)
+    path = write_jsonl(tmp_path / "in.jsonl", rows)
     assert [p["n"] for p in _payloads(_read(path, key_field="k", order_by="ts"))] == [
         1, 3, 6, 0, 4, 2, 5
     ]  # fmt: skip
@@ -270,7 +266,7 @@ def test_order_by_csv_numbers_sort_as_numbers(tmp_path: Path) -> None:
 
 
 def test_order_by_unknown_jsonl_field(tmp_path: Path) -> None:
-    path = _jsonl(tmp_path / "in.jsonl", [{"k": "a", "ts": 1}])
+    path = write_jsonl(tmp_path / "in.jsonl", [{"k": "a", "ts": 1}])
     with pytest.raises(InputError, match=r"--order-by 'tss'.*Did you mean 'ts'"):
         open_records(path, key_field="k", order_by="tss")
 
