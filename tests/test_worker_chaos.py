@@ -175,8 +175,9 @@ def test_kill_pause_join_and_leave_keep_order_fencing_and_exclusive_ownership(
         time.sleep(TTL + 2.0)
         # resume after a fixed pause: if it was stopped inside a sink transaction it holds
         # the SQLite lock, and every other writer (even a starting member) waits for it
-        pool.signal("w2", signal.SIGCONT)  # wakes believing it still owns its partitions
+        # taken before SIGCONT: the zombie may run (and write) before this process does again
         resumed_at = time.time()
+        pool.signal("w2", signal.SIGCONT)  # wakes believing it still owns its partitions
         pool.start("w4")  # joins
         _wait(lambda: "w4" in pool.owners(), 30, "w4 to own partitions")
         pool.start("w5")
