@@ -1,0 +1,169 @@
+"""``nats-ordered``: provision partitioned streams, publish files into them, inspect them.
+
+Usage (``nats-ordered COMMAND --help`` for every flag)::
+
+    nats-ordered provision --stream ORDERS --partitions 16 [--max-age 7d] [--json]
+    nats-ordered publish --stream ORDERS orders.jsonl --key-field customer \\
+        [--order-by ts] [--msg-id-field id] [--json]
+    nats-ordered info --stream ORDERS [--json]
+
+Every command takes the connection flags (``--server``, ``--creds``, ``--nkey``, ``--user``,
+``--tls-ca``/``--tls-cert``/``--tls-key``, ``--connect-timeout``) on top of the ``nats`` CLI
+environment variables (``NATS_URL``, ``NATS_USER``, ``NATS_PASSWORD``, ``NATS_TOKEN``,
+``NATS_CREDS``, ``NATS_NKEY``, ``NATS_CA``, ``NATS_CERT``, ``NATS_KEY``). Secrets
+(passwords, tokens, nkey seeds) are never taken from the command line: a password comes
+from ``$NATS_PASSWORD``, a token from ``$NATS_TOKEN``, seeds from files.
+
+Exit codes: 0 success; 1 records were refused or could not be stored (the summary says
+which); 2 usage, configuration, input or connection errors (the message says what to fix);
+130 interrupted by Ctrl-C (143 by SIGTERM) after flushing what had been accepted.
+
+Adding a command: a module ``cli/x.py`` with ``configure(parser)``, ``async def run(args,
+options) -> int`` and ``COMMAND = Command("x", ...)``, listed in :data:`COMMANDS`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+import nats.errors
+import nats.js.errors
+
+from ..core.errors import NatsOrderedError
+from . import info, provision, publish, status, worker
+from .common import (
+    EXIT_OK,
+    EXIT_SIGINT,
+    EXIT_USAGE,
+    Command,
+    add_connection_flags,
+    connection_options,
+    format_duration,
+    format_table,
+    parse_duration,
+    parse_size,
+    print_err,
+)
+
+__all__ = [
+    "COMMANDS",
+    "Command",
+    "build_parser",
+    "connection_options",
+    "format_duration",
+    "format_table",
+    "main",
+    "parse_duration",
+    "parse_size",
+]
+
+COMMANDS: list[Command] = [
+    provision.COMMAND,
+    publish.COMMAND,
+    worker.COMMAND,
+    status.COMMAND,
+    info.COMMAND,
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="nats-ordered",
+        description="Kafka-like per-key ordered event pipelines on NATS JetStream.",
+        epilog="Run `nats-ordered COMMAND --help` for the flags of a command.",
+    )
+    try:
+        from importlib.metadata import version
+
+        parser.add_argument(
+            "--version", action="version", version=f"%(prog)s {version('airflow-nats-ordered')}"
+        )
+    except Exception:  # pragma: no cover - not installed as a distribution
+        pass
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for cmd in COMMANDS:
+        p = sub.add_parser(
+            cmd.name,
+            help=cmd.help,
+            description=f"{cmd.help[0].upper()}{cmd.help[1:]}. {cmd.description}".strip(),
+        )
+        cmd.configure(p)
+        add_connection_flags(p)
+        p.set_defaults(_command=cmd)
+    return parser
+
+
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever ``sys.stderr`` is at the time (it may be replaced, e.g. in tests)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.stream = sys.stderr
+        super().emit(record)
+
+
+def _setup_logging(verbosity: int) -> None:
+    """Show this package's warnings (with ``-v`` info, ``-vv`` debug) on stderr.
+
+    Only the ``airflow_nats_ordered`` logger gets a handler; records still propagate, and
+    its level is only lowered (never raised) so an embedding program's setup keeps working.
+    """
+    level = logging.WARNING if verbosity <= 0 else logging.INFO if verbosity == 1 else logging.DEBUG
+    logger = logging.getLogger("airflow_nats_ordered")
+    handler = next((h for h in logger.handlers if isinstance(h, _StderrHandler)), None)
+    if handler is None:
+        handler = _StderrHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        logger.addHandler(handler)
+    handler.setLevel(level)
+    if level < logger.getEffectiveLevel():
+        logger.setLevel(level)
+
+
+def _nats_error_text(exc: BaseException) -> str:
+    """A message for a NATS request that failed after connecting."""
+    if isinstance(exc, nats.js.errors.ServiceUnavailableError | nats.errors.NoRespondersError):
+        return (
+            "JetStream is not available on the server: enable it (`nats-server -js` or a "
+            "jetstream {} block in the server config) or give this account JetStream access"
+        )
+    if isinstance(exc, nats.js.errors.APIError):
+        return f"the JetStream API refused the request: {exc.description} (code {exc.err_code})"
+    if isinstance(exc, TimeoutError | nats.errors.TimeoutError):
+        return (
+            "the NATS server did not answer a JetStream request in time; check the server is "
+            "healthy and JetStream is enabled (retry when a cluster has elected its leaders)"
+        )
+    return f"NATS request failed: {str(exc).strip() or type(exc).__name__}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``nats-ordered`` with ``argv`` (default ``sys.argv[1:]``); return the exit code."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version, or a usage error already printed
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    _setup_logging(args.verbose)
+    cmd: Command = args._command
+    try:
+        options = connection_options(args)
+        return asyncio.run(cmd.run(args, options))
+    except NatsOrderedError as exc:
+        print_err(f"error: {exc}")
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print_err("interrupted")
+        return EXIT_SIGINT
+    except (nats.errors.Error, TimeoutError) as exc:
+        print_err(f"error: {_nats_error_text(exc)}")
+        return EXIT_USAGE
+    except BrokenPipeError:  # e.g. `nats-ordered info ... | head`
+        with contextlib.suppress(Exception):
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silence the exit flush
+        return EXIT_OK

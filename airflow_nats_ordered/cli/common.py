@@ -1,0 +1,289 @@
+"""What every ``nats-ordered`` command shares: exit codes, value parsers, output helpers
+(tables, JSON, durations, sizes), the connection flags and the :class:`Command` record.
+
+Each command lives in its own module of this package and exposes ``COMMAND``; the package's
+``__init__`` lists them in :data:`airflow_nats_ordered.cli.COMMANDS`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import math
+import os
+import re
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import IO, Any
+
+from nats.aio.client import Client as NATS
+
+from ..core.connection import ConnectionOptions, connect
+from ..core.errors import ConfigError
+
+EXIT_OK = 0
+EXIT_RECORDS = 1
+EXIT_USAGE = 2
+EXIT_SIGINT = 130
+EXIT_SIGTERM = 143
+
+
+# ---------------------------------------------------------------------------- values
+
+
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+_DURATION_TOKEN = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
+_UNLIMITED = ("unlimited", "none", "forever", "off")
+
+
+def parse_duration(text: str) -> float:
+    """Seconds from ``"90s"``, ``"30m"``, ``"2h"``, ``"7d"``, ``"1h30m"``, ``"500ms"`` or
+    ``"3600"``. ``"0"``/``"unlimited"``/``"none"`` give 0. Raises ArgumentTypeError."""
+    t = text.strip().lower().replace(" ", "")
+    if t in _UNLIMITED:
+        return 0.0
+    try:
+        value = float(t)
+    except ValueError:
+        pos, value = 0, 0.0
+        for m in _DURATION_TOKEN.finditer(t):
+            if m.start() != pos:
+                break
+            value += float(m.group(1)) * _DURATION_UNITS[m.group(2)]
+            pos = m.end()
+        if pos != len(t) or not t:
+            raise argparse.ArgumentTypeError(
+                f"invalid duration {text!r}: use a number of seconds or a number with a unit "
+                "(ms, s, m, h, d, w), e.g. 90s, 30m, 2h, 7d, 1h30m"
+            ) from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"invalid duration {text!r}: must be >= 0")
+    return value
+
+
+_SIZE_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*([kmgtp]?)(i?b?)$", re.IGNORECASE)
+_SIZE_POWERS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4, "p": 5}
+
+
+def parse_size(text: str) -> int:
+    """Bytes from ``"10GB"``, ``"512MiB"``, ``"64k"`` or ``"1048576"``; ``"unlimited"`` or
+    ``"-1"`` give -1. Units are powers of 1024 (KB = KiB), as in the ``nats`` CLI."""
+    t = text.strip()
+    if t.lower() in _UNLIMITED or t == "-1":
+        return -1
+    m = _SIZE_RE.match(t)
+    if not m or (m.group(3).lower() == "i" and not m.group(2)):
+        raise argparse.ArgumentTypeError(
+            f"invalid size {text!r}: use a number of bytes or a number with a unit "
+            "(KB, MB, GB, TB or KiB, MiB, GiB, TiB; powers of 1024), e.g. 512MiB, 10GB"
+        )
+    return int(float(m.group(1)) * 1024 ** _SIZE_POWERS[m.group(2).lower()])
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = non_negative_float(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be > 0")
+    return value
+
+
+def format_duration(seconds: float) -> str:
+    """Compact text of a duration: 3600 -> ``1h``, 5400 -> ``1h30m``, 0.5 -> ``0.5s``."""
+    if seconds <= 0:
+        return "0s"
+    if seconds < 60 and seconds != int(seconds):
+        return f"{seconds:g}s"
+    rest = int(round(seconds))
+    out = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if rest >= size:
+            out.append(f"{rest // size}{unit}")
+            rest %= size
+    return "".join(out)
+
+
+def format_table(
+    headers: Sequence[str],
+    rows: Iterable[Sequence[Any]],
+    *,
+    footer: Iterable[Sequence[Any]] = (),
+    gap: int = 2,
+) -> str:
+    """A plain-text table: numbers right-aligned, text left-aligned, ``None`` as ``-``.
+
+    ``footer`` rows (totals) are set off by a rule. Returns the text without a final newline.
+    """
+    body = [list(r) for r in rows]
+    tail = [list(r) for r in footer]
+    everything = body + tail
+    ncols = len(headers)
+    for r in everything:
+        if len(r) != ncols:
+            raise ValueError(f"row {r!r} has {len(r)} cells, the header has {ncols}")
+
+    def cell(v: Any) -> str:
+        if v is None:
+            return "-"
+        if isinstance(v, float):
+            return f"{v:,.1f}"
+        return str(v)
+
+    # a column is numeric by its body rows; footer cells (e.g. "total") follow its alignment
+    numeric = [
+        all(isinstance(r[i], int | float) or r[i] is None for r in body)
+        and any(isinstance(r[i], int | float) for r in body)
+        for i in range(ncols)
+    ]
+    text_rows = [[cell(v) for v in r] for r in everything]
+    widths = [max([len(headers[i])] + [len(r[i]) for r in text_rows]) for i in range(ncols)]
+    sep = " " * gap
+
+    def line(cells: Sequence[str]) -> str:
+        out = [
+            c.rjust(widths[i]) if numeric[i] else c.ljust(widths[i]) for i, c in enumerate(cells)
+        ]
+        return sep.join(out).rstrip()
+
+    lines = [line(list(headers))]
+    lines += [line(r) for r in text_rows[: len(body)]]
+    if tail:
+        lines.append(sep.join("-" * w for w in widths))
+        lines += [line(r) for r in text_rows[len(body) :]]
+    return "\n".join(lines)
+
+
+def print_json(obj: Any, out: IO[str] | None = None) -> None:
+    print(json.dumps(obj, indent=2, default=str), file=out or sys.stdout)
+
+
+def print_err(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------- connection
+
+
+def add_connection_flags(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group(
+        "connection",
+        "Flags override the NATS_* environment variables. Secrets are read from the "
+        "environment or files only: NATS_PASSWORD, NATS_TOKEN, --creds/NATS_CREDS, "
+        "--nkey/NATS_NKEY.",
+    )
+    g.add_argument(
+        "--server",
+        "-s",
+        action="append",
+        metavar="URL",
+        help="NATS server URL; repeat or give a comma list for a cluster "
+        "(default: $NATS_URL, else nats://127.0.0.1:4222)",
+    )
+    g.add_argument("--creds", metavar="FILE", help="NATS credentials (.creds) file [NATS_CREDS]")
+    g.add_argument("--nkey", metavar="FILE", help="file holding an nkey user seed [NATS_NKEY]")
+    g.add_argument(
+        "--user",
+        metavar="NAME",
+        help="user name; the password is read from $NATS_PASSWORD [NATS_USER]",
+    )
+    g.add_argument("--tls-ca", metavar="FILE", help="CA certificate to trust (PEM) [NATS_CA]")
+    g.add_argument("--tls-cert", metavar="FILE", help="client certificate (PEM) [NATS_CERT]")
+    g.add_argument("--tls-key", metavar="FILE", help="client certificate key (PEM) [NATS_KEY]")
+    g.add_argument(
+        "--connect-timeout",
+        type=positive_float,
+        metavar="SECONDS",
+        help="give up connecting after this long (default 5)",
+    )
+    parser.add_argument(
+        "-v", "--verbose", action="count", default=0, help="log more (repeat for debug logs)"
+    )
+
+
+def connection_options(
+    args: argparse.Namespace, env: Mapping[str, str] | None = None
+) -> ConnectionOptions:
+    """The one place CLI flags become :class:`ConnectionOptions`: the environment, then flags.
+
+    ``--user`` takes its password from ``$NATS_PASSWORD`` (never from the command line).
+    Raises ConfigError naming the flag or variable that is wrong.
+    """
+    env = os.environ if env is None else env
+    servers: tuple[str, ...] | None = None
+    if args.server:
+        servers = tuple(s.strip() for v in args.server for s in v.split(",") if s.strip())
+        if not servers:
+            raise ConfigError("--server is empty; give a URL such as nats://127.0.0.1:4222")
+    overrides: dict[str, Any] = {
+        "servers": servers,
+        "creds_file": args.creds,
+        "nkey_seed_file": args.nkey,
+        "tls_ca_file": args.tls_ca,
+        "tls_cert_file": args.tls_cert,
+        "tls_key_file": args.tls_key,
+        "connect_timeout": args.connect_timeout,
+    }
+    if args.user is not None:
+        password = env.get("NATS_PASSWORD") or None
+        if password is None:
+            raise ConfigError(
+                f"--user {args.user} needs a password in the environment variable "
+                "NATS_PASSWORD (passwords are never taken from the command line)"
+            )
+        overrides["user"] = args.user
+        overrides["password"] = password
+    return ConnectionOptions.from_env(env, **overrides)
+
+
+@contextlib.asynccontextmanager
+async def connected(options: ConnectionOptions) -> AsyncIterator[NATS]:
+    nc = await connect(options)
+    try:
+        yield nc
+    finally:
+        # connect()'s disconnected callback logs "reconnecting" on a deliberate close too;
+        # keep that false alarm out of the CLI's output
+        conn_log = logging.getLogger("airflow_nats_ordered.core.connection")
+        level = conn_log.level
+        conn_log.setLevel(logging.ERROR)
+        try:
+            with contextlib.suppress(Exception):
+                await nc.close()
+        finally:
+            conn_log.setLevel(level)
+
+
+# ---------------------------------------------------------------------------- commands
+
+
+@dataclass(frozen=True)
+class Command:
+    """One subcommand: its flags (``configure``) and its body (``run``, returns the exit code)."""
+
+    name: str
+    help: str
+    configure: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace, ConnectionOptions], Awaitable[int]]
+    description: str = ""

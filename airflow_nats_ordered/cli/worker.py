@@ -1,0 +1,224 @@
+"""``nats-ordered worker``: run one member of a consumer group until it is told to stop."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import faulthandler
+import inspect
+import os
+import signal
+import sys
+from typing import Any
+
+from ..core.connection import ConnectionOptions
+from ..core.worker import Worker, WorkerConfig
+from ..handlers import load_handler
+from .common import (
+    EXIT_OK,
+    EXIT_SIGINT,
+    EXIT_SIGTERM,
+    EXIT_USAGE,
+    Command,
+    connected,
+    positive_float,
+    positive_int,
+    print_err,
+)
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--stream", required=True, metavar="S", help="partitioned stream")
+    p.add_argument(
+        "--group",
+        required=True,
+        metavar="G",
+        help="consumer group: members share its partitions; each group sees all",
+    )
+    p.add_argument(
+        "--handler",
+        required=True,
+        metavar="MODULE:FUNC",
+        help="the handler, e.g. mypkg.handlers:apply (a function, coroutine or "
+        "class; see airflow_nats_ordered.handlers)",
+    )
+    p.add_argument(
+        "--member-id", metavar="ID", default=None, help="stable member id (default: HOST-PID)"
+    )
+    p.add_argument(
+        "--lease-ttl",
+        type=positive_float,
+        default=5.0,
+        metavar="SECONDS",
+        help="partition lease TTL; a dead member's partitions move after it "
+        "(default 5; every member of a group must use the same)",
+    )
+    p.add_argument(
+        "--fetch-batch",
+        type=positive_int,
+        default=500,
+        metavar="N",
+        help="messages read per request (default 500)",
+    )
+    p.add_argument(
+        "--commit-every",
+        type=positive_int,
+        default=1000,
+        metavar="N",
+        help="commit the position every N messages (default 1000)",
+    )
+    p.add_argument(
+        "--commit-interval",
+        type=positive_float,
+        default=1.0,
+        metavar="SECONDS",
+        help="... or every this many seconds (default 1)",
+    )
+    p.add_argument(
+        "--max-retries",
+        type=int,
+        default=3,
+        metavar="N",
+        help="handler retries before the poison policy applies (default 3)",
+    )
+    p.add_argument(
+        "--retry-backoff",
+        type=positive_float,
+        default=0.2,
+        metavar="SECONDS",
+        help="first retry delay, doubled each retry (default 0.2)",
+    )
+    p.add_argument(
+        "--poison",
+        choices=("dead-letter", "block"),
+        default="dead-letter",
+        help="after the retries: publish to <prefix>.dlq.<group>.<partition> and "
+        "move on (default), or block the partition and report it in status",
+    )
+    p.add_argument(
+        "--batch-handler",
+        action="store_true",
+        help="call the handler with a list of messages per fetched batch",
+    )
+    p.add_argument(
+        "--audit-log",
+        metavar="FILE",
+        default=None,
+        help="append lease windows and assignments as JSON lines (for audits)",
+    )
+
+
+def _worker_config(args: argparse.Namespace) -> WorkerConfig:
+    kw: dict[str, Any] = dict(
+        lease_ttl=args.lease_ttl,
+        fetch_batch=args.fetch_batch,
+        commit_every=args.commit_every,
+        commit_interval=args.commit_interval,
+        max_retries=args.max_retries,
+        retry_backoff=args.retry_backoff,
+        poison=args.poison,
+        batch_handler=args.batch_handler,
+        audit_log=args.audit_log,
+    )
+    if args.member_id:
+        kw["member_id"] = args.member_id
+    return WorkerConfig(args.stream, args.group, **kw)
+
+
+def _install_stack_dumps(loop: asyncio.AbstractEventLoop) -> None:
+    """``kill -USR1 <pid>``: every thread's stack to stderr, even if the event loop is
+    blocked (faulthandler, in C). ``kill -USR2 <pid>``: every asyncio task's stack (needs
+    a running loop). For a member that does not stop or does not make progress."""
+    with contextlib.suppress(AttributeError, ValueError, RuntimeError, OSError):
+        faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+
+    def dump_tasks() -> None:
+        tasks = asyncio.all_tasks(loop)
+        lines = [f"--- {len(tasks)} asyncio tasks ---"]
+        for t in tasks:
+            lines.append(f"task {t.get_name()}:")
+            # the whole await chain (Task.print_stack shows only the outermost coroutine)
+            coro: Any = t.get_coro()
+            while coro is not None:
+                frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+                if frame is not None:
+                    code = frame.f_code
+                    lines.append(f"  {code.co_filename}:{frame.f_lineno} in {code.co_name}")
+                coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+        print("\n".join(lines), file=sys.stderr, flush=True)
+
+    with contextlib.suppress(NotImplementedError, RuntimeError, ValueError, AttributeError):
+        loop.add_signal_handler(signal.SIGUSR2, dump_tasks)
+
+
+async def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
+    cfg = _worker_config(args)
+    loaded = load_handler(args.handler)
+    # a long-running member rides out server restarts: reconnect for as long as it takes
+    options = dataclasses.replace(options, max_reconnect_attempts=-1)
+    async with connected(options) as nc:
+        worker = Worker(
+            nc, cfg, loaded.handler, on_assign=loaded.on_assign, on_revoke=loaded.on_revoke
+        )
+        stop = asyncio.Event()
+        received: list[int] = []
+
+        def exit_now(sig: int, _frame: object = None) -> None:
+            os._exit(EXIT_SIGTERM if sig == signal.SIGTERM else EXIT_SIGINT)
+
+        def on_signal(sig: int) -> None:
+            received.append(sig)
+            if len(received) == 1:
+                print_err(
+                    f"member {cfg.member_id}: stopping (finishing messages in hand, "
+                    "committing, releasing leases; signal again to exit at once)"
+                )
+                stop.set()
+                # the second signal must work even if the event loop is blocked (say, in a
+                # handler's close() waiting on a lock): a plain handler, not the loop's
+                for s in (signal.SIGINT, signal.SIGTERM):
+                    with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                        loop.remove_signal_handler(s)
+                        signal.signal(s, exit_now)
+            else:
+                exit_now(sig)
+
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.add_signal_handler(sig, on_signal, sig)
+        _install_stack_dumps(loop)
+        await worker.start()
+        print_err(f"member {cfg.member_id} joined group {cfg.group} of {cfg.stream}")
+        waiter = asyncio.ensure_future(stop.wait())
+        await asyncio.wait(
+            {waiter, asyncio.ensure_future(worker.stopped.wait())},
+            return_when=asyncio.FIRST_COMPLETED,
+        )
+        crashed = not stop.is_set()
+        await worker.stop()
+        if loaded.close is not None:
+            r = loaded.close()
+            if inspect.isawaitable(r):
+                await r
+        st = worker.stats
+        print_err(
+            f"member {cfg.member_id} left: {st['processed']:,} messages processed, "
+            f"{st['retries']} retries, {st['dead_lettered']} dead-lettered, "
+            f"{st['fenced']} fenced, {st['leases_lost']} leases lost"
+        )
+    return EXIT_USAGE if crashed else EXIT_OK
+
+
+COMMAND = Command(
+    "worker",
+    "run a member of a consumer group: owns partitions by lease, processes them in order",
+    configure,
+    run,
+    "Members of a group share the stream's partitions and rebalance when members join, "
+    "leave or die. SIGTERM/SIGINT: finish the message in hand, commit, release, exit 0 "
+    "(a second signal exits at once). SIGUSR1 dumps every thread's stack to stderr, "
+    "SIGUSR2 every asyncio task's.",
+)
