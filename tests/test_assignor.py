@@ -10,7 +10,14 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from airflow_nats_ordered.core.assignor import Assignment, assign, moves, plan_cooperative
+from airflow_nats_ordered.core.assignor import (
+    Assignment,
+    assign,
+    imbalance,
+    member_loads,
+    moves,
+    plan_cooperative,
+)
 
 member_ids = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-", min_size=1, max_size=6)
 member_sets = st.lists(member_ids, min_size=1, max_size=12, unique=True)
@@ -267,3 +274,113 @@ def test_large_groups_stay_balanced_and_sticky_through_a_rolling_restart(p: int)
         members[i] = f"{m}-new"
         a = a2
     assert max(loads(a, members).values()) - min(loads(a, members).values()) <= 1
+
+
+# -- weights and cordon (rebalance by measured load, drain a member before maintenance) --------
+
+weight_maps = st.lists(
+    st.one_of(st.integers(0, 1000).map(float), st.floats(0, 5000, allow_nan=False)),
+    min_size=1,
+    max_size=48,
+)
+
+
+@given(st.data(), weight_maps, member_sets)
+def test_weighted_assignment_covers_every_partition_and_bounds_the_heaviest_load(
+    data: st.DataObject, ws: list[float], members
+) -> None:
+    p = len(ws)
+    weights = dict(enumerate(ws))
+    prev = data.draw(any_previous(p, members))
+    a = assign(p, members, prev, weights=weights)
+    assert set(a.owners) == set(range(p)) and set(a.members) <= set(members)
+    eff = [w + (sum(ws) / p or 1.0) * 0.01 for w in ws]  # the weights the assignor balances
+    loads = dict.fromkeys(members, 0.0)
+    for q, m in a.owners.items():
+        loads[m] += eff[q]
+    assert max(loads.values()) <= sum(eff) / len(members) + max(eff) + 1e-6
+
+
+@given(st.data(), weight_maps, member_sets)
+def test_weighted_assignment_is_a_fixed_point_so_the_leader_never_churns(
+    data: st.DataObject, ws: list[float], members
+) -> None:
+    p = len(ws)
+    weights = dict(enumerate(ws))
+    a = assign(p, members, data.draw(any_previous(p, members)), weights=weights)
+    again = assign(p, list(reversed(members)), a, weights=weights)
+    assert again is a
+
+
+@given(st.data(), weight_maps, member_sets)
+@secondary
+def test_weighted_member_within_the_bound_gives_nothing_up(
+    data: st.DataObject, ws: list[float], members
+) -> None:
+    p = len(ws)
+    weights = dict(enumerate(ws))
+    prev = data.draw(any_previous(p, members))
+    assume(prev is not None)
+    a = assign(p, members, prev, weights=weights)
+    eff = [w + (sum(ws) / p or 1.0) * 0.01 for w in ws]
+    cap = sum(eff) / len(members) + max(eff)
+    for m in members:
+        had = [q for q, o in prev.owners.items() if o == m and q < p]
+        if sum(eff[q] for q in had) <= cap:
+            assert set(had) <= set(a.partitions_of(m)), m
+
+
+@given(st.data(), partition_counts, st.lists(member_ids, min_size=2, max_size=12, unique=True))
+def test_cordoned_members_own_nothing_and_only_their_partitions_move(
+    data: st.DataObject, p: int, members
+) -> None:
+    prev = assign(p, members, None)
+    cordon = data.draw(st.lists(st.sampled_from(members), min_size=1, max_size=len(members) - 1))
+    a = assign(p, members, prev, cordon=cordon)
+    assert not set(a.members) & set(cordon)
+    assert set(a.owners) == set(range(p))
+    stay = [m for m in members if m not in cordon]
+    base = p // len(stay)
+    for m in stay:  # a remaining member loses nothing unless it is over the new quota
+        if len(prev.partitions_of(m)) <= base:
+            assert set(prev.partitions_of(m)) <= set(a.partitions_of(m))
+
+
+def test_cordoning_every_member_is_refused_with_what_to_do() -> None:
+    with pytest.raises(ValueError, match="cordon fewer members or add one first"):
+        assign(4, ["a", "b"], None, cordon=["a", "b"])
+
+
+def test_skewed_load_is_balanced_by_load_not_by_count() -> None:
+    # 16 carriers on 16 partitions: a few carry most of the flights
+    weights = {p: float(w) for p, w in enumerate([900, 700, 500, 60, 50, 40, 30, 20] + [5] * 8)}
+    by_count = assign(16, ["a", "b", "c"], None)
+    assert imbalance(by_count, weights) > 1.28  # 1005 / 780 / 555 flights per member
+    # an explicit rebalance asks for a tight balance; the leader's next ticks keep it
+    by_load = assign(16, ["a", "b", "c"], by_count, weights=weights, slack=0)
+    assert imbalance(by_load, weights) < 1.16  # 900 is the floor: one partition weighs that
+    assert assign(16, ["a", "b", "c"], by_load, weights=weights) is by_load
+    assert max(member_loads(by_load, weights).values()) <= 900 + 60
+
+
+def test_a_tighter_slack_balances_more_and_moves_more() -> None:
+    weights = {p: float(w) for p, w in enumerate([100, 90, 80, 10, 10, 10, 10, 10])}
+    prev = Assignment(3, {0: "a", 1: "a", 2: "b", 3: "b", 4: "b", 5: "c", 6: "c", 7: "c"})
+    loose = assign(8, ["a", "b", "c"], prev, weights=weights)
+    tight = assign(8, ["a", "b", "c"], prev, weights=weights, slack=0)
+    assert len(moves(prev, tight)) >= len(moves(prev, loose))
+    assert imbalance(tight, weights) <= imbalance(loose, weights)
+
+
+@pytest.mark.parametrize(
+    ("weights", "problem"),
+    [
+        ({0: -1.0}, "finite number >= 0"),
+        ({0: float("nan")}, "finite number >= 0"),
+        ({"0": 1.0}, "partition numbers"),
+        ({0: True}, "finite number >= 0"),
+    ],
+)
+def test_bad_weights_are_refused_naming_the_partition(weights, problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        assign(2, ["a"], None, weights=weights)

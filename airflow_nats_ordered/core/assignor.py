@@ -17,6 +17,12 @@
   member computing it gets the same answer.
 * **Generations** - the generation goes up by one exactly when the owners change; with no
   change the previous :class:`Assignment` is returned as is.
+* **Cordon** - cordoned members own nothing; only their partitions move (plus what balance
+  over the remaining members needs).
+* **Load balance** - with per-partition ``weights`` (measured load: a skewed stream is very
+  uneven by count), no member carries more than the average load plus the heaviest
+  partition, a member within that bound keeps everything it has, and recomputing with the
+  same inputs moves nothing (so the leader's periodic recomputation never churns).
 
 :func:`plan_cooperative` turns two assignments into one member's to-do list: partitions to
 release (stop, commit, drop the lease) and partitions to acquire (claim the lease, raise the
@@ -27,6 +33,7 @@ keep processing the partitions that do not move.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -137,22 +144,52 @@ class Assignment:
         return cls(gen, {p: members[i] for p, i in enumerate(owners)})
 
 
-def assign(partitions: int, members: Iterable[str], previous: Assignment | None) -> Assignment:
+def assign(
+    partitions: int,
+    members: Iterable[str],
+    previous: Assignment | None,
+    *,
+    weights: Mapping[int, float] | None = None,
+    cordon: Iterable[str] = (),
+    slack: float | None = None,
+) -> Assignment:
     """The sticky, balanced assignment of ``partitions`` over ``members`` (see module doc).
 
     ``previous`` may come from a different partition count: partitions it names beyond
     ``partitions - 1`` are ignored, new ones are treated as unowned.
+
+    ``cordon``: members that must own nothing (maintenance); their partitions move, the
+    other members' partitions stay where they are as far as balance allows. Cordoning every
+    live member is refused (nobody would process anything).
+
+    ``weights``: per-partition load (e.g. measured messages/s); balance is then by load, not
+    by count (see :func:`_assign_weighted` for the guarantees). ``slack`` (with weights only)
+    is how far above the average load a member may stay without giving anything up; the
+    default, the heaviest partition's weight, is what makes a weighted assignment a fixed
+    point (recomputing it with the same inputs moves nothing). A smaller slack balances more
+    tightly at the cost of more moves: use it for an explicit rebalance.
     """
     if not isinstance(partitions, int) or isinstance(partitions, bool) or partitions < 1:
         raise ValueError(f"partitions must be an int >= 1, got {partitions!r}")
     if isinstance(members, str):
         raise ValueError(f"members must be an iterable of member ids, not the string {members!r}")
-    live = sorted({_check_member(m) for m in members})
+    if isinstance(cordon, str):
+        raise ValueError(f"cordon must be an iterable of member ids, not the string {cordon!r}")
+    everyone = {_check_member(m) for m in members}
+    cordoned = {_check_member(m) for m in cordon}
+    live = sorted(everyone - cordoned)
+    if everyone and not live:
+        raise ValueError(
+            f"cordoning every live member ({', '.join(sorted(everyone))}) would leave nobody "
+            "to process the partitions; cordon fewer members or add one first"
+        )
     before = previous.owners if previous is not None else {}
     gen_before = previous.generation if previous is not None else 0
 
     owners: dict[int, str] = {}
-    if live:
+    if live and weights is not None:
+        owners = _assign_weighted(partitions, live, before, _weights(partitions, weights), slack)
+    elif live:
         n = len(live)
         base, extra = divmod(partitions, n)
         kept: dict[str, list[int]] = {m: [] for m in live}
@@ -180,6 +217,86 @@ def assign(partitions: int, members: Iterable[str], previous: Assignment | None)
     if previous is None and not owners:
         return Assignment(0, {})
     return Assignment(gen_before + 1, owners)
+
+
+def _weights(partitions: int, weights: Mapping[int, float]) -> list[float]:
+    """One finite, non-negative weight per partition. Partitions without a weight (new ones,
+    say) count as the average partition; every partition costs at least 1% of the average,
+    so idle partitions still spread over the members."""
+    given: dict[int, float] = {}
+    for p, w in weights.items():
+        if not isinstance(p, int) or isinstance(p, bool):
+            raise ValueError(f"weights must map partition numbers (ints) to loads, got key {p!r}")
+        if isinstance(w, bool) or not isinstance(w, int | float) or not math.isfinite(w) or w < 0:
+            raise ValueError(f"the weight of partition {p} must be a finite number >= 0, got {w!r}")
+        if 0 <= p < partitions:
+            given[p] = float(w)
+    mean = sum(given.values()) / len(given) if given else 1.0
+    floor = (mean or 1.0) * 0.01
+    return [given.get(p, mean) + floor for p in range(partitions)]
+
+
+def _assign_weighted(
+    partitions: int,
+    live: list[str],
+    before: Mapping[int, str],
+    w: list[float],
+    slack: float | None,
+) -> dict[int, str]:
+    """Balance by load, moving as little as possible.
+
+    With ``T`` the average load per member and ``cap = T + slack`` (slack defaults to the
+    heaviest weight): each member keeps its previous partitions, heaviest first, as long as
+    they fit under ``cap`` (its heaviest one always stays); the rest, and unowned
+    partitions, go heaviest first to the least loaded member (LPT). Guarantees: no member's
+    load exceeds ``T + max weight`` (no assignment can beat ``max(T, max weight)``); a
+    member at or under ``cap`` gives nothing up; with the default slack the result is a
+    fixed point.
+    """
+    if slack is not None and (not math.isfinite(slack) or slack < 0):
+        raise ValueError(f"slack must be a finite number >= 0, got {slack!r}")
+    target = sum(w) / len(live)
+    cap = target + (max(w) if slack is None else slack)
+    load = dict.fromkeys(live, 0.0)
+    owners: dict[int, str] = {}
+    freed: list[int] = []
+    kept: dict[str, list[int]] = {m: [] for m in live}
+    for p in range(partitions):
+        m = before.get(p)
+        if m in kept:
+            kept[m].append(p)
+        else:
+            freed.append(p)
+    for m in live:
+        for p in sorted(kept[m], key=lambda q: (-w[q], q)):
+            # its heaviest partition always stays: whoever owned it would be over the cap
+            if not load[m] or load[m] + w[p] <= cap * (1 + 1e-12):
+                owners[p] = m
+                load[m] += w[p]
+            else:
+                freed.append(p)
+    for p in sorted(freed, key=lambda q: (-w[q], q)):
+        m = min(live, key=lambda x: (load[x], x))
+        owners[p] = m
+        load[m] += w[p]
+    return owners
+
+
+def member_loads(assignment: Assignment, weights: Mapping[int, float]) -> dict[str, float]:
+    """Each owning member's total load under ``weights`` (unweighted partitions count 0)."""
+    out: dict[str, float] = {m: 0.0 for m in assignment.members}
+    for p, m in assignment.owners.items():
+        out[m] += float(weights.get(p, 0.0))
+    return out
+
+
+def imbalance(assignment: Assignment, weights: Mapping[int, float]) -> float:
+    """Heaviest member's load over the average member's (1.0 is perfect); 1.0 when idle."""
+    loads = member_loads(assignment, weights)
+    total = sum(loads.values())
+    if not loads or total <= 0:
+        return 1.0
+    return max(loads.values()) / (total / len(loads))
 
 
 def moves(before: Assignment | None, after: Assignment) -> dict[int, tuple[str | None, str]]:
