@@ -49,3 +49,23 @@ class InvalidKeyError(RecordError):
 
 class InvalidMsgIdError(RecordError):
     """A caller-supplied msg-id cannot be sent (empty, too long, or has a line break)."""
+
+
+class KeylessRecordError(MissingKeyError):
+    """A record has no key and keyless round-robin was not asked for.
+
+    ``str(exc)`` names the Python switch (``allow_keyless=True``); an adapter with its own
+    switch words the same fix in its terms with ``exc.message_for("--allow-keyless")``.
+    """
+
+    def __init__(self, switch: str = "allow_keyless=True") -> None:
+        self.switch = switch
+        super().__init__(self.message_for(switch))
+
+    @staticmethod
+    def message_for(switch: str) -> str:
+        """The refusal, naming ``switch`` as the way to publish keyless records."""
+        return (
+            "record has no key; every record needs a key to keep per-key order "
+            f"(set the key field), or publish with {switch} for round-robin"
+        )
