@@ -10,10 +10,12 @@ import pytest
 
 from airflow_nats_ordered.core.errors import ConfigError
 from airflow_nats_ordered.core.group import Fenced, GroupConfig, GroupStore, LeaseLost
+from airflow_nats_ordered.core.streams import StreamSpec, provision
 
 
 async def _store(url, name, ttl=1.0):
     nc = await nats.connect(url)
+    await provision(nc, StreamSpec(name, partitions=4))
     return nc, await GroupStore.open(nc, GroupConfig(name, "g", lease_ttl=ttl))
 
 

@@ -149,6 +149,10 @@ class PartitionedStream:
     max_msg_size: int
     allow_batched: bool
     config: api.StreamConfig = field(repr=False, compare=False)
+    #: The stream's identity: its creation time as the server reports it (ISO 8601, UTC).
+    #: It survives restarts, leader changes and config updates, and changes when the stream
+    #: is deleted and created again under the same name. Empty if the server did not say.
+    created: str = ""
 
     def subject(self, partition: int) -> str:
         return partition_subject(self.prefix, partition)
@@ -207,6 +211,7 @@ def _from_info(info: api.StreamInfo) -> PartitionedStream:
         max_msg_size=cfg.max_msg_size if cfg.max_msg_size is not None else -1,
         allow_batched=bool(cfg.allow_batched),
         config=cfg,
+        created=info.created.isoformat() if info.created else "",
     )
 
 
@@ -364,3 +369,16 @@ async def partition_stats(nc: NATS, stream: PartitionedStream | str) -> list[Par
         PartitionStats(p, stream.subject(p), int(counts.get(stream.subject(p), 0)), lasts[p])
         for p in range(stream.partitions)
     ]
+
+
+async def partition_bounds(nc: NATS, stream: PartitionedStream, partition: int) -> tuple[int, int]:
+    """The stream sequences of the first and the last message of ``partition`` still in the
+    stream, read from the stream leader; ``(0, 0)`` for an empty partition."""
+    js = nc.jetstream()
+    subject = stream.subject(partition)
+    try:
+        first = await js.get_msg(stream.name, seq=1, subject=subject, next=True)
+        last = await js.get_last_msg(stream.name, subject)
+    except NotFoundError:
+        return 0, 0
+    return int(first.seq or 0), int(last.seq or 0)
