@@ -26,4 +26,62 @@ def get_provider_info() -> dict:
             "streams, an ordered idempotent publisher, lease-owning worker pools."
         ),
         "versions": [__version__],
+        "integrations": [
+            {
+                "integration-name": "NATS JetStream",
+                "external-doc-url": "https://docs.nats.io/nats-concepts/jetstream",
+                "tags": ["service"],
+            }
+        ],
+        "hooks": [
+            {
+                "integration-name": "NATS JetStream",
+                "python-modules": ["airflow_nats_ordered.hooks.nats"],
+            }
+        ],
+        "connection-types": [
+            {
+                "connection-type": "nats",
+                "hook-class-name": "airflow_nats_ordered.hooks.nats.NatsHook",
+                "hook-name": "NATS JetStream",
+                "conn-fields": _CONN_FIELDS,
+                "ui-field-behaviour": {
+                    "hidden-fields": ["schema"],
+                    "relabeling": {"login": "User"},
+                    "placeholders": {
+                        "host": "nats-1:4222,nats-2:4222 (or nats://..., tls://...)",
+                        "port": "4222",
+                        "login": "user (for user/password authentication)",
+                    },
+                },
+            }
+        ],
     }
+
+
+def _field(label: str, kind: str = "string", *, secret: bool = False, **more: object) -> dict:
+    schema: dict = {"type": [kind, "null"]}
+    if secret:
+        schema["format"] = "password"  # Airflow masks it in the UI and in logs
+    schema.update(more)
+    return {"label": label, "schema": schema}
+
+
+#: the ``nats`` connection form (extras); names match ``hooks.nats.options_from_connection``
+_CONN_FIELDS = {
+    "servers": _field("Servers (comma list of URLs, instead of Host/Port)"),
+    "token": _field("Token", secret=True),
+    "creds": _field("Credentials (.creds file content)", secret=True),
+    "creds_file": _field("Credentials file path (.creds)"),
+    "nkey_seed": _field("NKey seed", secret=True),
+    "nkey_seed_file": _field("NKey seed file path"),
+    "tls_ca": _field("TLS CA certificate (PEM content)"),
+    "tls_ca_file": _field("TLS CA certificate file path"),
+    "tls_cert": _field("TLS client certificate (PEM content)"),
+    "tls_cert_file": _field("TLS client certificate file path"),
+    "tls_key": _field("TLS client key (PEM content)", secret=True),
+    "tls_key_file": _field("TLS client key file path"),
+    "tls_hostname": _field("TLS server name (if not the host)"),
+    "tls_verify": _field("Verify the server certificate", "boolean", default=True),
+    "connect_timeout": _field("Connect timeout (seconds)", "number", default=5),
+}

@@ -14,7 +14,11 @@ pytest-asyncio. Every process is stopped at fixture teardown (and killed at exit
 
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
 import sys
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +30,14 @@ if str(Path(__file__).parent) not in sys.path:
     sys.path.insert(0, str(Path(__file__).parent))
 
 from airflow_nats_ordered.embedded import NatsCluster, NatsServer  # noqa: E402
+
+# One throw-away Airflow home for the whole run (never the user's ~/airflow); Airflow reads
+# it when first imported, so it is set before any test module imports airflow.
+if "AIRFLOW_HOME" not in os.environ or os.environ.get("CI"):
+    _airflow_home = tempfile.mkdtemp(prefix="nats-ordered-airflow-")
+    atexit.register(shutil.rmtree, _airflow_home, True)
+    os.environ["AIRFLOW_HOME"] = _airflow_home
+os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 
 
 @pytest.fixture

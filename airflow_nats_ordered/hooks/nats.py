@@ -1,0 +1,272 @@
+"""The ``nats`` connection type and :class:`NatsHook`.
+
+An Airflow connection maps onto the one :class:`~airflow_nats_ordered.core.connection.
+ConnectionOptions` type; this module only translates field names (and writes credentials
+given as *content* to private files, because NATS clients read them from files).
+
+Connection fields (``airflow connections add nats_default --conn-type nats ...``):
+
+==================  ================================================================
+Host                ``host`` or a comma list ``a:4222,b:4222`` or ``nats://a:4222,...``
+Port                used for hosts without one (default 4222)
+Login / Password    user + password authentication
+extra ``servers``   a comma list of URLs (instead of Host/Port)
+extra ``token``     token authentication (masked)
+extra ``creds``     a decentralized-auth ``.creds`` file's *content* (masked)
+extra ``creds_file``  the path of a ``.creds`` file
+extra ``nkey_seed`` an nkey seed ``SU...`` (masked); ``nkey_seed_file``: its path
+extra ``tls_ca``/``tls_cert``/``tls_key``  PEM content (the key is masked);
+                    ``tls_ca_file``/``tls_cert_file``/``tls_key_file``: paths
+extra ``tls_hostname``, ``tls_verify``, ``connect_timeout``, ``name``,
+                    ``max_reconnect_attempts``, ``reconnect_time_wait``
+==================  ================================================================
+
+Errors name the connection and the field to fix, never a secret.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import hashlib
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any, TypeVar
+
+from airflow.sdk import BaseHook
+
+from ..core.connection import ConnectionOptions, connect
+from ..core.errors import ConfigError, ConnectError, NatsOrderedError
+
+T = TypeVar("T")
+
+#: extras whose value is file *content*, and the file option each becomes
+CONTENT_FIELDS: Mapping[str, str] = {
+    "creds": "creds_file",
+    "tls_ca": "tls_ca_file",
+    "tls_cert": "tls_cert_file",
+    "tls_key": "tls_key_file",
+}
+#: extras passed through under their own name
+OPTION_FIELDS = (
+    "servers",
+    "token",
+    "creds_file",
+    "nkey_seed",
+    "nkey_seed_file",
+    "tls_ca_file",
+    "tls_cert_file",
+    "tls_key_file",
+    "tls_hostname",
+    "tls_verify",
+    "connect_timeout",
+    "name",
+    "max_reconnect_attempts",
+    "reconnect_time_wait",
+)
+#: how an option is named on the connection form, for error messages
+_FORM_NAMES = {
+    "servers": "Host/Port (or extra 'servers')",
+    "user": "Login",
+    "password": "Password",
+}
+# hints in core messages written for CLI users: "(NATS_PASSWORD)", "(NATS_URL / --server)"
+_ENV_HINT = re.compile(r"\s*\((?:or |from environment variable )?NATS_[A-Z]+(?: / --[a-z-]+)?\)")
+
+
+def _in_airflow_terms(conn_id: str, text: str) -> str:
+    text = text.replace("the URL (NATS_URL / --server)", f"Host/Port of connection {conn_id!r}")
+    return _ENV_HINT.sub("", text)
+
+
+_secret_dir: str | None = None
+
+
+def _private_file(content: str, suffix: str) -> str:
+    """Write ``content`` to a file only this user can read, for the life of the process
+    (a NATS client re-reads credentials on every reconnect). Same content, same file."""
+    global _secret_dir
+    if _secret_dir is None:
+        _secret_dir = tempfile.mkdtemp(prefix="nats-ordered-conn-")  # mode 0700
+        atexit.register(shutil.rmtree, _secret_dir, True)
+    name = hashlib.sha256(content.encode()).hexdigest()[:24] + suffix
+    path = os.path.join(_secret_dir, name)
+    if not os.path.exists(path):
+        fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(content if content.endswith("\n") else content + "\n")
+        os.replace(path + ".tmp", path)
+    return path
+
+
+def _servers(host: str | None, port: int | None) -> str | None:
+    if not host:
+        return None
+    out = []
+    for part in (p.strip() for p in host.split(",")):
+        if not part:
+            continue
+        if "://" not in part:
+            part = f"nats://{part}" if ":" in part else f"nats://{part}:{port or 4222}"
+        out.append(part)
+    return ",".join(out) or None
+
+
+def options_from_connection(
+    conn_id: str,
+    *,
+    host: str | None,
+    port: int | None,
+    login: str | None,
+    password: str | None,
+    extra: Mapping[str, Any],
+) -> ConnectionOptions:
+    """The connection's fields as :class:`ConnectionOptions`; a ConfigError names the
+    connection and the form field (or extra key) to fix."""
+    where = f"Airflow connection {conn_id!r}"
+    extras = {}
+    for key, value in extra.items():
+        # the UI may store form fields as extra__nats__<name>
+        extras[key.removeprefix("extra__nats__")] = value
+    unknown = sorted(k for k in extras if k not in OPTION_FIELDS and k not in CONTENT_FIELDS)
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown extra field(s) {', '.join(unknown)}; accepted extra fields: "
+            f"{', '.join((*OPTION_FIELDS, *CONTENT_FIELDS))}"
+        )
+    opts: dict[str, Any] = {k: v for k, v in extras.items() if k in OPTION_FIELDS and v != ""}
+    for key, option in CONTENT_FIELDS.items():
+        content = extras.get(key)
+        if not content:
+            continue
+        if opts.get(option):
+            raise ConfigError(
+                f"{where}: both extra '{key}' (content) and extra '{option}' (a path) are set; "
+                "set only one of them"
+            )
+        if not isinstance(content, str):
+            raise ConfigError(f"{where}: extra '{key}' must be the file's text content")
+        opts[option] = _private_file(content, ".creds" if key == "creds" else ".pem")
+    from_host = _servers(host, port)
+    if from_host and opts.get("servers"):
+        raise ConfigError(
+            f"{where}: both Host and extra 'servers' are set; use one of them for the URLs"
+        )
+    if from_host:
+        opts["servers"] = from_host
+    if login:
+        opts["user"] = login
+    if password:
+        opts["password"] = password
+    try:
+        return ConnectionOptions.from_mapping(opts)
+    except ConfigError as exc:
+        field = getattr(exc, "field", None) or ""
+        form = _FORM_NAMES.get(field, f"extra '{field}'" if field else "a field")
+        text = _in_airflow_terms(conn_id, str(exc))
+        raise ConfigError(f"{where}, {form}: {text}") from None
+
+
+class NatsHook(BaseHook):
+    """Connects to NATS JetStream with an Airflow connection of type ``nats``.
+
+    ``await hook.aget_options()`` / ``async with hook.aconnect() as nc`` for triggers (the
+    connection is looked up with ``BaseHook.aget_connection``), ``hook.run(fn)`` for
+    operators (runs ``await fn(nc)`` on a fresh event loop), ``test_connection()`` for the
+    UI's Test button. The connection is read once per hook and cached.
+    """
+
+    conn_name_attr = "nats_conn_id"
+    default_conn_name = "nats_default"
+    conn_type = "nats"
+    hook_name = "NATS JetStream"
+
+    def __init__(self, nats_conn_id: str = default_conn_name, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.nats_conn_id = nats_conn_id
+        self._options: ConnectionOptions | None = None
+
+    @staticmethod
+    def _options_of(conn_id: str, conn: Any) -> ConnectionOptions:
+        return options_from_connection(
+            conn_id,
+            host=conn.host,
+            port=conn.port,
+            login=conn.login,
+            password=conn.password,
+            extra=conn.extra_dejson or {},
+        )
+
+    def get_options(self) -> ConnectionOptions:
+        if self._options is None:
+            conn = self.get_connection(self.nats_conn_id)
+            self._options = self._options_of(self.nats_conn_id, conn)
+        return self._options
+
+    async def aget_options(self) -> ConnectionOptions:
+        if self._options is None:
+            conn = await BaseHook.aget_connection(self.nats_conn_id)
+            self._options = self._options_of(self.nats_conn_id, conn)
+        return self._options
+
+    def get_conn(self) -> ConnectionOptions:
+        """The connection's settings (a NATS client is async: use :meth:`aconnect`)."""
+        return self.get_options()
+
+    @contextlib.asynccontextmanager
+    async def aconnect(self, **nats_kwargs: Any) -> AsyncIterator[Any]:
+        """A connected nats-py client, bound to the running loop, closed on exit."""
+        nc = await connect(await self.aget_options(), **nats_kwargs)
+        try:
+            yield nc
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(nc.drain(), 5)
+            if not nc.is_closed:
+                with contextlib.suppress(Exception):
+                    await nc.close()
+
+    def run(self, fn: Callable[[Any], Awaitable[T]]) -> T:
+        """Connect, ``await fn(nc)``, close: the sync facade operators use."""
+        options = self.get_options()
+
+        async def main() -> T:
+            self._options = options
+            async with self.aconnect() as nc:
+                return await fn(nc)
+
+        return asyncio.run(main())
+
+    def test_connection(self) -> tuple[bool, str]:
+        """Whether the server is reachable, accepts the credentials and has JetStream."""
+        try:
+            options = self.get_options()
+
+            async def probe(nc: Any) -> str:
+                try:
+                    info = await nc.jetstream(timeout=options.connect_timeout).account_info()
+                except Exception as exc:
+                    raise ConnectError(
+                        f"connected to {nc.connected_url.netloc if nc.connected_url else '?'} "
+                        f"as {options.auth_description()}, but JetStream is not available to "
+                        f"this account ({type(exc).__name__}: {exc}); enable JetStream on the "
+                        "server (`-js`, or `jetstream {}` in its config) or for the account"
+                    ) from None
+                return (
+                    f"connected to {', '.join(options.servers)} as "
+                    f"{options.auth_description()}; JetStream is enabled "
+                    f"({info.streams} streams, {info.consumers} consumers)"
+                )
+
+            return True, self.run(probe)
+        except NatsOrderedError as exc:
+            return False, _in_airflow_terms(self.nats_conn_id, str(exc))
+        except Exception as exc:  # whatever else: the UI shows it, secrets redacted
+            text = f"{type(exc).__name__}: {exc}"
+            with contextlib.suppress(Exception):
+                text = self.get_options().redact(text)
+            return False, text
