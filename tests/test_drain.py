@@ -1,0 +1,147 @@
+"""Waiting for a group to drain (core.drain) against a real server and real workers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import nats
+import pytest
+
+from airflow_nats_ordered.core.connection import ConnectionOptions
+from airflow_nats_ordered.core.drain import (
+    DrainTimeoutError,
+    PartitionBlockedError,
+    lag,
+    read_lag,
+    wait_drained,
+)
+from airflow_nats_ordered.core.errors import ConfigError, NatsOrderedError
+from airflow_nats_ordered.core.group import GroupStore
+from airflow_nats_ordered.core.pool import WorkerPool
+from airflow_nats_ordered.core.publisher import OrderedPublisher
+from airflow_nats_ordered.core.streams import StreamSpec, provision
+from airflow_nats_ordered.core.worker import WorkerConfig
+
+
+async def _stream_with(nc, stream, n, partitions=4, keys=20):
+    """A stream holding ``n`` records over ``keys`` keys; returns the high-water marks."""
+    await provision(nc, StreamSpec(stream, partitions=partitions))
+    async with OrderedPublisher(nc, stream) as pub:
+        for i in range(n):
+            await pub.publish(f"k{i % keys}", json.dumps({"i": i}).encode())
+    summary = await pub.close()
+    return {p.partition: p.last_seq for p in summary.partitions if p.last_seq}
+
+
+def _cfg(stream, **kw):
+    return WorkerConfig(stream, "g", member_id="m", lease_ttl=2.0, commit_interval=0.2, **kw)
+
+
+def test_lag_counts_only_the_partitions_own_messages():
+    assert lag(last=0, committed=0, messages=0) == 0
+    assert lag(last=100, committed=0, messages=30) == 30  # nothing committed yet
+    assert lag(last=100, committed=90, messages=30) == 10
+    assert lag(last=100, committed=40, messages=30) == 30  # shared sequences: capped
+    assert lag(last=100, committed=100, messages=30) == 0
+
+
+def test_wait_drained_waits_while_no_worker_runs_and_returns_once_they_commit(
+    shared_nats_server, unique_name
+):
+    url = shared_nats_server.url
+    seen: list[int] = []
+
+    async def handler(msg):
+        seen.append(json.loads(msg.data)["i"])
+
+    async def go():
+        nc = await nats.connect(url)
+        marks = await _stream_with(nc, unique_name, 400)
+        # the group exists (a member joined once) but nobody runs now
+        await GroupStore.open(nc, _cfg(unique_name).group_config)
+        before = await read_lag(nc, unique_name, "g")
+        assert before.total_lag == 400 and not before.drained
+        progress = []
+        waiting = asyncio.ensure_future(
+            wait_drained(nc, unique_name, "g", timeout=60, on_progress=progress.append)
+        )
+        await asyncio.sleep(1.5)
+        assert not waiting.done(), "returned although nothing was processed"
+        assert progress and progress[0].behind.keys() == marks.keys()
+        t0 = time.monotonic()
+        async with WorkerPool(url, _cfg(unique_name), handler, size=2):
+            done = await asyncio.wait_for(waiting, 30)
+            elapsed = time.monotonic() - t0
+            after = await read_lag(nc, unique_name, "g")
+        await nc.close()
+        return marks, done, elapsed, after
+
+    marks, done, elapsed, after = asyncio.run(go())
+    assert done.done and dict(done.marks) == {p: marks.get(p, 0) for p in range(4)}
+    assert all(done.committed[p] >= m for p, m in marks.items())
+    assert sorted(set(seen)) == list(range(400))  # it returned after the work, not before
+    assert after.drained and after.total_lag == 0
+    assert elapsed < 20
+
+
+def test_wait_drained_with_marks_waits_only_for_those_and_refuses_unknown_partitions(
+    shared_nats_server, unique_name
+):
+    async def go():
+        nc = await nats.connect(shared_nats_server.url)
+        marks = await _stream_with(nc, unique_name, 100)
+        await GroupStore.open(nc, _cfg(unique_name).group_config)
+        # an empty set of marks (or marks at 0) is drained at once
+        assert (await wait_drained(nc, unique_name, "g", marks={0: 0}, timeout=5)).done
+        with pytest.raises(ConfigError, match=r"partitions \[7\].*0 to 3"):
+            await wait_drained(nc, unique_name, "g", marks={7: 1}, timeout=5)
+        with pytest.raises(DrainTimeoutError) as err:
+            await wait_drained(nc, unique_name, "g", marks=marks, timeout=0.5)
+        await nc.close()
+        return marks, err.value
+
+    marks, exc = asyncio.run(go())
+    assert exc.behind == {p: (0, m) for p, m in sorted(marks.items())}
+    assert "did not drain within 0.5s" in str(exc) and "nats-ordered status" in str(exc)
+
+
+def test_wait_drained_fails_fast_on_a_blocked_partition(shared_nats_server, unique_name):
+    url = shared_nats_server.url
+
+    def handler(msg):
+        if json.loads(msg.data)["i"] == 50:
+            raise RuntimeError("downstream rejected")
+
+    async def go():
+        nc = await nats.connect(url)
+        await _stream_with(nc, unique_name, 200)
+        cfg = _cfg(unique_name, poison="block", max_retries=0)
+        async with WorkerPool(ConnectionOptions(servers=(url,)), cfg, handler, size=1):
+            t0 = time.monotonic()
+            with pytest.raises(PartitionBlockedError) as err:
+                await wait_drained(nc, unique_name, "g", timeout=60)
+            elapsed = time.monotonic() - t0
+        await nc.close()
+        return err.value, elapsed
+
+    exc, elapsed = asyncio.run(go())
+    assert elapsed < 15, f"took {elapsed:.1f}s to notice the block"
+    assert "downstream rejected" in exc.reason and f"partition {exc.partition}" in str(exc)
+    assert "Fix the handler" in str(exc)
+
+
+def test_wait_drained_on_a_group_without_state_says_how_to_start_one(
+    shared_nats_server, unique_name
+):
+    async def go():
+        nc = await nats.connect(shared_nats_server.url)
+        await provision(nc, StreamSpec(unique_name, partitions=2))
+        try:
+            with pytest.raises(NatsOrderedError, match="nats-ordered worker"):
+                await wait_drained(nc, unique_name, "nobody", timeout=1)
+        finally:
+            await nc.close()
+
+    asyncio.run(go())
