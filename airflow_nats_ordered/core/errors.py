@@ -69,3 +69,17 @@ class KeylessRecordError(MissingKeyError):
             "record has no key; every record needs a key to keep per-key order "
             f"(set the key field), or publish with {switch} for round-robin"
         )
+
+
+class BatchFailed(NatsOrderedError):
+    """Raised by a batch handler that could not apply its whole batch: the first
+    ``applied`` messages were applied (and must not be handed over again), the next one
+    failed. The worker retries from the first unapplied message and, if it keeps failing,
+    dead-letters (or blocks on) that message only. ``cause`` says why it failed."""
+
+    def __init__(self, applied: int, cause: BaseException | str | None = None) -> None:
+        if not isinstance(applied, int) or isinstance(applied, bool) or applied < 0:
+            raise ValueError(f"BatchFailed(applied=...) must be an int >= 0, got {applied!r}")
+        self.applied = applied
+        self.cause = cause
+        super().__init__(f"batch failed after {applied} applied message(s): {cause}")

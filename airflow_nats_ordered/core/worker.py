@@ -50,15 +50,28 @@ from nats.js.errors import (
 )
 
 from .assignor import Assignment, assign
-from .errors import ConfigError, NatsOrderedError
-from .group import Fenced, Grant, GroupConfig, GroupStore, Lease, LeaseLost, default_member_id
+from .errors import BatchFailed, ConfigError, NatsOrderedError
+from .group import (
+    Fenced,
+    Grant,
+    GroupConfig,
+    GroupStore,
+    Lease,
+    LeaseLost,
+    MissingCommitPolicy,
+    default_member_id,
+)
 from .partitioning import partition_subject
-from .streams import PartitionedStream, describe
+from .streams import PartitionedStream
 
 log = logging.getLogger(__name__)
 
 HDR_ERROR = "Nats-Ordered-Error"
 HDR_ORIGIN = "Nats-Ordered-Origin"
+
+#: the longest wait between two attempts of something that keeps failing (a claim whose
+#: on_assign or grant fails, a dead-letter publish)
+BACKOFF_MAX = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +105,9 @@ class WorkerConfig:
     member_id: str = field(default_factory=default_member_id)
     lease_ttl: float = 5.0
     fetch_batch: int = 500
+    #: bytes of fetched, unhandled messages this member may hold, shared by the partitions
+    #: it owns (each gets an equal share; half of a share per pull request's max_bytes)
+    max_buffer_bytes: int = 64 * 1024 * 1024
     commit_every: int = 1000
     commit_interval: float = 1.0
     max_retries: int = 3
@@ -101,6 +117,11 @@ class WorkerConfig:
     poll_interval: float | None = None
     #: append lease validity windows and assignments as JSON lines here (audits, chaos tests)
     audit_log: str | None = None
+    #: replicas of the group's KV buckets; None: the stream's replica count
+    state_replicas: int | None = None
+    #: where a partition whose commit record disappeared resumes: "fail" (refuse it and
+    #: report), "earliest" or "latest" (Kafka's auto.offset.reset)
+    missing_commit: MissingCommitPolicy = "fail"
 
     def __post_init__(self) -> None:
         if self.poison not in ("dead-letter", "block"):
@@ -109,15 +130,25 @@ class WorkerConfig:
             )
         if self.fetch_batch < 1 or self.commit_every < 1:
             raise ConfigError("fetch_batch and commit_every must be >= 1")
+        if self.max_buffer_bytes < 1024:
+            raise ConfigError(
+                f"max_buffer_bytes must be >= 1024 (bytes), got {self.max_buffer_bytes!r}"
+            )
         if self.max_retries < 0:
             raise ConfigError("max_retries must be >= 0")
         if not self.member_id or "." in self.member_id or " " in self.member_id:
             raise ConfigError(f"member id {self.member_id!r} must be non-empty, no dots or spaces")
-        GroupConfig(self.stream, self.group, self.lease_ttl)  # validates group and TTL
+        _ = self.group_config  # validates group, TTL, replicas and missing_commit
 
     @property
     def group_config(self) -> GroupConfig:
-        return GroupConfig(self.stream, self.group, self.lease_ttl)
+        return GroupConfig(
+            self.stream,
+            self.group,
+            self.lease_ttl,
+            replicas=self.state_replicas,
+            missing_commit=self.missing_commit,
+        )
 
     @property
     def tick(self) -> float:
@@ -149,51 +180,96 @@ def _sequences(reply: str) -> tuple[int, int]:
 
 class _PartitionReader:
     """Reads one partition from a start sequence with an ack-none pull consumer, keeping at
-    most two pull requests of ``batch`` messages in flight: pipelined, and bounded (at most
-    ``2 * batch`` messages are ever buffered or on the wire for a partition, so lease
-    renewals never queue behind megabytes of data on the shared connection).
+    most two pull requests in flight: pipelined, and bounded twice. At most ``2 * batch``
+    messages, and at most ``budget()`` bytes, are buffered or requested for a partition at
+    any time (each request carries ``max_bytes``), so lease renewals never queue behind
+    megabytes of data on the shared connection and memory does not grow with message size.
+    A single message larger than half the budget is still read: alone, once nothing else
+    is buffered or in flight (the server ends a request whose next message does not fit
+    with a 409 "Message Size Exceeds MaxBytes" and never sends that message).
 
     With ack-none nothing is re-sent, so nothing may be lost between server and handler:
-    every delivery's consumer sequence must follow the previous one. On a gap (a delivery
-    lost in a reconnect), a reconnect of the client, an unexpected status, or silence past
-    the request expiry, the consumer is re-created at the first sequence not yet handed
-    out; anything delivered twice is dropped."""
+    every delivery's consumer sequence must follow the previous one, and the idle
+    heartbeats of pending requests name the last consumer sequence the server sent (so a
+    lost *last* delivery is noticed within about ``HEARTBEAT`` seconds, not only when a
+    later message arrives). On a gap, a reconnect of the client, an unexpected status, or
+    silence past the request expiry, the consumer is re-created at the first sequence not
+    yet handed out; anything delivered twice is dropped."""
 
     EXPIRES = 5.0
+    HEARTBEAT = 1.0  # the server requires EXPIRES >= 2 * HEARTBEAT
 
-    def __init__(self, nc: NATS, stream: str, subject: str, start: int, batch: int) -> None:
+    def __init__(
+        self,
+        nc: NATS,
+        stream: str,
+        subject: str,
+        start: int,
+        batch: int,
+        budget: Callable[[], int],
+    ) -> None:
         self.nc = nc
         self.js = nc.jetstream()
         self.stream = stream
         self.subject = subject
         self.next_seq = max(1, start)
         self.batch = batch
+        self.budget = budget
         self.sub: Any = None
         self.consumer = ""
         self.inbox = ""
-        self._buf: deque[tuple[int, Any]] = deque()
+        self._buf: deque[tuple[int, Any, int]] = deque()  # (stream seq, message, size)
+        self._buf_bytes = 0
+        # pull requests in flight, oldest first (the server serves them in order):
+        # [messages still due, bytes still allowed, messages received]
+        self._requests: deque[list[int]] = deque()
+        self._oversize = False  # the next message alone exceeds a request's max_bytes
         self._ready = asyncio.Event()
-        self._outstanding = 0
         self._last_activity = 0.0
         self._lost = False
         self._cseq = 0  # the last consumer sequence received
         self._reconnects = 0
+
+    @staticmethod
+    def _size(m: Any) -> int:
+        """A delivery's size as the server counts it against ``max_bytes`` (approximately:
+        subject, reply subject, headers and data)."""
+        hdr = sum(len(k) + len(v) + 4 for k, v in m.headers.items()) + 12 if m.headers else 0
+        return len(m.subject) + len(m.reply) + hdr + len(m.data)
+
+    def _end_request(self, status: str) -> None:
+        """The oldest request ended early (expired, or its next message did not fit)."""
+        if not self._requests:
+            return
+        req = self._requests.popleft()
+        if status == "409" and req[2] == 0:
+            self._oversize = True  # not even the first message fitted: read it alone
 
     async def _on_msg(self, m: Any) -> None:
         self._last_activity = time.monotonic()
         h = m.headers
         status = h.get("Status") if h else None
         if status:
-            if status == "408":  # a request expired: its undelivered rest is not coming
-                left = h.get("Nats-Pending-Messages")
-                self._outstanding -= int(left) if left and left.isdigit() else self.batch
-                self._outstanding = max(0, self._outstanding)
-            elif status != "100":  # 409 consumer deleted / leadership change, 503, ...
+            desc = h.get("Description", "")
+            if status == "100":
+                last = h.get("Nats-Last-Consumer", "")
+                if last.isdigit() and int(last) > self._cseq and not self._lost:
+                    log.warning(
+                        "reader of %s: deliveries %d..%s lost on the wire; re-reading from seq %d",
+                        self.subject,
+                        self._cseq + 1,
+                        last,
+                        self.next_seq,
+                    )
+                    self._lost = True
+            elif status == "408" or (status == "409" and desc == "Message Size Exceeds MaxBytes"):
+                self._end_request(status)
+            else:  # 409 consumer deleted / leadership change, 503, ...
                 log.info(
                     "reader of %s: status %s %s; re-creating the consumer",
                     self.subject,
                     status,
-                    h.get("Description", ""),
+                    desc,
                 )
                 self._lost = True
             self._ready.set()
@@ -213,8 +289,16 @@ class _PartitionReader:
             self._ready.set()
             return
         self._cseq = cseq
-        self._outstanding -= 1
-        self._buf.append((seq, m))
+        size = self._size(m)
+        if self._requests:
+            req = self._requests[0]
+            req[0] -= 1
+            req[1] -= size
+            req[2] += 1
+            if req[0] <= 0:
+                self._requests.popleft()
+        self._buf.append((seq, m, size))
+        self._buf_bytes += size
         self._ready.set()
 
     async def _open(self) -> None:
@@ -234,32 +318,56 @@ class _PartitionReader:
         self.consumer = info.name or ""
         self.inbox = self.nc.new_inbox()
         self.sub = await self.nc.subscribe(self.inbox, cb=self._on_msg)
-        self._outstanding = 0
         self._lost = False
+        self._oversize = False
         self._cseq = 0
         self._reconnects = self.nc.stats["reconnects"]
         self._last_activity = time.monotonic()
 
-    async def _pull(self) -> None:
-        req = json.dumps({"batch": self.batch, "expires": int(self.EXPIRES * 1e9)}).encode()
+    async def _pull(self, batch: int, max_bytes: int | None) -> None:
+        req: dict[str, int] = {
+            "batch": batch,
+            "expires": int(self.EXPIRES * 1e9),
+            "idle_heartbeat": int(self.HEARTBEAT * 1e9),
+        }
+        if max_bytes is not None:
+            req["max_bytes"] = max_bytes
         await self.nc.publish(
-            f"$JS.API.CONSUMER.MSG.NEXT.{self.stream}.{self.consumer}", req, reply=self.inbox
+            f"$JS.API.CONSUMER.MSG.NEXT.{self.stream}.{self.consumer}",
+            json.dumps(req).encode(),
+            reply=self.inbox,
         )
-        self._outstanding += self.batch
+        self._requests.append([batch, max_bytes if max_bytes is not None else 1 << 62, 0])
+
+    async def _pull_what_fits(self) -> None:
+        """Top up to two requests in flight within the count and byte bounds."""
+        if self._oversize:
+            if not self._requests and not self._buf:
+                self._oversize = False
+                await self._pull(1, None)  # one message, whatever its size
+            return
+        budget = self.budget()
+        while len(self._requests) < 2:
+            due = sum(r[0] for r in self._requests)
+            allowed = sum(max(0, r[1]) for r in self._requests)
+            room = min(budget // 2, budget - self._buf_bytes - allowed)
+            if due + len(self._buf) > self.batch or room < budget // 4:
+                return
+            await self._pull(self.batch, max(1, room))
 
     async def fetch(self, timeout: float) -> list[tuple[int, Any]]:
-        """Up to ``batch`` (stream seq, message) pairs in order; [] after ``timeout``."""
+        """Up to ``batch`` (stream seq, message) pairs in order; [] after ``timeout``.
+        What a previous call returned counts as released (handled) from now on."""
         try:
             silent = time.monotonic() - self._last_activity > self.EXPIRES + 2
             if (
                 self.sub is None
                 or self._lost
-                or (self._outstanding and silent)
+                or (self._requests and silent)
                 or self.nc.stats["reconnects"] != self._reconnects
             ):
                 await self._open()
-            while self._outstanding + len(self._buf) <= self.batch:
-                await self._pull()
+            await self._pull_what_fits()
         except (NatsError, NotFoundError, TimeoutError) as exc:
             log.info("reader of %s: %s; retrying at seq %d", self.subject, exc, self.next_seq)
             await self.close()
@@ -275,7 +383,8 @@ class _PartitionReader:
         out = []
         buf = self._buf
         while buf and len(out) < self.batch:
-            seq, m = buf.popleft()
+            seq, m, size = buf.popleft()
+            self._buf_bytes -= size
             if seq < self.next_seq:
                 continue  # re-delivered after the consumer was re-created
             out.append((seq, m))
@@ -292,7 +401,8 @@ class _PartitionReader:
                 await self.js.delete_consumer(self.stream, self.consumer)
             self.consumer = ""
         self._buf.clear()
-        self._outstanding = 0
+        self._buf_bytes = 0
+        self._requests.clear()
 
 
 class _Owned:
@@ -324,12 +434,14 @@ class Worker:
         *,
         on_assign: Callable[[int, int], Any] | None = None,
         on_revoke: Callable[[int], Any] | None = None,
+        fencing_floor: Callable[[int], int | Awaitable[int]] | None = None,
     ) -> None:
         self.nc = nc
         self.cfg = config
         self.handler = handler
         self.on_assign = on_assign
         self.on_revoke = on_revoke
+        self.fencing_floor = fencing_floor
         self.member = config.member_id
         self.store: GroupStore
         self.stream: PartitionedStream
@@ -348,6 +460,14 @@ class Worker:
         self._assignment_rev = 0
         self._last_yield = time.monotonic()
         self._mine: set[int] = set()
+        #: the last processing task of each partition: it is claimed again only once that
+        #: task (and its on_revoke) has finished
+        self._previous: dict[int, asyncio.Task[None]] = {}
+        #: partition -> (monotonic time before which it is not claimed, last delay)
+        self._claim_backoff: dict[int, tuple[float, float]] = {}
+        #: what keeps failing, by topic; published in the heartbeat (``status`` shows it)
+        self.problems: dict[str, str] = {}
+        self._assigned = asyncio.Event()
         self.stopped = asyncio.Event()
         self.stats = {
             "processed": 0,
@@ -359,10 +479,15 @@ class Worker:
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
-        self.stream = await describe(self.nc, self.cfg.stream)
         self.store = await GroupStore.open(self.nc, self.cfg.group_config)
+        assert self.store.stream is not None  # (open() describes the stream)
+        self.stream = self.store.stream
         if self.cfg.poison == "dead-letter":
-            await self._ensure_dead_letter_stream()
+            try:
+                await self._ensure_dead_letter_stream()
+            except NatsOrderedError as exc:  # retried (with backoff) when a message needs it
+                log.warning("member %s: %s", self.member, exc)
+                self._report("dead-letter", str(exc))
         self._member_lease = await self.store.heartbeat(self.member, None, self._info())
         for coro in (self._heartbeat_loop(), self._leader_loop(), self._reconcile_loop()):
             self._tasks.append(asyncio.ensure_future(self._guard(coro)))
@@ -420,6 +545,31 @@ class Worker:
                 await self.store.release(self._member_lease)
         log.info("member %s left group %s", self.member, self.cfg.group)
 
+    async def wait_assigned(self, timeout: float | None = None) -> None:
+        """Return once this member has its first assignment and has claimed every
+        partition in it: lease held, token granted, ``on_assign`` returned, processing
+        started. Raises TimeoutError after ``timeout`` seconds (a member that the assignment
+        gives no partition, with more members than partitions, waits until then), and
+        NatsOrderedError if the member stops first."""
+        waits = [
+            asyncio.ensure_future(self._assigned.wait()),
+            asyncio.ensure_future(self.stopped.wait()),
+        ]
+        try:
+            async with asyncio.timeout(timeout):
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        except TimeoutError:
+            raise TimeoutError(
+                f"member {self.member} has not claimed its assignment after {timeout:g}s "
+                f"(assigned {sorted(self._mine)}, claimed {sorted(self.owned)}; "
+                f"problems: {sorted(self.problems.values()) or 'none'})"
+            ) from None
+        finally:
+            for w in waits:
+                w.cancel()
+        if not self._assigned.is_set():
+            raise NatsOrderedError(f"member {self.member} stopped before it was assigned")
+
     async def run(self) -> None:
         """Start and run until :meth:`stop` is called (e.g. from a signal handler)."""
         await self.start()
@@ -448,7 +598,16 @@ class Worker:
             "pid": os.getpid(),
             "started": self._started,
             "partitions": sorted(self.owned),
+            "problems": sorted(self.problems.values()),
         }
+
+    def _report(self, topic: str, problem: str | None) -> None:
+        """Set (or with None clear) the problem of ``topic``; the next heartbeat publishes
+        the list under ``problems``, and ``status`` shows it."""
+        if problem is None:
+            self.problems.pop(topic, None)
+        elif self.problems.get(topic) != problem:
+            self.problems[topic] = problem
 
     async def _guard(self, coro: Awaitable[None]) -> None:
         try:
@@ -593,18 +752,52 @@ class Worker:
             for p in sorted(self._mine - set(self.owned)):
                 if self._stopping:
                     return
+                previous = self._previous.get(p)
+                if previous is not None and not previous.done():
+                    continue  # on_assign(p) never runs before this member's on_revoke(p) ended
+                if time.monotonic() < self._claim_backoff.get(p, (0.0, 0.0))[0]:
+                    continue
                 try:
                     await self._try_claim(p)
-                except (NatsError, TimeoutError, NatsOrderedError) as exc:
-                    # a blip (server restart, leader change, a contended token): next tick
+                except (NatsError, TimeoutError) as exc:
+                    # a blip (server restart, leader change): next tick
                     log.warning("member %s: claiming partition %d failed: %s", self.member, p, exc)
+                except NatsOrderedError as exc:
+                    # not a blip (a contended token, a missing commit record, a re-created
+                    # stream): retry later and later, and say so in the status
+                    log.warning("member %s: claiming partition %d failed: %s", self.member, p, exc)
+                    self._back_off(p, f"claiming failed: {exc}")
+            if self._mine and all(
+                p in self.owned and self.owned[p].task is not None for p in self._mine
+            ):
+                self._assigned.set()
+
+    async def _floor(self, p: int) -> int:
+        """The highest fencing token the handler's sink has seen for ``p`` (0 if unknown)."""
+        if self.fencing_floor is None:
+            return 0
+        try:
+            r = self.fencing_floor(p)
+            return int(await r if inspect.isawaitable(r) else r)
+        except Exception as exc:  # e.g. the sink is unavailable: back off like on_assign
+            raise NatsOrderedError(
+                f"fencing_floor({p}) failed: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    def _back_off(self, p: int, problem: str) -> None:
+        """Claim ``p`` again only after a delay that doubles with each failure, up to
+        ``BACKOFF_MAX``; report ``problem`` until a claim succeeds."""
+        delay = self._claim_backoff.get(p, (0.0, 0.0))[1] * 2
+        delay = min(BACKOFF_MAX, max(self.cfg.tick, self.cfg.retry_backoff, delay))
+        self._claim_backoff[p] = (time.monotonic() + delay, delay)
+        self._report(f"claim.{p}", f"partition {p}: {problem}; retrying in {delay:.1f}s")
 
     async def _try_claim(self, p: int) -> None:
         lease = await self.store.acquire(f"p.{p}", self.member)
         if lease is None:
             return
         try:
-            grant = await self.store.grant(p, self.member)
+            grant = await self.store.grant(p, self.member, floor=await self._floor(p))
         except BaseException:  # including cancellation by stop(): give the lease back
             await asyncio.shield(self.store.release(lease))
             raise
@@ -624,8 +817,8 @@ class Worker:
                 r = self.on_assign(p, grant.token)
                 if inspect.isawaitable(r):
                     await r
-            except Exception:
-                # e.g. the sink is unavailable: give the partition back, retry next tick
+            except Exception as exc:
+                # e.g. the sink is unavailable: give the partition back, retry with backoff
                 log.exception(
                     "member %s: on_assign(%d, %d) failed; releasing the partition",
                     self.member,
@@ -634,6 +827,7 @@ class Worker:
                 )
                 if self.owned.get(p) is owned:
                     del self.owned[p]
+                self._back_off(p, f"on_assign failed: {type(exc).__name__}: {exc}")
                 await self.store.release(lease)
                 return
             if self.owned.get(p) is not owned or not lease.valid:
@@ -648,7 +842,9 @@ class Worker:
                 with contextlib.suppress(NatsError, TimeoutError):
                     await self.store.release(lease)
                 return
-        owned.task = asyncio.ensure_future(self._run_partition(owned))
+        owned.task = self._previous[p] = asyncio.ensure_future(self._run_partition(owned))
+        self._claim_backoff.pop(p, None)
+        self._report(f"claim.{p}", None)
         log.info(
             "member %s owns partition %d (token %d, from seq %d)",
             self.member,
@@ -662,57 +858,67 @@ class Worker:
         p, grant = o.partition, o.grant
         subject = partition_subject(self.stream.prefix, p)
         reader = _PartitionReader(
-            self.nc, self.stream.name, subject, grant.committed + 1, self.cfg.fetch_batch
+            self.nc,
+            self.stream.name,
+            subject,
+            grant.committed + 1,
+            self.cfg.fetch_batch,
+            self._buffer_share,
         )
         last = grant.committed
         last_commit = time.monotonic()
         since_commit = 0
         graceful = False
+        given_up = False  # fenced or lease lost: stop without committing, free what is held
         halted = False  # the handler could not finish a message: stop here, commit before it
         try:
             while not o.revoke.is_set() and not halted:
                 if not o.lease.valid:
                     raise LeaseLost(f"lease of partition {p} expired locally")
                 wait = max(0.05, min(0.5, o.lease.valid_until - time.monotonic()))
-                msgs = await reader.fetch(timeout=wait)
-                batch: list[Message] = []
-                token, batch_mode = grant.token, self.cfg.batch_handler
-                for seq, m in msgs:
-                    if o.revoke.is_set() and not batch_mode:
+                msgs = [
+                    Message(
+                        (m.headers or {}).get("Nats-Ordered-Key", ""),
+                        m.data,
+                        m.headers or {},
+                        p,
+                        seq,
+                        grant.token,
+                        m.subject,
+                    )
+                    for seq, m in await reader.fetch(timeout=wait)
+                ]
+                step = len(msgs) if self.cfg.batch_handler else 1
+                for i in range(0, len(msgs), step):
+                    if o.revoke.is_set():
                         break
                     if time.monotonic() >= o.lease.valid_until:
                         raise LeaseLost(f"lease of partition {p} expired locally")
-                    h = m.headers or {}
-                    msg = Message(
-                        h.get("Nats-Ordered-Key", ""), m.data, h, p, seq, token, m.subject
-                    )
-                    if batch_mode:
-                        batch.append(msg)
-                        continue
-                    if not await self._deliver(o, msg, msg):
+                    chunk = msgs[i : i + step]
+                    done = await self._deliver(o, chunk)
+                    if done:
+                        last = chunk[done - 1].stream_seq
+                        since_commit += done
+                    if done < len(chunk):
                         halted = True
                         break
-                    last = msg.stream_seq
-                    since_commit += 1
                     if self._commit_due(since_commit, last_commit) and await self._commit(
                         grant, last
                     ):
                         since_commit, last_commit = 0, time.monotonic()
-                if batch:  # (batch mode only: the loop above never halts in it)
-                    if await self._deliver(o, batch, batch[0]):
-                        last = batch[-1].stream_seq
-                        since_commit += len(batch)
-                    else:
-                        halted = True
+                # handled: let go of them before fetching more (the byte bound counts on it)
+                msgs = chunk = []
                 if self._commit_due(since_commit, last_commit) and await self._commit(grant, last):
                     since_commit, last_commit = 0, time.monotonic()
             graceful = True
         except Fenced as exc:
             self.stats["fenced"] += 1
+            given_up = True
             log.warning("member %s: %s", self.member, exc)
         except LeaseLost as exc:
             if not o.lost:  # (already counted if the heartbeat found it lost)
                 self.stats["leases_lost"] += 1
+            given_up = True
             log.warning("member %s: %s", self.member, exc)
         except (NatsError, TimeoutError) as exc:
             # e.g. dead-lettering failed during a server blip: hand the partition back with
@@ -730,6 +936,12 @@ class Worker:
                     if graceful and o.lease.valid:
                         with contextlib.suppress(Fenced, NatsError, asyncio.TimeoutError):
                             await self.store.commit(grant, last)
+                        with contextlib.suppress(NatsError, asyncio.TimeoutError):
+                            await self.store.release(o.lease)
+                    elif given_up:
+                        # no commit (a newer owner may exist), but a lease key still at our
+                        # revision is ours: delete it (compare-and-set, so never a newer
+                        # owner's) so the partition moves at once rather than after a TTL
                         with contextlib.suppress(NatsError, asyncio.TimeoutError):
                             await self.store.release(o.lease)
             finally:
@@ -752,6 +964,10 @@ class Worker:
                     if inspect.isawaitable(r):
                         await r
             log.info("member %s released partition %d at seq %d", self.member, p, last)
+
+    def _buffer_share(self) -> int:
+        """One partition's share of ``max_buffer_bytes``."""
+        return self.cfg.max_buffer_bytes // max(1, len(self.owned))
 
     def _commit_due(self, since_commit: int, last_commit: float) -> bool:
         return since_commit > 0 and (
@@ -785,68 +1001,110 @@ class Worker:
             self._last_yield = time.monotonic()
             await asyncio.sleep(0)
 
-    async def _deliver(self, o: _Owned, arg: Any, first: Message) -> bool:
-        """Run the handler with retries; apply the poison policy. False if the partition
-        must stop before this message: blocked and then revoked, or revoked while retrying
-        (the next owner tries it again)."""
-        attempt = 0
-        while True:
+    async def _deliver(self, o: _Owned, msgs: list[Message]) -> int:
+        """Hand ``msgs`` (one message, or one batch in batch mode) to the handler, with
+        retries and the poison policy. Returns how many of ``msgs``, from the first, are
+        done (applied, or dead-lettered); fewer than all when the partition must stop
+        before the next one: blocked and then revoked, or revoked while retrying (the next
+        owner tries it again).
+
+        A batch handler reports partial progress by raising :class:`BatchFailed`
+        (``applied=n``): retries resume at message n, and only a message that keeps failing
+        is dead-lettered. Any other exception means nothing of the batch was applied; once
+        its retries are spent, the batch's messages are retried one at a time, so only the
+        ones that fail on their own are dead-lettered."""
+        batch_mode = self.cfg.batch_handler
+        one_by_one = not batch_mode
+        done = attempt = 0
+        while done < len(msgs):
+            chunk = msgs[done : done + 1] if one_by_one else msgs[done:]
             try:
-                await self._call(arg)
-                n = len(arg) if isinstance(arg, list) else 1
-                o.processed += n
-                self.stats["processed"] += n
-                if not o.processed_once:
-                    o.processed_once = True
-                    # past any message an earlier owner blocked on: clear the marker
-                    with contextlib.suppress(NatsError, TimeoutError):
-                        await self.store.set_blocked(o.partition, None)
-                return True
+                await self._call(chunk if batch_mode else chunk[0])
+                applied, error = len(chunk), None
             except (asyncio.CancelledError, Fenced):
                 raise  # a fenced sink told the handler a newer owner exists: stop, no retry
+            except BatchFailed as exc:
+                applied, error = (min(exc.applied, len(chunk) - 1) if batch_mode else 0), exc
             except Exception as exc:
-                if attempt < self.cfg.max_retries:
-                    attempt += 1
-                    self.stats["retries"] += 1
-                    await asyncio.sleep(self.cfg.retry_backoff * 2 ** (attempt - 1))
-                    if not o.lease.valid:
-                        raise LeaseLost(f"lease of partition {o.partition} expired") from exc
-                    if o.revoke.is_set():
-                        return False  # moving or stopping: the next owner retries it
-                    continue
-                reason = f"{type(exc).__name__}: {exc}"
-                msgs = arg if isinstance(arg, list) else [arg]
-                if self.cfg.poison == "block":
-                    o.blocked = (
-                        f"blocked at seq {first.stream_seq} after {attempt + 1} attempts: {reason}"
-                    )
-                    log.error("member %s: partition %d %s", self.member, o.partition, o.blocked)
-                    await self.store.set_blocked(o.partition, o.blocked)
-                    # keep the lease (nobody may skip the message), stop processing
-                    await o.revoke.wait()
-                    return False
+                applied, error = 0, exc
+            if applied:
+                await self._applied(o, applied)
+                done, attempt = done + applied, 0
+            if error is None:
+                continue
+            if attempt < self.cfg.max_retries:
+                attempt += 1
+                self.stats["retries"] += 1
+                await asyncio.sleep(self.cfg.retry_backoff * 2 ** (attempt - 1))
                 if not o.lease.valid:
-                    raise LeaseLost(f"lease of partition {o.partition} expired") from exc
-                for m in msgs:
-                    await self._dead_letter(m, reason)
-                return True
+                    raise LeaseLost(f"lease of partition {o.partition} expired") from error
+                if o.revoke.is_set():
+                    return done  # moving or stopping: the next owner retries it
+                continue
+            if len(chunk) - applied > 1 and not isinstance(error, BatchFailed):
+                # an all-or-nothing batch keeps failing: find the culprit(s) one by one
+                one_by_one, attempt = True, 0
+                continue
+            poison = msgs[done]
+            reason = f"{type(error).__name__}: {error}"
+            if self.cfg.poison == "block":
+                o.blocked = (
+                    f"blocked at seq {poison.stream_seq} after {attempt + 1} attempts: {reason}"
+                )
+                log.error("member %s: partition %d %s", self.member, o.partition, o.blocked)
+                await self.store.set_blocked(o.partition, o.blocked)
+                # keep the lease (nobody may skip the message), stop processing
+                await o.revoke.wait()
+                return done
+            if not o.lease.valid:
+                raise LeaseLost(f"lease of partition {o.partition} expired") from error
+            if not await self._dead_letter(o, poison, reason):
+                return done
+            done, attempt = done + 1, 0
+        return done
+
+    async def _applied(self, o: _Owned, n: int) -> None:
+        o.processed += n
+        self.stats["processed"] += n
+        if not o.processed_once:
+            o.processed_once = True
+            # past any message an earlier owner blocked on: clear the marker
+            with contextlib.suppress(NatsError, TimeoutError):
+                await self.store.set_blocked(o.partition, None)
 
     async def _ensure_dead_letter_stream(self) -> None:
+        """Create ``<STREAM>_DLQ`` unless it exists; NatsOrderedError saying why if it cannot
+        be created."""
         js = self.nc.jetstream()
         name = f"{self.stream.name}_DLQ"
+        subjects = f"{self.stream.prefix}.dlq.>"
         try:
             await js.stream_info(name)
+            return
         except NotFoundError:
-            with contextlib.suppress(Exception):  # created concurrently by another member
-                await js.add_stream(
-                    name=name,
-                    subjects=[f"{self.stream.prefix}.dlq.>"],
-                    storage=api.StorageType.FILE,
-                    num_replicas=self.stream.replicas,
-                    duplicate_window=self.stream.duplicate_window or 120,
-                )
+            pass
+        try:
+            await js.add_stream(
+                name=name,
+                subjects=[subjects],
+                storage=api.StorageType.FILE,
+                num_replicas=self.stream.replicas,
+                duplicate_window=self.stream.duplicate_window or 120,
+            )
+        except NatsError as exc:
+            with contextlib.suppress(NotFoundError):
+                await js.stream_info(name)
+                return  # created concurrently by another member
+            raise NatsOrderedError(
+                f"the dead-letter stream {name} could not be created ({exc}); create it with "
+                f"subjects {subjects!r}, or use poison='block'"
+            ) from exc
 
-    async def _dead_letter(self, m: Message, reason: str) -> None:
+    async def _dead_letter(self, o: _Owned, m: Message, reason: str) -> bool:
+        """Publish ``m`` to its dead-letter subject, retrying with capped exponential
+        backoff while the partition is held (its lease renewed, nothing after ``m``
+        processed) and reporting the failure in :attr:`problems`. False if the partition
+        was revoked meanwhile (the next owner handles ``m`` again)."""
         headers = dict(m.headers)
         headers[HDR_ERROR] = reason.replace("\r", " ").replace("\n", " ")[:1000]
         headers[HDR_ORIGIN] = json.dumps(
@@ -860,11 +1118,33 @@ class Worker:
         )
         if "Nats-Msg-Id" in headers:
             headers["Nats-Msg-Id"] = f"{self.cfg.group}:{headers['Nats-Msg-Id']}"
-        await self.nc.jetstream().publish(
-            dead_letter_subject(self.stream.prefix, self.cfg.group, m.partition),
-            m.data,
-            headers=headers,
-        )
+        subject = dead_letter_subject(self.stream.prefix, self.cfg.group, m.partition)
+        key = f"dead-letter.{m.partition}"
+        delay = 0.0
+        while True:
+            try:
+                await self.nc.jetstream().publish(subject, m.data, headers=headers)
+                break
+            except (NatsError, TimeoutError) as exc:
+                cause: Exception = exc
+                with contextlib.suppress(NatsError, TimeoutError):
+                    try:
+                        await self._ensure_dead_letter_stream()  # deleted meanwhile?
+                    except NatsOrderedError as why:
+                        cause = why
+            delay = min(BACKOFF_MAX, max(self.cfg.tick, self.cfg.retry_backoff, delay * 2))
+            self._report(
+                key,
+                f"partition {m.partition}: dead-lettering seq {m.stream_seq} failed: {cause}; "
+                f"retrying in {delay:.1f}s",
+            )
+            await asyncio.sleep(delay)
+            if not o.lease.valid:
+                raise LeaseLost(f"lease of partition {o.partition} expired")
+            if o.revoke.is_set():
+                return False
+        self._report(key, None)
+        self._report("dead-letter", None)
         self.stats["dead_lettered"] += 1
         log.error(
             "member %s: partition %d seq %d dead-lettered after retries: %s",
@@ -873,6 +1153,7 @@ class Worker:
             m.stream_seq,
             reason,
         )
+        return True
 
 
 async def run_worker(
