@@ -1,8 +1,11 @@
 """Handlers run by the chaos tests' worker processes (imported via PYTHONPATH=tests).
 
-``Recorder`` applies every message through the reference fenced sink: the event row is
-written in the same transaction that advances the partition's fence, and a write with a
-stale token is refused and stops the partition (``Fenced``).
+``Recorder`` applies every message through the reference fenced sink, opened for the
+worker's stream and group: the event row is written in the same transaction that advances
+the partition's fence, and a write with a stale token is refused and stops the partition
+(``Fenced``). If the file named by ``CHAOS_PAUSE_FILE`` appears, the member removes it and
+SIGSTOPs itself inside the handler, after the worker's lease check and before the sink
+write: once resumed (SIGCONT) it is a zombie that certainly attempts one more write.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import time
 
 from airflow_nats_ordered.core.fenced_sink import FencedSqliteSink
@@ -23,10 +27,19 @@ EVENTS_DDL = (
 
 
 class Recorder:
-    def __init__(self) -> None:
-        self.sink = FencedSqliteSink(os.environ["CHAOS_SINK"])
+    def __init__(self, *, stream: str, group: str) -> None:
+        self.sink = FencedSqliteSink(os.environ["CHAOS_SINK"], stream=stream, group=group)
         self.member = os.environ.get("CHAOS_MEMBER", str(os.getpid()))
         self.delay = float(os.environ.get("CHAOS_DELAY", "0"))
+        self.pause_file = os.environ.get("CHAOS_PAUSE_FILE")
+
+    def fencing_floor(self, partition: int) -> int:
+        return self.sink.fencing_floor(partition)
+
+    def _pause_if_asked(self) -> None:
+        if self.pause_file and os.path.exists(self.pause_file):
+            os.remove(self.pause_file)
+            os.kill(os.getpid(), signal.SIGSTOP)
 
     # Sink calls block (SQLite locks, fsync): they run in a thread so the worker's event loop
     # keeps renewing leases even while another process holds the database lock.
@@ -35,6 +48,7 @@ class Recorder:
 
     async def __call__(self, msg) -> None:
         d = json.loads(msg.data)
+        self._pause_if_asked()
 
         def write(conn) -> None:
             conn.execute(
@@ -52,7 +66,12 @@ class Recorder:
             )
 
         verdict = await asyncio.to_thread(
-            self.sink.apply, msg.partition, msg.fencing_token, msg.stream_seq, write
+            self.sink.apply,
+            msg.partition,
+            msg.fencing_token,
+            msg.stream_seq,
+            write,
+            msg_id=msg.headers.get("Nats-Msg-Id"),
         )
         if verdict is Verdict.STALE_TOKEN:
             raise Fenced(f"sink refused token {msg.fencing_token} on partition {msg.partition}")

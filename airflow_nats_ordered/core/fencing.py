@@ -5,6 +5,12 @@ the last message sequence it applied. A write ``(token, seq)`` is applied only i
 
     ``token >= highest_token`` and ``seq > last_seq``
 
+A write with ``seq <= last_seq`` (and a valid token) is a :attr:`Verdict.DUPLICATE` only if it
+is a re-delivery of the message the sink applied under that sequence; one that was never
+applied (a gap or reorder upstream) or that is a different message under a re-used sequence
+(a re-created stream) is :attr:`Verdict.OUT_OF_ORDER`, an error: skipping it silently would
+lose it.
+
 Guarantees, for any interleaving of writers with any tokens:
 
 * accepted writes have non-decreasing tokens and strictly increasing sequences, so no
@@ -12,10 +18,12 @@ Guarantees, for any interleaving of writers with any tokens:
 * once a new owner has called :func:`raise_fence` with token ``T`` (before processing),
   no write with a token below ``T`` is ever accepted - a paused or partitioned old owner
   cannot overwrite the new owner's results ("zombie" writes);
-* the fence never goes down: raising it to a lower token changes nothing.
+* the fence never goes down: raising it to a lower token changes nothing;
+* a sequence at or below ``last_seq`` is never silently skipped unless the sink knows it
+  applied that very message (or no longer remembers it, see :func:`judge`).
 
-The new owner resumes at ``last_seq``: messages it re-reads that were already applied by
-the previous owner are judged :attr:`Verdict.DUPLICATE` and only acknowledged.
+The new owner resumes at its committed position: messages it re-reads that were already
+applied by the previous owner are judged :attr:`Verdict.DUPLICATE` and only acknowledged.
 """
 
 from __future__ import annotations
@@ -51,12 +59,20 @@ class Verdict(enum.Enum):
     STALE_TOKEN = "STALE_TOKEN"
     #: The sequence is not newer than the last applied one: already applied; just ack it.
     DUPLICATE = "DUPLICATE"
+    #: The sequence is not newer than the last applied one but this message was never
+    #: applied under it (a gap or reorder upstream, or a re-created stream): an error.
+    OUT_OF_ORDER = "OUT_OF_ORDER"
 
 
-def judge(state: FenceState, token: int, seq: int) -> Verdict:
+def judge(state: FenceState, token: int, seq: int, *, applied: bool | None = None) -> Verdict:
     """The verdict on writing message ``seq`` under fencing ``token``.
 
-    ``STALE_TOKEN`` wins over ``DUPLICATE``: a fenced-off writer is told it is fenced even
+    ``applied`` is what the sink knows of a ``seq <= last_seq``: True if it applied this same
+    message under ``seq`` (a re-delivery: DUPLICATE), False if it did not (OUT_OF_ORDER),
+    None if it no longer remembers that sequence (counted as a re-delivery). It is ignored
+    for a newer ``seq``.
+
+    ``STALE_TOKEN`` wins over the others: a fenced-off writer is told it is fenced even
     for a message that was already applied. ``token`` must be >= 0 and ``seq`` >= 1
     (JetStream sequences start at 1; a seq of 0 could never be applied).
     """
@@ -64,9 +80,9 @@ def judge(state: FenceState, token: int, seq: int) -> Verdict:
     _check_int("seq", seq, 1)
     if token < state.highest_token:
         return Verdict.STALE_TOKEN
-    if seq <= state.last_seq:
-        return Verdict.DUPLICATE
-    return Verdict.APPLY
+    if seq > state.last_seq:
+        return Verdict.APPLY
+    return Verdict.OUT_OF_ORDER if applied is False else Verdict.DUPLICATE
 
 
 def advance(state: FenceState, token: int, seq: int) -> FenceState:

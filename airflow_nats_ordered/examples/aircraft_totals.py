@@ -5,10 +5,13 @@ Run as a batch handler::
     AIRCRAFT_TOTALS_DB=totals.db nats-ordered worker --stream FLIGHTS --group aircraft-totals \\
         --handler airflow_nats_ordered.examples.aircraft_totals:AircraftTotals --batch-handler
 
-Each fetched batch (all of one partition) is applied in ONE sink transaction: the fence
-check, the aircraft's running totals and one row per flight with the running values right
-after it. A re-delivered message is a DUPLICATE (skipped), a stale owner is refused and
-stops. Any ordering slip would change the per-flight running values, which ``make demo``
+The sink is opened for the worker's stream and group (the worker passes them), so other
+groups may share the file. Each fetched batch (all of one partition) is applied in ONE sink
+transaction: the fence check, the aircraft's running totals and one row per flight with the
+running values right after it. A re-delivered message is a DUPLICATE (skipped), a message
+arriving out of order is refused (an error, never skipped), a stale owner is refused and
+stops. ``fencing_floor`` lets the worker grant only tokens above what the sink has seen.
+Any ordering slip would change the per-flight running values, which ``make demo``
 compares with a reference computed directly from the data.
 """
 
@@ -18,9 +21,8 @@ import asyncio
 import json
 import os
 import sqlite3
-from typing import Any
 
-from airflow_nats_ordered.core.fenced_sink import FencedSqliteSink
+from airflow_nats_ordered.core.fenced_sink import BatchItem, FencedSqliteSink
 from airflow_nats_ordered.core.fencing import Verdict
 from airflow_nats_ordered.core.group import Fenced
 from airflow_nats_ordered.core.worker import Message
@@ -75,36 +77,41 @@ def _write(flights: list[tuple[str, dict]], conn: sqlite3.Connection) -> None:
     )
 
 
-def _batch_fns(batch: list[Message]) -> list[tuple[int, Any]]:
-    """One sink item per message. Only APPLY items run their fn, in order, so each queues
-    its flight; the last item's fn writes them all. (If the last one is not applied, none
-    is: the batch has one token and increasing sequences.)"""
+def _batch_fns(batch: list[Message]) -> list[BatchItem]:
+    """One sink item ``(seq, fn, msg id)`` per message. Only APPLY items run their fn, in
+    order, so each queues its flight; the last item's fn writes them all. (If the last one
+    is not applied, none is: the batch has one token and increasing sequences.)"""
     applied: list[tuple[str, dict]] = []
-    items: list[tuple[int, Any]] = []
+    items: list[BatchItem] = []
     for i, m in enumerate(batch):
         flight = (m.key, json.loads(m.data))
+        msg_id = m.headers.get("Nats-Msg-Id")
         if i < len(batch) - 1:
-            items.append((m.stream_seq, lambda conn, f=flight: applied.append(f)))
+            items.append((m.stream_seq, lambda conn, f=flight: applied.append(f), msg_id))
         else:
 
             def last(conn: sqlite3.Connection, f: tuple[str, dict] = flight) -> None:
                 applied.append(f)
                 _write(applied, conn)
 
-            items.append((m.stream_seq, last))
+            items.append((m.stream_seq, last, msg_id))
     return items
 
 
 class AircraftTotals:
-    """Batch handler; the database path comes from ``$AIRCRAFT_TOTALS_DB``."""
+    """Batch handler of ``group`` on ``stream``; the database path is ``path`` or
+    ``$AIRCRAFT_TOTALS_DB``."""
 
-    def __init__(self, path: str | None = None) -> None:
+    def __init__(self, *, stream: str, group: str, path: str | None = None) -> None:
         path = path or os.environ.get("AIRCRAFT_TOTALS_DB")
         if not path:
             raise RuntimeError("set AIRCRAFT_TOTALS_DB to the SQLite file for the totals")
-        self.sink = FencedSqliteSink(path)
+        self.sink = FencedSqliteSink(path, stream=stream, group=group)
         with sqlite3.connect(path, timeout=30) as db:
             db.executescript(DDL)
+
+    def fencing_floor(self, partition: int) -> int:
+        return self.sink.fencing_floor(partition)
 
     async def on_assign(self, partition: int, token: int) -> None:
         # raise the partition's fence before processing: older owners are refused from now
