@@ -6,16 +6,25 @@ everything that is stored, per partition and per key.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from collections import defaultdict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from nats import errors as nats_errors
 from nats.aio.client import Client as NATS
 from nats.js import api
+from nats.js.errors import ServiceUnavailableError
 
 from airflow_nats_ordered.core.partitioning import partition_for
+
+_T = TypeVar("_T")
+# what the JetStream API answers while a stream or meta leader is being elected
+_NOT_YET = (nats_errors.TimeoutError, nats_errors.NoRespondersError, ServiceUnavailableError)
 
 
 @dataclass(frozen=True)
@@ -27,17 +36,41 @@ class Stored:
     data: bytes
 
 
-async def read_stream(nc: NATS, stream: str, batch: int = 2000) -> list[Stored]:
-    """Every message of ``stream`` in stream order, read with a pull consumer."""
+async def read_stream(
+    nc: NATS, stream: str, batch: int = 2000, patience: float = 30.0
+) -> list[Stored]:
+    """Every message of ``stream`` in stream order, read with a pull consumer.
+
+    Right after a fault (a killed stream or meta leader) the JetStream API may not answer
+    for a few seconds while leaders are elected: each API call is retried for up to
+    ``patience`` seconds, so a slow election is not mistaken for a publisher failure.
+    """
     js = nc.jetstream()
-    info = await js.stream_info(stream)
+    deadline = time.monotonic() + patience
+
+    async def retried(call: Callable[[], Awaitable[_T]]) -> _T:
+        while True:
+            try:
+                return await call()
+            except (
+                nats_errors.TimeoutError,
+                nats_errors.NoRespondersError,
+                ServiceUnavailableError,
+            ):
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.5)
+
+    info = await retried(lambda: js.stream_info(stream))
     total = info.state.messages
     out: list[Stored] = []
     if total == 0:
         return out
     # ack-none: nothing limits how many messages one fetch may carry
-    sub = await js.pull_subscribe(
-        ">", stream=stream, config=api.ConsumerConfig(ack_policy=api.AckPolicy.NONE)
+    sub = await retried(
+        lambda: js.pull_subscribe(
+            ">", stream=stream, config=api.ConsumerConfig(ack_policy=api.AckPolicy.NONE)
+        )
     )
     try:
         while len(out) < total:
@@ -77,6 +110,79 @@ def make_records(n: int, keys: int, size: int = 100) -> list[tuple[str, bytes]]:
     return out
 
 
+def _describe(body: bytes) -> str:
+    """A short name for a record in messages: its key and per-key index when it has them."""
+    try:
+        rec = json.loads(body)
+        return f"{rec['k']}#{rec['i']}"
+    except (ValueError, KeyError, TypeError):
+        return repr(body[:40])
+
+
+def stored_problems(
+    records: list[tuple[str, bytes]],
+    stored: list[Stored],
+    partitions: int,
+    prefix: str,
+    acked: dict[int, int] | None = None,
+    limit: int = 10,
+) -> list[str]:
+    """Every way ``stored`` breaks the publisher's invariants, each named precisely.
+
+    * no record is stored twice (by msg-id and by content);
+    * each partition holds a gap-free prefix of its input, in input order (so every key
+      is in publish order): the first position where it differs is named, with what was
+      expected and what was stored there;
+    * with ``acked``: the first ``acked[p]`` records of partition p are all stored (the
+      missing acknowledged records are named).
+    """
+    problems: list[str] = []
+    seen_ids: dict[str, int] = {}
+    seen_bodies: dict[bytes, int] = {}
+    for s in stored:
+        if s.msg_id in seen_ids:
+            problems.append(
+                f"msg-id {s.msg_id} is stored twice (seq {seen_ids[s.msg_id]}, {s.seq})"
+            )
+        seen_ids.setdefault(s.msg_id, s.seq)
+        if s.data in seen_bodies:
+            problems.append(
+                f"record {_describe(s.data)} is stored twice (seq {seen_bodies[s.data]}, {s.seq})"
+            )
+        seen_bodies.setdefault(s.data, s.seq)
+
+    want: dict[int, list[bytes]] = defaultdict(list)
+    for k, body in records:
+        want[partition_for(k, partitions)].append(body)
+    got: dict[int, list[Stored]] = defaultdict(list)
+    for s in stored:
+        p = int(s.subject.rsplit(".", 1)[1])
+        if s.subject != f"{prefix}.p.{p}":
+            problems.append(f"seq {s.seq} is on subject {s.subject}, not {prefix}.p.{p}")
+        got[p].append(s)
+    for p in range(partitions):
+        g, w = got.get(p, []), want.get(p, [])
+        for i, s in enumerate(g):
+            if i >= len(w) or s.data != w[i]:
+                expected = _describe(w[i]) if i < len(w) else "nothing (input exhausted)"
+                later = [j for j in range(i, len(g)) if i < len(w) and g[j].data == w[i]]
+                where = f"; it is stored later at seq {g[later[0]].seq}" if later else ""
+                problems.append(
+                    f"partition {p} is not a prefix of its input (order broken): position "
+                    f"{i + 1} (seq {s.seq}) holds {_describe(s.data)}, expected {expected}{where}"
+                )
+                break
+        if acked is not None and len(g) < acked.get(p, 0):
+            missing = [_describe(b) for b in w[len(g) : acked[p]]]
+            problems.append(
+                f"partition {p}: {acked[p] - len(g)} acknowledged record(s) missing: "
+                f"stored {len(g)}, acked {acked[p]}; first missing: {', '.join(missing[:5])}"
+            )
+    if len(problems) > limit:
+        problems = problems[:limit] + [f"... and {len(problems) - limit} more"]
+    return problems
+
+
 def check_stored(
     records: list[tuple[str, bytes]],
     stored: list[Stored],
@@ -84,31 +190,10 @@ def check_stored(
     prefix: str,
     acked: dict[int, int] | None = None,
 ) -> dict[int, int]:
-    """Assert the invariants; return the stored count per partition.
-
-    * no record is stored twice (by msg-id and by content);
-    * each partition holds a gap-free prefix of its input, in input order (so every key
-      is in publish order);
-    * with ``acked``: the first ``acked[p]`` records of partition p are all stored.
-    """
-    ids = [s.msg_id for s in stored]
-    assert len(ids) == len(set(ids)), "a msg-id is stored twice"
-    bodies = [s.data for s in stored]
-    assert len(bodies) == len(set(bodies)), "a record is stored twice"
-
-    want: dict[int, list[bytes]] = defaultdict(list)
-    for k, body in records:
-        want[partition_for(k, partitions)].append(body)
-    got: dict[int, list[bytes]] = defaultdict(list)
+    """Assert the invariants of :func:`stored_problems`; return the stored count per partition."""
+    problems = stored_problems(records, stored, partitions, prefix, acked)
+    assert not problems, "\n".join(problems)
+    counts = dict.fromkeys(range(partitions), 0)
     for s in stored:
-        p = int(s.subject.rsplit(".", 1)[1])
-        assert s.subject == f"{prefix}.p.{p}"
-        got[p].append(s.data)
-    counts = {}
-    for p in range(partitions):
-        g, w = got.get(p, []), want.get(p, [])
-        assert g == w[: len(g)], f"partition {p} is not a prefix of its input (order broken)"
-        if acked is not None:
-            assert len(g) >= acked.get(p, 0), f"partition {p}: an acknowledged record is missing"
-        counts[p] = len(g)
+        counts[int(s.subject.rsplit(".", 1)[1])] += 1
     return counts

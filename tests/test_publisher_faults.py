@@ -11,7 +11,7 @@ import asyncio
 
 import nats
 import pytest
-from streamcheck import check_stored, make_records, read_stream
+from streamcheck import check_stored, make_records, read_stream, stored_problems
 
 from airflow_nats_ordered.core.publisher import OrderedPublisher, PublishError
 from airflow_nats_ordered.core.streams import StreamSpec, provision
@@ -111,11 +111,24 @@ def test_stream_leader_killed_mid_publish_in_r3_cluster(nats_cluster, unique_nam
         return summary, error, stored, killed, new_leader
 
     summary, error, stored, killed, new_leader = asyncio.run(go())
-    assert error is None, error
-    assert killed and new_leader != killed[0]
-    assert summary.acked == len(records) and summary.failed == 0
-    counts = check_stored(records, stored, 8, unique_name.lower())
-    assert sum(counts.values()) == len(records)
+    acked = {p.partition: p.acked for p in summary.partitions}
+    problems = stored_problems(records, stored, 8, unique_name.lower(), acked=acked)
+    if error is not None:
+        problems.insert(0, f"flush raised: {error}")
+    if not killed or new_leader == killed[0]:
+        problems.append(f"the leader did not change: killed {killed}, leader now {new_leader}")
+    if summary.acked != len(records) or summary.failed:
+        problems.append(f"acked {summary.acked} and failed {summary.failed} of {len(records)}")
+    if len(stored) != len(records):
+        problems.append(f"stored {len(stored)} of {len(records)} records")
+    assert not problems, (
+        f"killed leader: server {killed}, new leader: server {new_leader}; "
+        f"acked {summary.acked}, stored {len(stored)}, retries "
+        f"{sum(p.retries for p in summary.partitions)}; per partition (acked/stored): "
+        + ", ".join(f"{p.partition}: {p.acked}/{p.stored}" for p in summary.partitions)
+        + "\n"
+        + "\n".join(problems)
+    )
 
 
 @pytest.mark.chaos

@@ -38,6 +38,8 @@ import hashlib
 import itertools
 import json
 import logging
+import math
+import random
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -53,7 +55,7 @@ from .errors import (
     ConfigError,
     InvalidKeyError,
     InvalidMsgIdError,
-    MissingKeyError,
+    KeylessRecordError,
     NatsOrderedError,
     PartitionMismatchError,
     RecordError,
@@ -70,10 +72,12 @@ HDR_SEQ = "Nats-Ordered-Seq"
 HDR_PRODUCER = "Nats-Ordered-Producer"
 RESERVED_HEADERS = frozenset(h.lower() for h in (HDR_MSG_ID, HDR_KEY, HDR_SEQ, HDR_PRODUCER))
 
-# Server error codes (nats-server errors.json) that mean "this batch is gone, start another".
-_ERR_BATCH_UNKNOWN = 10208
-_ERR_FAST_BATCH_DISABLED = 10203
+# Server error codes (nats-server errors.json).
+_ERR_BATCH_UNKNOWN = 10208  # the batch is gone (abandoned, leader change): start another
+_ERR_FAST_BATCH_DISABLED = 10205  # the stream's allow_batched is off
+_ERR_TOO_MANY_BATCHES = 10211  # HTTP 429: the stream has 1,000 batches open; retry later
 _FLOW_MAX = 500  # the server never acknowledges less often than every 500 messages
+_MAX_BACKOFF = 1.0  # seconds between resends of a failing partition, at most
 _EMPTY_HDR = b"NATS/1.0\r\n\r\n"
 
 
@@ -86,24 +90,45 @@ class PublisherConfig:
     ``batch_size`` [batch.size, in records]: records per server batch before it is committed.
     ``linger`` [linger.ms, seconds]: idle time after which an open batch is committed.
     ``max_pending`` [buffer.memory, in records]: records held in all (queued + unacked).
+    ``max_pending_bytes`` [buffer.memory]: payload bytes held in all (queued + unacked);
+    a record larger than this is still accepted when nothing else is held, so a publisher
+    always makes progress.
+    ``max_open_batches``: server batches this publisher keeps open at once (one per
+    partition that is sending). The server allows 1,000 per stream, shared by every
+    publisher, and counts an abandoned batch for 10 s; beyond that it answers "too many
+    batches in flight" (err 10211), which is retried with backoff.
     ``ack_timeout`` [request.timeout.ms]: wait for an acknowledgement before resending.
     ``delivery_timeout`` [delivery.timeout.ms]: how long a partition keeps retrying before
     its remaining records are reported as failed.
     ``producer_id``: mixed into derived msg-ids and sent as a header; give each logical run a
     stable id (the Airflow run id, say) so a rerun de-duplicates but a new run does not.
+    Left empty, each publisher gets a unique one (``OrderedPublisher.producer_id``), so
+    records of unrelated publishers never share a msg-id.
+
+    The stream's ``duplicate_window`` must cover :attr:`longest_resend`, the longest time
+    after its first send that a record can be sent again; :meth:`OrderedPublisher.start`
+    refuses a stream whose window is shorter.
     """
 
     max_in_flight: int = 1000
     batch_size: int = 20_000
     linger: float = 0.05
     max_pending: int = 50_000
+    max_pending_bytes: int = 64 * 1024 * 1024
+    max_open_batches: int = 256
     ack_timeout: float = 5.0
     delivery_timeout: float = 120.0
     producer_id: str = ""
     allow_keyless: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("max_in_flight", "batch_size", "max_pending"):
+        for name in (
+            "max_in_flight",
+            "batch_size",
+            "max_pending",
+            "max_pending_bytes",
+            "max_open_batches",
+        ):
             if int(getattr(self, name)) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)!r}")
         for name in ("ack_timeout", "delivery_timeout"):
@@ -117,6 +142,13 @@ class PublisherConfig:
     def flow(self) -> int:
         return max(1, min(_FLOW_MAX, self.max_in_flight // 2))
 
+    @property
+    def longest_resend(self) -> float:
+        """Seconds after its first send that a record may still be resent: a failure is
+        noticed within ``ack_timeout``, then resends go on for ``delivery_timeout``, the
+        last one after at most one backoff."""
+        return self.delivery_timeout + self.ack_timeout + _MAX_BACKOFF
+
 
 @dataclass
 class PartitionSummary:
@@ -128,6 +160,8 @@ class PartitionSummary:
     stored: int | None = None
     duplicates: int | None = None
     retries: int = 0
+    resent: int = 0
+    unexpected_duplicates: int = 0
     error: str | None = None
 
 
@@ -136,7 +170,15 @@ class PublishSummary:
     """What a publisher did. ``last_seq`` per partition is the high-water mark a drain waits for.
 
     ``stored``/``duplicates`` come from the partition's message count before and after, so
-    they are exact when this publisher was the only writer of its partitions meanwhile.
+    they are exact when this publisher was the only writer of its partitions meanwhile
+    (another writer can hide duplicates, never invent them; if the stream's limits removed
+    messages meanwhile, no duplicate is called unexpected). ``resent`` counts records sent
+    more than once after a failure: the server may rightly call those duplicates.
+    ``unexpected_duplicates`` are acknowledged records the server did not store because it
+    already held their msg-id although this publisher sent them only once and expected
+    no duplicate (no explicit ``producer_id``, no caller msg-id): they are NOT stored, and
+    :meth:`OrderedPublisher.flush` raises :class:`PublishError`. A rerun with the same
+    explicit ``producer_id`` expects duplicates: they are counted, not raised.
     """
 
     stream: str
@@ -161,6 +203,10 @@ class PublishSummary:
         return sum(p.duplicates or 0 for p in self.partitions)
 
     @property
+    def unexpected_duplicates(self) -> int:
+        return sum(p.unexpected_duplicates for p in self.partitions)
+
+    @property
     def high_water_marks(self) -> dict[int, int]:
         return {p.partition: p.last_seq for p in self.partitions}
 
@@ -172,6 +218,7 @@ class PublishSummary:
             "failed": self.failed,
             "refused": self.refused,
             "duplicates": self.duplicates,
+            "unexpected_duplicates": self.unexpected_duplicates,
             "elapsed": round(self.elapsed, 3),
             "partitions": [vars(p) for p in self.partitions],
         }
@@ -183,22 +230,44 @@ class PublishError(NatsOrderedError):
 
     Some of them may still have been stored (an acknowledgement lost with the connection),
     but each partition always holds a gap-free prefix of its input; republishing the same
-    input inside the duplicate window completes it and stores nothing twice."""
+    input inside the duplicate window completes it and stores nothing twice.
 
-    def __init__(self, summary: PublishSummary, first_error: str) -> None:
+    Also raised when the server acknowledged records without storing them because their
+    msg-ids were already stored by someone else (``summary.unexpected_duplicates``)."""
+
+    def __init__(self, summary: PublishSummary, first_error: str | None) -> None:
         self.summary = summary
         self.first_error = first_error
-        parts = [
-            f"partition {p.partition}: producer seq {p.acked + 1}..{p.accepted}"
-            for p in summary.partitions
-            if p.failed
-        ]
-        super().__init__(
-            f"{summary.failed} of {summary.accepted} records were not confirmed as stored in "
-            f"stream {summary.stream} ({'; '.join(parts[:8])}{' ...' if len(parts) > 8 else ''});"
-            f" first failure: {first_error}. Republishing the same input (same producer id) "
-            "completes the stream without storing anything twice."
-        )
+        text = []
+        if summary.failed:
+            parts = [
+                f"partition {p.partition}: producer seq {p.acked + 1}..{p.accepted}"
+                for p in summary.partitions
+                if p.failed
+            ]
+            more = " ..." if len(parts) > 8 else ""
+            text.append(
+                f"{summary.failed} of {summary.accepted} records were not confirmed as stored "
+                f"in stream {summary.stream} ({'; '.join(parts[:8])}{more}); first failure: "
+                f"{first_error or 'unknown'}. Republishing the same input (same producer id) "
+                "completes the stream without storing anything twice."
+            )
+        if summary.unexpected_duplicates:
+            parts = [
+                f"partition {p.partition}: {p.unexpected_duplicates}"
+                for p in summary.partitions
+                if p.unexpected_duplicates
+            ]
+            more = " ..." if len(parts) > 8 else ""
+            text.append(
+                f"{summary.unexpected_duplicates} acknowledged records were NOT stored in "
+                f"stream {summary.stream} ({'; '.join(parts[:8])}{more}): the server already "
+                "held their msg-ids although this publisher sent them once and expected no "
+                "duplicate. Another publisher used the same producer id or msg-ids inside "
+                "the stream's duplicate window; give each publisher its own producer_id "
+                "(leave it unset for a unique one) and republish those records."
+            )
+        super().__init__(" ".join(text))
 
 
 class _Retry(Exception):
@@ -268,6 +337,9 @@ class _Lane:
         self.acked_bseq = 0
         self.flow = self.cfg.flow
         self.broken = False
+        self.slot = False  # holds one of the publisher's max_open_batches
+        self.caller_ids = False  # a record of this partition carries the caller's msg-id
+        self._resent_hi = 0  # highest producer seq ever put back to be resent
         self._batches = itertools.count(1)
         self._failing_since: float | None = None
         self._attempt = 0
@@ -278,7 +350,7 @@ class _Lane:
         self.summary.accepted += 1
         if self.error is not None:
             self.summary.failed += 1
-            self.pub._release(1)
+            self.pub._release(1, len(rec.data))
             return
         self.queue.append(rec)
         self.idle.clear()
@@ -316,8 +388,13 @@ class _Lane:
                 await self._await_reply()
             return True
         if self.batch_id is not None:
-            # more records may come: wait a linger for them before committing
-            if not self.pub._flushing and await self._wait_work(self.cfg.linger):
+            # more records may come: wait a linger for them before committing, unless
+            # other partitions wait for a batch slot
+            if (
+                not self.pub._flushing
+                and not self.pub._batch_slots.locked()
+                and await self._wait_work(self.cfg.linger)
+            ):
                 return True
             await self._commit()
             return True
@@ -354,6 +431,9 @@ class _Lane:
             raise _Retry(f"send failed: {type(exc).__name__}: {exc}") from exc
 
     async def _open(self) -> None:
+        if not self.slot:
+            await self.pub._batch_slots.acquire()
+            self.slot = True
         # batch ids are per stream on the server: unique per publisher, partition and batch
         self.batch_id = f"{self.pub._run_tag}p{self.p}b{next(self._batches)}"
         # <inbox>.<partition>.<batch id>.<flow>.<gap mode>.<batch seq>.<op>.$FI (ADR-50)
@@ -420,9 +500,11 @@ class _Lane:
             desc = f"{err.get('description', 'error')} (err_code {code})"
             if "count" in msg:  # the final ack of a batch stopped by this error
                 self._ack_to(int(msg.get("count") or 0))
-            self.batch_id = None
+            self._end_batch()
             if code == _ERR_BATCH_UNKNOWN or err.get("code") == 503:
                 raise _Retry(f"server dropped the batch: {desc}")
+            if code == _ERR_TOO_MANY_BATCHES or err.get("code") == 429:
+                raise _Retry(f"server limit reached: {desc}")
             if code == _ERR_FAST_BATCH_DISABLED:
                 raise _Fatal(
                     f"stream {self.pub.stream.name} does not allow fast batch publishing: "
@@ -442,12 +524,11 @@ class _Lane:
             seq = int(msg.get("seq") or 0)
             if seq:
                 self.summary.last_seq = max(self.summary.last_seq, seq)
-            self.batch_id = None
+            self._end_batch()
             self.broken = False
             if self.inflight:  # a gap: the server stored a prefix; resend the rest
                 self.summary.retries += 1
-                self.queue.extendleft(reversed(self.inflight))
-                self.inflight.clear()
+                self._requeue()
             return True
         return False
 
@@ -456,11 +537,13 @@ class _Lane:
         if n <= 0:
             return
         n = min(n, len(self.inflight))
+        inflight = self.inflight
+        nbytes = 0
         for _ in range(n):
-            self.inflight.popleft()
+            nbytes += len(inflight.popleft().data)
         self.acked_bseq += n
         self.summary.acked += n
-        self.pub._release(n)
+        self.pub._release(n, nbytes)
         self._failing_since = None
         self._attempt = 0
 
@@ -472,15 +555,15 @@ class _Lane:
         if self._failing_since is None:
             self._failing_since = now
         self.summary.retries += 1
-        self.batch_id = None
+        self._end_batch()
         self.broken = False
-        self.queue.extendleft(reversed(self.inflight))
-        self.inflight.clear()
+        self._requeue()
         if now - self._failing_since > self.cfg.delivery_timeout:
             self._fail(f"{reason}; gave up after {self.cfg.delivery_timeout:g}s of retries")
             return
         self._attempt += 1
-        delay = min(1.0, 0.05 * 2 ** min(self._attempt, 5))
+        # jittered, so partitions refused together (err 10211) do not retry together
+        delay = min(_MAX_BACKOFF, 0.05 * 2 ** min(self._attempt, 5) * (0.5 + random.random()))
         log.warning(
             "partition %d: %s; resending %d records in %.2fs",
             self.p,
@@ -490,14 +573,35 @@ class _Lane:
         )
         await asyncio.sleep(delay)
 
-    def _fail(self, reason: str) -> None:
+    def _requeue(self) -> None:
+        """Put the unacknowledged records back at the head of the queue, to be resent.
+
+        Acknowledgements are in order, so they are producer seqs ``acked+1 ..``; ``resent``
+        counts each of them once, however often it is resent."""
+        n = len(self.inflight)
+        last = self.summary.acked + n
+        if last > self._resent_hi:
+            self.summary.resent += last - max(self.summary.acked, self._resent_hi)
+            self._resent_hi = last
+        self.queue.extendleft(reversed(self.inflight))
+        self.inflight.clear()
+
+    def _end_batch(self) -> None:
+        """Forget the current batch and give its slot back."""
         self.batch_id = None
+        if self.slot:
+            self.slot = False
+            self.pub._batch_slots.release()
+
+    def _fail(self, reason: str) -> None:
+        self._end_batch()
         n = len(self.queue) + len(self.inflight)
+        nbytes = sum(len(r.data) for r in self.queue) + sum(len(r.data) for r in self.inflight)
         self.queue.clear()
         self.inflight.clear()
         self.summary.failed += n
         self.error = self.summary.error = reason
-        self.pub._release(n)
+        self.pub._release(n, nbytes)
         self.idle.set()
         log.error("partition %d: %s; %d records not stored", self.p, reason, n)
 
@@ -535,7 +639,9 @@ class OrderedPublisher:
         self.summary: PublishSummary | None = None
         self._lanes: list[_Lane] = []
         self._pending = 0
+        self._pending_bytes = 0
         self._space = asyncio.Event()
+        self._batch_slots = asyncio.Semaphore(self.config.max_open_batches)
         self._flushing = False
         self._closing = False
         self._started = False
@@ -544,6 +650,7 @@ class OrderedPublisher:
         self._rr = 0
         self._since_yield = 0
         self._counts_before: dict[str, int] = {}
+        self._removed_before = 0
         self._t0 = 0.0
         self._sub: Any = None
         self._run_tag = NUID().next().decode()
@@ -551,12 +658,11 @@ class OrderedPublisher:
         self._max_size = 0
         self._nparts = 0
         self._fast = False
-        self._producer_b = self.config.producer_id.encode()
-        prod = (
-            b"%s: %s\r\n" % (HDR_PRODUCER.encode(), self._producer_b)
-            if self.config.producer_id
-            else b""
-        )
+        #: the producer id of this publisher's records: the configured one, or a unique one
+        self.producer_id = self.config.producer_id or f"pub-{self._run_tag}"
+        self._expect_duplicates = bool(self.config.producer_id)  # a rerun, maybe
+        self._producer_b = self.producer_id.encode()
+        prod = b"%s: %s\r\n" % (HDR_PRODUCER.encode(), self._producer_b)
         head = b"NATS/1.0\r\n%s: %%s\r\n" % HDR_MSG_ID.encode()
         tail = b"%s: %%d\r\n%s\r\n" % (HDR_SEQ.encode(), prod)
         self._hdr_fmt = head + HDR_KEY.encode() + b": %s\r\n" + tail
@@ -590,12 +696,26 @@ class OrderedPublisher:
                 f"`nats-ordered provision --stream {self.stream.name} --partitions "
                 f"{self.stream.partitions}` to enable it (a safe, in-place change)"
             )
+        window, longest = self.stream.duplicate_window, self.config.longest_resend
+        if window < longest:
+            cfg = self.config
+            raise ConfigError(
+                f"stream {self.stream.name} de-duplicates msg-ids for {window:g}s "
+                f"(duplicate_window), but this publisher may resend a record up to "
+                f"{longest:g}s after sending it (delivery_timeout {cfg.delivery_timeout:g}s "
+                f"+ ack_timeout {cfg.ack_timeout:g}s + {_MAX_BACKOFF:g}s backoff): a late "
+                "resend would be stored again, after later records. Raise the stream's "
+                f"window (`nats-ordered provision --stream {self.stream.name} --partitions "
+                f"{self.stream.partitions} --duplicate-window {math.ceil(longest)}s`) or "
+                "lower the publisher's delivery_timeout to at most "
+                f"{max(0.0, window - cfg.ack_timeout - _MAX_BACKOFF):g}s"
+            )
         self._nparts = self.stream.partitions
         self._fast = wire.supports_fast_path(self.nc)
         self._max_size = self.nc.max_payload
         if self.stream.max_msg_size and self.stream.max_msg_size > 0:
             self._max_size = min(self._max_size, self.stream.max_msg_size)
-        self._counts_before = await self._subject_counts()
+        self._counts_before, self._removed_before = await self._subject_counts()
         self._lanes = [_Lane(self, p) for p in range(self.stream.partitions)]
         self._sub = await self.nc.subscribe(
             f"{self._inbox}.>",
@@ -620,17 +740,20 @@ class OrderedPublisher:
         lane.replies.append((bid, msg.data))
         lane.wake.set()
 
-    async def _subject_counts(self, timeout: float = 5.0) -> dict[str, int]:
+    async def _subject_counts(self, timeout: float = 5.0) -> tuple[dict[str, int], int]:
+        """Messages per partition subject, and how many messages the stream ever removed
+        (last sequence - messages): when it changes, limits or an operator removed some."""
         js = self.nc.jetstream(timeout=timeout)
         info = await js.stream_info(
             self.stream.name, subjects_filter=partition_wildcard(self.stream.prefix)
         )
-        return dict(info.state.subjects or {})
+        st = info.state
+        return dict(st.subjects or {}), int(st.last_seq or 0) - int(st.messages or 0)
 
-    def _release(self, n: int) -> None:
+    def _release(self, n: int, nbytes: int) -> None:
         self._pending -= n
-        if self._pending < self.config.max_pending:
-            self._space.set()
+        self._pending_bytes -= nbytes
+        self._space.set()
 
     # -- public API ---------------------------------------------------------------------------
     @property
@@ -663,9 +786,12 @@ class OrderedPublisher:
     ) -> int:
         """Queue one record; returns its partition.
 
-        Raises :class:`MissingKeyError` or :class:`RecordTooLargeError` for a bad record
-        (nothing is sent and the publisher goes on). Waits while ``max_pending`` records are
-        held. Delivery failures are reported by :meth:`flush`, not here.
+        Raises :class:`MissingKeyError` (:class:`KeylessRecordError`) or
+        :class:`RecordTooLargeError` for a bad record (nothing is sent and the publisher goes
+        on). Waits while ``max_pending`` records or ``max_pending_bytes`` payload bytes are
+        held. Concurrent calls (``asyncio.gather``) are safe: a record's position in its
+        partition is taken when it is accepted, after the wait. Delivery failures are
+        reported by :meth:`flush`, not here.
         """
         if not self._started:
             raise RuntimeError("call `await publisher.start()` (or use `async with`) first")
@@ -675,12 +801,8 @@ class OrderedPublisher:
         if key is None or key == "" or key == b"":
             if not cfg.allow_keyless:
                 self._refused += 1
-                raise MissingKeyError(
-                    "record has no key; every record needs a key to keep per-key order "
-                    "(set the key field), or publish with allow_keyless=True for round-robin"
-                )
-            part = self._rr % self._nparts
-            self._rr += 1
+                raise KeylessRecordError()
+            part = -1  # round-robin: chosen when accepted
             kb = b""
         else:
             if isinstance(key, str):
@@ -696,41 +818,55 @@ class OrderedPublisher:
                 self._refused += 1
                 raise InvalidKeyError(f"key {key!r} contains a line break, which headers forbid")
             part = mmh3.hash(kb, HASH_SEED, signed=False) % self._nparts
-        lane = self._lanes[part]
-        seq = lane.summary.accepted + 1
-        if msg_id is None:
-            mid = _msg_id(self._producer_b, part, seq, kb, data)
-        else:
+        if msg_id is not None:
             mid = msg_id.encode()
             if not mid or b"\r" in mid or b"\n" in mid or len(mid) > 256:
                 self._refused += 1
                 raise InvalidMsgIdError(
                     f"msg_id {msg_id!r} must be 1-256 characters without line breaks"
                 )
-        hdr = self._hdr_fmt % (mid, kb, seq) if kb else self._hdr_fmt_keyless % (mid, seq)
+        extra = b""
         if headers:
             for k in headers:
                 if k.lower() in RESERVED_HEADERS:
                     self._refused += 1
                     raise RecordError(f"header {k!r} is set by the publisher; remove it")
             try:
-                hdr = hdr[:-2] + wire.header_block(headers)[10:]
+                extra = wire.header_block(headers)[10:-2]
             except ValueError as exc:
                 self._refused += 1
                 raise RecordError(str(exc)) from exc
-        size = len(hdr) + len(data)
-        if size > self._max_size:
-            self._refused += 1
-            raise RecordTooLargeError(
-                f"record with key {kb.decode()!r} is {size} bytes with headers, over the limit "
-                f"of {self._max_size} bytes (server max_payload / stream max_msg_size); split "
-                "the record or raise max_payload in the server configuration. Nothing was sent."
-            )
-        if self._pending >= cfg.max_pending:
-            while self._pending >= cfg.max_pending:
+        size = len(data)
+        if self._pending >= cfg.max_pending or self._pending_bytes + size > cfg.max_pending_bytes:
+            # a record larger than max_pending_bytes goes alone, so progress is always made
+            while self._pending >= cfg.max_pending or (
+                self._pending_bytes and self._pending_bytes + size > cfg.max_pending_bytes
+            ):
                 self._space.clear()
                 await self._space.wait()
+        # from here to accept() nothing awaits: the position is taken atomically
+        if part < 0:
+            part = self._rr % self._nparts
+            self._rr += 1
+        lane = self._lanes[part]
+        seq = lane.summary.accepted + 1
+        if msg_id is None:
+            mid = _msg_id(self._producer_b, part, seq, kb, data)
+        else:
+            lane.caller_ids = True
+        hdr = self._hdr_fmt % (mid, kb, seq) if kb else self._hdr_fmt_keyless % (mid, seq)
+        if extra:
+            hdr = hdr[:-2] + extra + b"\r\n"
+        if len(hdr) + size > self._max_size:
+            self._refused += 1
+            raise RecordTooLargeError(
+                f"record with key {kb.decode()!r} is {len(hdr) + size} bytes with headers, over "
+                f"the limit of {self._max_size} bytes (server max_payload / stream "
+                "max_msg_size); split the record or raise max_payload in the server "
+                "configuration. Nothing was sent."
+            )
         self._pending += 1
+        self._pending_bytes += size
         lane.accept(_Rec(data, hdr))
         self._since_yield += 1
         if self._since_yield >= 256:  # let the partition senders run while a producer loops
@@ -749,9 +885,9 @@ class OrderedPublisher:
             summary = self.summary  # nothing new since the last flush
         else:
             summary = await self._flush()
-        if summary.failed:
+        if summary.failed or summary.unexpected_duplicates:
             errors = [lane.error for lane in self._lanes if lane.error]
-            raise PublishError(summary, errors[0] if errors else "unknown")
+            raise PublishError(summary, errors[0] if errors else None)
         return summary
 
     async def _flush(self) -> PublishSummary:
@@ -770,14 +906,23 @@ class OrderedPublisher:
         """Per-partition counts; ``stored``/``duplicates`` stay None if the server is away."""
         parts = [lane.summary for lane in self._lanes]
         try:
-            after: dict[str, int] | None = await self._subject_counts(timeout=2.0)
+            after, removed = await self._subject_counts(timeout=2.0)
         except (NatsError, TimeoutError):
             after = None
         if after is not None:
+            exact = removed == self._removed_before  # nothing was removed meanwhile
+            if not exact:
+                log.warning(
+                    "stream %s lost messages to its limits (or an operator) while publishing: "
+                    "stored/duplicates counts are approximate",
+                    self.stream.name,
+                )
             for lane in self._lanes:
                 s = lane.summary
                 s.stored = after.get(lane.subject, 0) - self._counts_before.get(lane.subject, 0)
                 s.duplicates = max(0, s.acked - s.stored)
+                expected = self._expect_duplicates or lane.caller_ids or not exact
+                s.unexpected_duplicates = 0 if expected else max(0, s.duplicates - s.resent)
             # a partition whose records were all duplicates got no stream sequence back:
             # its high-water mark is the partition's last message
             missing = [ln for ln in self._lanes if ln.summary.acked and not ln.summary.last_seq]
