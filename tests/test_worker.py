@@ -417,11 +417,10 @@ def test_worker_pool_refuses_bad_sizes_and_unknown_members(unique_name):
         asyncio.run(pool.remove())
 
 
-def test_deliveries_lost_between_server_and_worker_are_read_again(
-    shared_nats_server, unique_name, monkeypatch
-):
-    """Ack-none consumers never re-send: a delivery lost on the way (a reconnect, a slow
-    consumer cut-off) must be noticed from the consumer sequence and read again, in order."""
+def drop_deliveries(monkeypatch, numbers):
+    """Make every partition reader lose the deliveries with these 1-based numbers (counted
+    over all readers, status messages excluded) as a reconnect or a slow-consumer cut-off
+    would; returns {"n": deliveries seen, "dropped": deliveries lost}."""
     from airflow_nats_ordered.core import worker as worker_mod
 
     real_on_msg = worker_mod._PartitionReader._on_msg
@@ -430,12 +429,21 @@ def test_deliveries_lost_between_server_and_worker_are_read_again(
     async def lossy_on_msg(self, m):
         if not (m.headers and m.headers.get("Status")):
             seen["n"] += 1
-            if seen["n"] in (700, 2_500):
+            if seen["n"] in numbers:
                 seen["dropped"] += 1
                 return
         await real_on_msg(self, m)
 
     monkeypatch.setattr(worker_mod._PartitionReader, "_on_msg", lossy_on_msg)
+    return seen
+
+
+def test_deliveries_lost_between_server_and_worker_are_read_again(
+    shared_nats_server, unique_name, monkeypatch
+):
+    """Ack-none consumers never re-send: a delivery lost on the way (a reconnect, a slow
+    consumer cut-off) must be noticed from the consumer sequence and read again, in order."""
+    seen = drop_deliveries(monkeypatch, (700, 2_500))
     rec = Recorder()
 
     async def go():
@@ -450,6 +458,33 @@ def test_deliveries_lost_between_server_and_worker_are_read_again(
     asyncio.run(go())
     assert seen["dropped"] == 2
     assert rec.seen["k0"] == list(range(4000))  # nothing skipped, nothing twice
+
+
+def test_a_lost_last_delivery_is_read_again_without_waiting_for_new_messages(
+    shared_nats_server, unique_name, monkeypatch
+):
+    """When the *last* delivery of a partition is lost, no later delivery reveals the gap:
+    the idle heartbeats of the pending pull requests (which name the last consumer
+    sequence sent) must, within a few seconds and with nothing new published."""
+    seen = drop_deliveries(monkeypatch, (50,))
+    rec = Recorder()
+
+    async def go():
+        nc = await _setup(shared_nats_server.url, unique_name, 50, keys=1, partitions=1)
+        w = Worker(nc, _cfg(unique_name), rec)
+        await w.start()
+        await _until(lambda: rec.count >= 49)
+        t0 = time.monotonic()
+        await _until(lambda: rec.count >= 50, timeout=6)
+        tail = time.monotonic() - t0
+        await w.stop()
+        await nc.close()
+        return tail
+
+    tail = asyncio.run(go())
+    assert seen["dropped"] == 1
+    assert rec.seen["k0"] == list(range(50))
+    assert tail < 3.5, f"the lost last delivery took {tail:.1f}s to be read again"
 
 
 def test_a_cancelled_stop_still_stops_the_member(shared_nats_server, unique_name):

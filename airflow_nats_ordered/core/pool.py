@@ -63,6 +63,34 @@ class WorkerPool:
                 total[k] = total.get(k, 0) + v
         return total
 
+    async def wait_assigned(self, timeout: float | None = None) -> None:
+        """Return once every partition of the stream is claimed by a member of this pool
+        and every member has claimed all that the current assignment gives it (see
+        :meth:`Worker.wait_assigned`). Raises TimeoutError after ``timeout`` seconds."""
+        try:
+            async with asyncio.timeout(timeout):
+                while not self._all_claimed():
+                    await asyncio.sleep(0.05)
+        except TimeoutError:
+            raise TimeoutError(
+                f"the pool's members have not claimed every partition after {timeout:g}s: "
+                + "; ".join(
+                    f"{w.member} assigned {sorted(w.assigned)} claimed {sorted(w.claimed)}"
+                    + (f" problems {sorted(w.problems.values())}" if w.problems else "")
+                    for w in self.workers
+                )
+            ) from None
+
+    def _all_claimed(self) -> bool:
+        if not self.workers:
+            return False
+        claimed = [w.claimed for w in self.workers]
+        every = set().union(*claimed)
+        partitions = self.workers[0].stream.partitions
+        return every == set(range(partitions)) and all(
+            w.assigned <= c for w, c in zip(self.workers, claimed, strict=True)
+        )
+
     async def start(self) -> None:
         for _ in range(self.size - len(self.workers)):
             await self.add()

@@ -545,6 +545,16 @@ class Worker:
                 await self.store.release(self._member_lease)
         log.info("member %s left group %s", self.member, self.cfg.group)
 
+    @property
+    def claimed(self) -> set[int]:
+        """The partitions this member is processing (claimed, ``on_assign`` returned)."""
+        return {p for p, o in self.owned.items() if o.task is not None}
+
+    @property
+    def assigned(self) -> set[int]:
+        """The partitions the latest assignment this member read gives it."""
+        return set(self._mine)
+
     async def wait_assigned(self, timeout: float | None = None) -> None:
         """Return once this member has its first assignment and has claimed every
         partition in it: lease held, token granted, ``on_assign`` returned, processing
@@ -767,9 +777,7 @@ class Worker:
                     # stream): retry later and later, and say so in the status
                     log.warning("member %s: claiming partition %d failed: %s", self.member, p, exc)
                     self._back_off(p, f"claiming failed: {exc}")
-            if self._mine and all(
-                p in self.owned and self.owned[p].task is not None for p in self._mine
-            ):
+            if self._mine and self._mine <= self.claimed:
                 self._assigned.set()
 
     async def _floor(self, p: int) -> int:
