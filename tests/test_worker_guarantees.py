@@ -174,13 +174,14 @@ def test_on_assign_of_a_partition_waits_for_its_pending_on_revoke(shared_nats_se
 
         async def on_revoke(self, p):
             events.append("revoke-start")
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(2.5)  # longer than the lease TTL: the lease is free before
             events.append("revoke-end")
 
     async def go():
         nc = await _setup(shared_nats_server.url, unique_name, 10, partitions=1)
         h = Handler()
-        w = Worker(nc, _cfg(unique_name), h, on_assign=h.on_assign, on_revoke=h.on_revoke)
+        cfg = _cfg(unique_name, lease_ttl=1.0)
+        w = Worker(nc, cfg, h, on_assign=h.on_assign, on_revoke=h.on_revoke)
         await w.start()
         await _until(lambda: events.count("assign") >= 2, timeout=10)
         await w.stop()
