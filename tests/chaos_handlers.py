@@ -3,9 +3,12 @@
 ``Recorder`` applies every message through the reference fenced sink, opened for the
 worker's stream and group: the event row is written in the same transaction that advances
 the partition's fence, and a write with a stale token is refused and stops the partition
-(``Fenced``). If the file named by ``CHAOS_PAUSE_FILE`` appears, the member removes it and
-SIGSTOPs itself inside the handler, after the worker's lease check and before the sink
-write: once resumed (SIGCONT) it is a zombie that certainly attempts one more write.
+(``Fenced``). If the file named by ``CHAOS_PAUSE_FILE`` appears, the member writes the
+partition and token in hand to ``<that file>.paused`` and SIGSTOPs itself inside the
+handler, after the worker's lease check, before the sink write and with no sink transaction
+open: once resumed (SIGCONT) it is a zombie that certainly attempts one more write.
+
+``ignore`` does nothing (members whose leases, not their writes, are under test).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import asyncio
 import json
 import os
 import signal
+import threading
 import time
 
 from airflow_nats_ordered.core.fenced_sink import FencedSqliteSink
@@ -32,23 +36,33 @@ class Recorder:
         self.member = os.environ.get("CHAOS_MEMBER", str(os.getpid()))
         self.delay = float(os.environ.get("CHAOS_DELAY", "0"))
         self.pause_file = os.environ.get("CHAOS_PAUSE_FILE")
+        # held around every sink call, and while stopped: a pause never holds the database
+        self._writing = threading.Lock()
 
     def fencing_floor(self, partition: int) -> int:
-        return self.sink.fencing_floor(partition)
+        with self._writing:
+            return self.sink.fencing_floor(partition)
 
-    def _pause_if_asked(self) -> None:
-        if self.pause_file and os.path.exists(self.pause_file):
-            os.remove(self.pause_file)
+    def _stop_between_writes(self, msg) -> None:
+        with self._writing:
+            with open(f"{self.pause_file}.paused", "w") as f:
+                json.dump({"partition": msg.partition, "token": msg.fencing_token}, f)
             os.kill(os.getpid(), signal.SIGSTOP)
+
+    def _locked(self, call, *args, **kwargs):
+        with self._writing:
+            return call(*args, **kwargs)
 
     # Sink calls block (SQLite locks, fsync): they run in a thread so the worker's event loop
     # keeps renewing leases even while another process holds the database lock.
     async def on_assign(self, partition: int, token: int) -> None:
-        await asyncio.to_thread(self.sink.fence, partition, token)
+        await asyncio.to_thread(self._locked, self.sink.fence, partition, token)
 
     async def __call__(self, msg) -> None:
         d = json.loads(msg.data)
-        self._pause_if_asked()
+        if self.pause_file and os.path.exists(self.pause_file):
+            os.remove(self.pause_file)
+            await asyncio.to_thread(self._stop_between_writes, msg)
 
         def write(conn) -> None:
             conn.execute(
@@ -66,6 +80,7 @@ class Recorder:
             )
 
         verdict = await asyncio.to_thread(
+            self._locked,
             self.sink.apply,
             msg.partition,
             msg.fencing_token,
@@ -80,6 +95,10 @@ class Recorder:
 
     def close(self) -> None:
         self.sink.close()
+
+
+def ignore(msg) -> None:
+    """Do nothing with one message."""
 
 
 class StuckClose:
