@@ -30,6 +30,12 @@ b. Failover, with worker PROCESSES started through the CLI (``--lease-ttl 2``) a
 c. Memory: one CLI worker process drains the backlog with a fresh group; its VmRSS is
    sampled every 0.5 s; RSS at 10 %, 50 %, 90 % of the drain and the max. "Flat" means
    max / RSS@10% < 1.3 (reported, not asserted).
+d. Memory with 1 MB records: a worker in a child process with a slow handler (50 ms per
+   message, so its buffers stay as full as their bounds allow) drains BENCH_BIG_N records
+   (default 480, over 16 partitions) three times: 100-byte records (the baseline, measured
+   in the same run), 1 MB records with the default ``max_buffer_bytes`` (64 MiB), and 1 MB
+   records with the byte bound lifted (counts only: 2 x ``fetch_batch`` per partition, as
+   before the bound existed). Peak VmRSS (every 0.1 s), as a ratio to the baseline.
 
 Environment: BENCH_WORKER_N (default 1,000,000), BENCH_ROUNDS (3), BENCH_ACK1_N (50,000),
 BENCH_FAILOVER_REPS (3), BENCH_TRICKLE (200 msg/s). ``--quick`` shrinks N, the rounds, the
@@ -100,6 +106,7 @@ class Settings:
     reps: int
     trickle: int
     sections: set[str]
+    big_n: int = 480
 
     @classmethod
     def from_args(cls, argv: list[str] | None = None) -> Settings:
@@ -107,14 +114,14 @@ class Settings:
         ap.add_argument("--quick", action="store_true", help="small N, fewer rounds")
         ap.add_argument(
             "--sections",
-            default="throughput,failover,memory",
-            help="comma list of throughput, failover, memory (default: all)",
+            default="throughput,failover,memory,memory-1mb",
+            help="comma list of throughput, failover, memory, memory-1mb (default: all)",
         )
         a = ap.parse_args(argv)
         env = os.environ.get
         q = a.quick
         sections = {s.strip() for s in a.sections.split(",") if s.strip()}
-        unknown = sections - {"throughput", "failover", "memory"}
+        unknown = sections - {"throughput", "failover", "memory", "memory-1mb"}
         if unknown:
             ap.error(f"unknown sections {sorted(unknown)}")
         n = int(env("BENCH_WORKER_N", "50000" if q else "1000000"))
@@ -125,6 +132,7 @@ class Settings:
             reps=int(env("BENCH_FAILOVER_REPS", "1" if q else "3")),
             trickle=int(env("BENCH_TRICKLE", "200")),
             sections=sections,
+            big_n=int(env("BENCH_BIG_N", "160" if q else "480")),
         )
 
 
@@ -978,6 +986,98 @@ def print_memory(res: dict[str, Any], raw_rate: float | None) -> None:
         print(f"the worker logged {n:,} problem line(s), first: {first}")
 
 
+# ----------------------------------------------------------------------------- d. memory, 1 MB
+
+BIG_STREAM = "WBIG"
+BIG_PAYLOAD = 1_000_000  # the server's default max_payload is 1 MiB, headers included
+BIG_HANDLER_DELAY = 0.05  # seconds per message: slower than the server can send
+
+
+async def _member_main(url: str, stream: str, group: str, progress: str, max_buffer: int) -> None:
+    """One Worker in this (child) process: a slow async handler, so that the reader's
+    buffers stay as full as its bounds allow; the count goes to ``progress`` now and then."""
+    count = 0
+
+    async def slow(msg: Any) -> None:
+        nonlocal count
+        await asyncio.sleep(BIG_HANDLER_DELAY)
+        count += 1
+
+    nc = await nats.connect(url)
+    cfg = WorkerConfig(stream, group, member_id="big", max_buffer_bytes=max_buffer)
+    w = Worker(nc, cfg, slow)
+    await w.start()
+    while True:
+        Path(progress).write_text(str(count))
+        await asyncio.sleep(0.05)
+
+
+async def section_memory_big(url: str, work: Path, st: Settings) -> dict[str, Any]:
+    """The same slow worker (a child process) drains BENCH_BIG_N records three times, with
+    a fresh group each: 100-byte records (the baseline), 1 MB records with the default
+    ``max_buffer_bytes``, and 1 MB records with the byte bound lifted (counts only, as before
+    the bound existed). Peak VmRSS of each, sampled every 0.1 s."""
+    n = st.big_n
+    nc = await connect(url)
+    for name, size in ((f"{BIG_STREAM}S", PAYLOAD), (BIG_STREAM, BIG_PAYLOAD)):
+        await provision(nc, StreamSpec(name, partitions=PARTITIONS))
+        async with OrderedPublisher(nc, name, producer_id=f"big-{uuid.uuid4().hex[:6]}") as pub:
+            for i in range(n):
+                await pub.publish(f"key-{i}", (b"%d:" % i).ljust(size, b"x"))
+    await nc.close()
+    default = WorkerConfig("S", "g").max_buffer_bytes
+    runs = [
+        ("100 B, default bound", f"{BIG_STREAM}S", default),
+        ("1 MB, default bound", BIG_STREAM, default),
+        ("1 MB, counts only", BIG_STREAM, 1 << 40),
+    ]
+    out: dict[str, Any] = {"n": n, "payload": BIG_PAYLOAD, "max_buffer_bytes": default}
+    for label, stream, bound in runs:
+        progress = work / f"big-{uuid.uuid4().hex[:6]}"
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--member"]
+        cmd += [url, stream, f"big-{uuid.uuid4().hex[:6]}", str(progress), str(bound)]
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, preexec_fn=_pdeathsig())
+        peak = idle = 0
+        count, t0, changed = 0, time.monotonic(), time.monotonic()
+        try:
+            while count < n and time.monotonic() - changed < STALL + 10:
+                with contextlib.suppress(OSError, ValueError):
+                    c = int(progress.read_text() or 0)
+                    if c != count:
+                        count, changed = c, time.monotonic()
+                rss = rss_kib(proc.pid) or 0
+                if count == 0:
+                    idle = max(idle, rss)
+                peak = max(peak, rss)
+                await asyncio.sleep(0.1)
+        finally:
+            proc.kill()
+            proc.wait()
+        elapsed = time.monotonic() - t0
+        out[label] = {"peak_kib": peak, "count": count, "elapsed": elapsed}
+        log(f"  d. {label}: peak RSS {peak / 1024:.1f} MiB, {count:,}/{n:,} in {elapsed:.1f}s")
+    return out
+
+
+def print_memory_big(res: dict[str, Any]) -> None:
+    n, bound = res["n"], res["max_buffer_bytes"]
+    print(
+        f"\nd. memory with 1 MB records: one worker process, a slow handler "
+        f"({BIG_HANDLER_DELAY * 1000:g} ms per message), {n:,} records over {PARTITIONS} "
+        f"partitions; max_buffer_bytes default {bound / 2**20:g} MiB"
+    )
+    base = res["100 B, default bound"]["peak_kib"]
+    for label in ("100 B, default bound", "1 MB, default bound", "1 MB, counts only"):
+        r = res[label]
+        ratio = r["peak_kib"] / base if base else float("nan")
+        extra = (r["peak_kib"] - base) / 1024
+        done = "" if r["count"] >= n else f"  INCOMPLETE {r['count']:,}/{n:,}"
+        print(
+            f"{label:22s} peak RSS {r['peak_kib'] / 1024:7.1f} MiB  {ratio:5.2f} x baseline  "
+            f"(+{extra:6.1f} MiB){done}"
+        )
+
+
 # ----------------------------------------------------------------------------- main
 
 
@@ -1042,6 +1142,12 @@ async def amain(st: Settings, url: str, work: Path) -> dict[str, Any]:
             raw = med(out["throughput"]["rates"]["raw-ordered"])
         print_memory(out["memory"], raw)
         log(f"c. took {time.monotonic() - t0:.0f}s")
+    if "memory-1mb" in st.sections:
+        t0 = time.monotonic()
+        log("d. memory with 1 MB records")
+        out["memory_1mb"] = await section_memory_big(url, work, st)
+        print_memory_big(out["memory_1mb"])
+        log(f"d. took {time.monotonic() - t0:.0f}s")
     out["elapsed"] = time.monotonic() - t_all
     out["code_at_end"] = code_version()
     c0, c1 = out["code"], out["code_at_end"]
@@ -1059,6 +1165,11 @@ async def amain(st: Settings, url: str, work: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["--member"]:  # a child process of section d.
+        url, stream, group, progress, bound = args[1:6]
+        asyncio.run(_member_main(url, stream, group, progress, int(bound)))
+        return 0
     st = Settings.from_args(argv)
     with tempfile.TemporaryDirectory(prefix="wbench-") as tmp:
         work = Path(tmp) / "work"
