@@ -100,9 +100,13 @@ def test_group_buckets_take_the_streams_replicas_unless_overridden(nats_cluster,
         # an R1 group (as earlier versions made them) is raised to the stream's count
         await GroupStore.open(nc, GroupConfig(unique_name, "h"))
         raised = (await js.stream_info(f"KV_{explicit.cfg.state_bucket}")).config.num_replicas
+        # but a group made R3 on purpose is not lowered by a member using the default
+        await provision(nc, StreamSpec(unique_name, partitions=2, replicas=1))
+        await GroupStore.open(nc, GroupConfig(unique_name, "h"))
+        kept = (await js.stream_info(f"KV_{explicit.cfg.state_bucket}")).config.num_replicas
         await nc.close()
-        return default.cfg, explicit.cfg, got, raised
+        return default.cfg, explicit.cfg, got, raised, kept
 
-    d, e, got, raised = asyncio.run(go())
+    d, e, got, raised, kept = asyncio.run(go())
     assert got == {d.lease_bucket: 3, d.state_bucket: 3, e.lease_bucket: 1, e.state_bucket: 1}
-    assert raised == 3
+    assert raised == 3 and kept == 3

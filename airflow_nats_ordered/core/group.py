@@ -34,6 +34,7 @@ claim nonce (leases), the lost reply of an applied write is adopted.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -46,13 +47,16 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from nats.aio.client import Client as NATS
+from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import api
 from nats.js.errors import (
     BucketNotFoundError,
     KeyDeletedError,
     KeyNotFoundError,
     KeyWrongLastSequenceError,
+    NoStreamResponseError,
     NotFoundError,
+    ServiceUnavailableError,
 )
 from nats.js.kv import KeyValue
 
@@ -272,8 +276,9 @@ class GroupStore:
 
         Refuses a lease TTL that differs from the group's (ConfigError), and a stream that
         was re-created since the group recorded its identity (StreamRecreated). Buckets get
-        ``cfg.replicas`` or else the stream's replica count; existing buckets with another
-        count are changed in place (a group made R1 by an earlier version becomes R3)."""
+        ``cfg.replicas`` or else the stream's replica count. Existing buckets are changed in
+        place to an explicit ``cfg.replicas``, and by default only ever raised to the
+        stream's count (a group made R1 by an earlier version becomes R3; never lowered)."""
         stream = await describe(nc, cfg.stream)
         replicas = cfg.replicas or stream.replicas
         js = nc.jetstream()
@@ -287,7 +292,7 @@ class GroupStore:
                     f"{cfg.lease_ttl:g}s was requested; every member of a group must use the "
                     f"same TTL: pass --lease-ttl {ttl:g}"
                 )
-            await _ensure_replicas(nc, cfg.lease_bucket, replicas)
+            await _ensure_replicas(nc, cfg.lease_bucket, replicas, lower=cfg.replicas is not None)
         except (BucketNotFoundError, NotFoundError):
             if not create:
                 raise NatsOrderedError(
@@ -306,7 +311,7 @@ class GroupStore:
             )
         try:
             state = await js.key_value(cfg.state_bucket)
-            await _ensure_replicas(nc, cfg.state_bucket, replicas)
+            await _ensure_replicas(nc, cfg.state_bucket, replicas, lower=cfg.replicas is not None)
         except (BucketNotFoundError, NotFoundError):
             if not create:
                 raise
@@ -326,16 +331,18 @@ class GroupStore:
     # -- the stream's identity -------------------------------------------------------------------
     async def _record_stream(self, stream: PartitionedStream) -> None:
         """Record the stream's identity in the state bucket, or check it against the one
-        recorded; raises StreamRecreated if they differ."""
+        recorded; raises StreamRecreated if they differ. Rides out the moments after a
+        bucket is created in a cluster, before its leader and subject interest are known."""
         value = _dump({"name": stream.name, "created": stream.created})
-        for _ in range(5):
-            found = await _latest(self.nc, self.cfg.state_bucket, "stream")
-            if found is not None and found[0] is not None:
-                recorded = json.loads(found[0]).get("created", "")
-                if recorded and stream.created and recorded != stream.created:
-                    raise StreamRecreated(self._recreated_message(recorded, stream.created))
-                return
+        deadline = time.monotonic() + 10.0
+        while True:
             try:
+                found = await _latest(self.nc, self.cfg.state_bucket, "stream")
+                if found is not None and found[0] is not None:
+                    recorded = json.loads(found[0]).get("created", "")
+                    if recorded and stream.created and recorded != stream.created:
+                        raise StreamRecreated(self._recreated_message(recorded, stream.created))
+                    return
                 if found is None:
                     await self.state.create("stream", value)
                 else:  # a delete marker
@@ -343,7 +350,10 @@ class GroupStore:
                 return
             except KeyWrongLastSequenceError:
                 continue  # another member recorded it meanwhile: check theirs
-        raise NatsOrderedError(f"could not record the identity of stream {stream.name}")
+            except (NoStreamResponseError, ServiceUnavailableError, NatsTimeoutError):
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.2)
 
     def _recreated_message(self, recorded: str, now: str) -> str:
         c = self.cfg
@@ -675,9 +685,9 @@ class GroupStore:
             if int(subject[len(prefix) :]) not in commits
         )
         return [
-            f"partition {p}: commit record c.{p} was deleted; its next owner applies "
-            f"missing_commit={self.cfg.missing_commit!r} of the member that claims it "
-            "(fail, earliest or latest: --missing-commit)"
+            f"partition {p}: commit record c.{p} was deleted; the member that claims it next "
+            "applies its missing_commit policy: fail (the default: the partition is not "
+            "processed), earliest or latest (--missing-commit earliest|latest)"
             for p in gone
         ]
 
@@ -694,11 +704,12 @@ async def _latest(nc: NATS, bucket: str, key: str) -> tuple[bytes | None, int] |
     return (None if op in ("DEL", "PURGE") else (msg.data or b"")), int(msg.seq or 0)
 
 
-async def _ensure_replicas(nc: NATS, bucket: str, replicas: int) -> None:
-    """Give an existing bucket ``replicas`` (its stream's replica count changes in place)."""
+async def _ensure_replicas(nc: NATS, bucket: str, replicas: int, *, lower: bool) -> None:
+    """Give an existing bucket ``replicas`` (changed in place); fewer only if ``lower``."""
     js = nc.jetstream()
     info = await js.stream_info(f"KV_{bucket}")
-    if (info.config.num_replicas or 1) == replicas:
+    current = info.config.num_replicas or 1
+    if current == replicas or (current > replicas and not lower):
         return
     info.config.num_replicas = replicas
     await js.update_stream(info.config)
