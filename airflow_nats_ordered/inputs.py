@@ -33,6 +33,7 @@ import datetime as dt
 import decimal
 import difflib
 import gzip
+import hashlib
 import io
 import json
 import math
@@ -50,6 +51,7 @@ __all__ = [
     "InputError",
     "InputRecord",
     "RecordReader",
+    "content_digest",
     "detect_format",
     "json_safe",
     "key_text",
@@ -546,6 +548,21 @@ class RecordReader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def content_digest(path: str | Path, *, size: int = 10) -> str:
+    """A hex digest (BLAKE2b, ``size`` bytes) of the file's bytes as stored (compressed or
+    not): the same content gives the same digest wherever the file lives or whatever its
+    name, so a rerun of the same input can be recognised. Raises :class:`InputError` if the
+    file cannot be read."""
+    h = hashlib.blake2b(digest_size=size)
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+    except OSError as exc:
+        raise InputError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    return h.hexdigest()
 
 
 def _chain(

@@ -314,7 +314,41 @@ def test_republishing_the_same_file_stores_nothing_new(
     # plain text summary goes to stdout without --json
     rc, out, err = run_cli(capsys, *argv, "--producer-id", "run-1")
     assert rc == 0 and out.startswith(f"published 1000 records to {unique_name} in ")
-    assert out.strip().endswith("1000 acked, 0 refused, 0 failed, 1000 duplicates")
+    assert out.strip().endswith(
+        "1000 acked, 0 refused, 0 failed, 1000 duplicates; producer id run-1"
+    )
+
+
+def test_rerunning_a_file_without_producer_id_stores_nothing_twice(
+    shared_nats_server: NatsServer,
+    unique_name: str,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    """The default producer id is the file's content digest: the same content (even copied
+    elsewhere) de-duplicates, different content publishes."""
+    url = shared_nats_server.url
+    provision(capsys, url, unique_name, 4)
+    rows = make_rows(300, keys=5, seed=4)
+    path = write_jsonl(tmp_path / "events.jsonl", rows)
+    argv = ("publish", "--stream", unique_name, "--key-field", "customer", "--server", url)
+
+    rc, first, _ = run_json(capsys, *argv, path)
+    assert rc == 0 and first["stored"] == 300
+    assert first["producer_id"].startswith("file-") and len(first["producer_id"]) == 25
+    copy = tmp_path / "elsewhere" / "renamed.jsonl"
+    copy.parent.mkdir()
+    copy.write_bytes(path.read_bytes())
+    rc, again, err = run_json(capsys, *argv, copy)
+    assert rc == 0, err
+    assert again["producer_id"] == first["producer_id"]
+    assert again["stored"] == 0 and again["duplicates"] == 300
+    assert f"producer id {first['producer_id']}" in err
+
+    other = write_jsonl(tmp_path / "other.jsonl", [*rows, rows[0]])
+    rc, third, _ = run_json(capsys, *argv, other)
+    assert rc == 0 and third["producer_id"] != first["producer_id"]
+    assert third["stored"] == 301  # new content, a new run: published in full
 
 
 def test_publish_csv(
@@ -459,6 +493,9 @@ def test_refused_records_are_counted_reported_and_the_rest_stored(
         ]
         assert "refused (no key: 3, too large: 2)" in err
         assert "refused line 11: no key" in err
+        # the fix is named in the CLI's own terms, not the Python API's
+        assert "or publish with --allow-keyless for round-robin" in err
+        assert "allow_keyless=True" not in err
         assert f"refused line 41 (key {rows[40]['customer']!r}): too large" in err
         assert "max_payload" in err
 
@@ -794,23 +831,28 @@ def test_records_not_stored_in_time_are_reported_failed_with_exit_1(
     err = "".join(err_lines)
     assert rc == 1, err
     res = json.loads(out)
-    assert res["read"] == 150 and res["acked"] == 100 and res["failed"] == 50
+    # partitions give up on their own: one may still get its records acknowledged after
+    # the server resumes, but every record is either acknowledged or reported failed
+    acked, failed = res["acked"], res["failed"]
+    assert res["read"] == 150 and acked + failed == 150 and acked >= 100 and failed >= 1
     assert res["refused"] == 0 and "gave up" in res["first_failure"]
-    assert "100 acked, 0 refused, 50 failed" in err
-    assert "error: 50 of 150 records were not confirmed as stored" in err
+    assert f"{acked} acked, 0 refused, {failed} failed" in err
+    assert f"error: {failed} of 150 records were not confirmed as stored" in err
     assert "Traceback" not in err
     # "failed" means "not acknowledged in time": a paused (not dead) server may still store
     # some of them once it resumes. Either way each partition holds a prefix of its input,
-    # and publishing the same input again completes it without storing anything twice.
+    # and publishing the same input again (under the producer id that run printed: stdin
+    # gets a new one per run) completes it without storing anything twice.
     rows = [{"k": f"k{i % 5}", "n": i} for i in range(150)]
     want = [(r["k"], compact(r)) for r in rows]
     stored = stored_messages(nats_server.url, unique_name)
     assert 100 <= sum(check_stored(want, stored, 2, unique_name.lower()).values()) <= 150
     path = tmp_path / "again.jsonl"
     write_jsonl(path, rows)
+    assert res["producer_id"] and f"pass --producer-id {res['producer_id']}" in err
     rc, again, err = run_json(
         capsys, "publish", "--stream", unique_name, path, "--key-field", "k",
-        "--server", nats_server.url,
+        "--producer-id", res["producer_id"], "--server", nats_server.url,
     )  # fmt: skip
     assert rc == 0, err
     assert again["stored"] == 150 - len(stored) and again["duplicates"] == len(stored)

@@ -6,6 +6,9 @@ Usage (``nats-ordered COMMAND --help`` for every flag)::
     nats-ordered publish --stream ORDERS orders.jsonl --key-field customer \\
         [--order-by ts] [--msg-id-field id] [--json]
     nats-ordered info --stream ORDERS [--json]
+    nats-ordered worker --stream ORDERS --group billing --handler mypkg.handlers:apply
+    nats-ordered status --stream ORDERS --group billing [--wait-drained [--timeout 10m]]
+    nats-ordered group delete --stream ORDERS --group billing [--force] [--dead-letters]
 
 Every command takes the connection flags (``--server``, ``--creds``, ``--nkey``, ``--user``,
 ``--tls-ca``/``--tls-cert``/``--tls-key``, ``--connect-timeout``) on top of the ``nats`` CLI
@@ -14,9 +17,12 @@ environment variables (``NATS_URL``, ``NATS_USER``, ``NATS_PASSWORD``, ``NATS_TO
 (passwords, tokens, nkey seeds) are never taken from the command line: a password comes
 from ``$NATS_PASSWORD``, a token from ``$NATS_TOKEN``, seeds from files.
 
-Exit codes: 0 success; 1 records were refused or could not be stored (the summary says
-which); 2 usage, configuration, input or connection errors (the message says what to fix);
-130 interrupted by Ctrl-C (143 by SIGTERM) after flushing what had been accepted.
+Exit codes (:data:`.common.EXIT_CODES_HELP`, shown by ``--help``): 0 success, including a
+worker that left gracefully on SIGTERM/SIGINT; 1 not everything done (records refused or not
+stored, not drained in time, a group with live members); 2 usage, configuration, input or
+connection errors; 3 runtime failures (a worker stopped on an error, a blocked partition,
+an unexpected error); 130/143 interrupted by SIGINT/SIGTERM (publish, after flushing what
+was accepted; worker, on a second signal without the graceful leave).
 
 Adding a command: a module ``cli/x.py`` with ``configure(parser)``, ``async def run(args,
 options) -> int`` and ``COMMAND = Command("x", ...)``, listed in :data:`COMMANDS`.
@@ -30,14 +36,17 @@ import contextlib
 import logging
 import os
 import sys
+import traceback
 from collections.abc import Sequence
 
 import nats.errors
 import nats.js.errors
 
 from ..core.errors import NatsOrderedError
-from . import info, provision, publish, status, worker
+from . import group, info, provision, publish, status, worker
 from .common import (
+    EXIT_CODES_HELP,
+    EXIT_FAILED,
     EXIT_OK,
     EXIT_SIGINT,
     EXIT_USAGE,
@@ -69,14 +78,27 @@ COMMANDS: list[Command] = [
     worker.COMMAND,
     status.COMMAND,
     info.COMMAND,
+    group.COMMAND,
 ]
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """Wraps descriptions as usual but keeps text that has its own line breaks (the exit
+    code table of the epilog) as written."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if "\n" in text:
+            return "\n".join(indent + line for line in text.splitlines())
+        return super()._fill_text(text, width, indent)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="nats-ordered",
         description="Kafka-like per-key ordered event pipelines on NATS JetStream.",
-        epilog="Run `nats-ordered COMMAND --help` for the flags of a command.",
+        epilog="Run `nats-ordered COMMAND --help` for the flags of a command.\n\n"
+        + EXIT_CODES_HELP,
+        formatter_class=_HelpFormatter,
     )
     try:
         from importlib.metadata import version
@@ -92,9 +114,12 @@ def build_parser() -> argparse.ArgumentParser:
             cmd.name,
             help=cmd.help,
             description=f"{cmd.help[0].upper()}{cmd.help[1:]}. {cmd.description}".strip(),
+            epilog=EXIT_CODES_HELP,
+            formatter_class=_HelpFormatter,
         )
         cmd.configure(p)
-        add_connection_flags(p)
+        if cmd.connection_flags:
+            add_connection_flags(p)
         p.set_defaults(_command=cmd)
     return parser
 
@@ -167,3 +192,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with contextlib.suppress(Exception):
             sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silence the exit flush
         return EXIT_OK
+    except Exception:  # a bug: keep its traceback, and an exit code of its own
+        traceback.print_exc()
+        print_err("error: unexpected failure (above); please report it with the command line")
+        return EXIT_FAILED

@@ -24,11 +24,31 @@ from nats.aio.client import Client as NATS
 from ..core.connection import ConnectionOptions, connect
 from ..core.errors import ConfigError
 
+#: Exit codes of every command (listed in ``nats-ordered --help`` by :data:`EXIT_CODES_HELP`).
 EXIT_OK = 0
-EXIT_RECORDS = 1
+#: The command ran but did not get everything done, and says what is left: records were
+#: refused or not stored (publish), the group did not drain in time (status
+#: --wait-drained), the group still has live members (group delete without --force).
+EXIT_INCOMPLETE = 1
+#: Usage, configuration, input or connection errors: the message says what to fix.
 EXIT_USAGE = 2
+#: A runtime failure: a worker stopped on an error, a partition is blocked on a poison
+#: message (status --wait-drained), or an unexpected error (with a traceback).
+EXIT_FAILED = 3
+#: Interrupted before finishing (publish: after flushing what was accepted; worker: a
+#: second signal, exiting without the graceful leave).
 EXIT_SIGINT = 130
 EXIT_SIGTERM = 143
+
+EXIT_CODES_HELP = """exit codes:
+  0    success (a worker that left gracefully on SIGTERM/SIGINT exits 0 too)
+  1    not everything done: records refused or not stored (publish), not drained
+       before --timeout (status --wait-drained), live members (group delete)
+  2    usage, configuration, input or connection error (the message says what to fix)
+  3    runtime failure: a worker stopped on an error, a partition blocked on a poison
+       message (status --wait-drained), or an unexpected error
+  130  interrupted by SIGINT (Ctrl-C), 143 by SIGTERM: publish after flushing what was
+       accepted; worker on a second signal, without the graceful leave"""
 
 
 # ---------------------------------------------------------------------------- values
@@ -81,6 +101,25 @@ def parse_size(text: str) -> int:
             "(KB, MB, GB, TB or KiB, MiB, GiB, TiB; powers of 1024), e.g. 512MiB, 10GB"
         )
     return int(float(m.group(1)) * 1024 ** _SIZE_POWERS[m.group(2).lower()])
+
+
+def positive_size(text: str) -> int:
+    """A size as :func:`parse_size` reads it, that must be a positive number of bytes."""
+    value = parse_size(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a size > 0 such as 64MiB, got {text!r}")
+    return value
+
+
+def format_size(n: int) -> str:
+    """Compact text of a byte count in powers of 1024: 67108864 -> ``64MiB``, 1536 ->
+    ``1.5KiB``, 100 -> ``100B`` (what :func:`parse_size` reads back)."""
+    value, unit = float(n), "B"
+    for next_unit in ("KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(value) < 1024:
+            break
+        value, unit = value / 1024, next_unit
+    return f"{value:.4g}{unit}" if unit != "B" else f"{n}B"
 
 
 def positive_int(text: str) -> int:
@@ -287,3 +326,6 @@ class Command:
     configure: Callable[[argparse.ArgumentParser], None]
     run: Callable[[argparse.Namespace, ConnectionOptions], Awaitable[int]]
     description: str = ""
+    #: False for a command whose ``configure`` adds the connection flags itself (to each of
+    #: its own subcommands: argparse reads a parser's flags only before its subcommand)
+    connection_flags: bool = True

@@ -20,14 +20,15 @@ from ..core.errors import (
     ConfigError,
     InvalidKeyError,
     InvalidMsgIdError,
+    KeylessRecordError,
     MissingKeyError,
     RecordTooLargeError,
 )
 from ..core.publisher import OrderedPublisher, PublishError, PublishSummary
-from ..inputs import FORMATS, InputError, InputRecord, open_records
+from ..inputs import FORMATS, InputError, InputRecord, content_digest, open_records
 from .common import (
+    EXIT_INCOMPLETE,
     EXIT_OK,
-    EXIT_RECORDS,
     EXIT_SIGINT,
     EXIT_SIGTERM,
     Command,
@@ -35,12 +36,15 @@ from .common import (
     non_negative_float,
     positive_float,
     positive_int,
+    positive_size,
     print_err,
     print_json,
 )
 
 #: How many refused records are listed (with where and key) in the output.
 REFUSED_EXAMPLES = 5
+#: The flag that publishes keyless records (named in refusals, in this interface's terms).
+_KEYLESS = "--allow-keyless"
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -77,13 +81,22 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--producer-id",
         metavar="ID",
-        help="stable id of this logical run, mixed into derived msg-ids: a rerun with the same "
-        "id de-duplicates, a different id publishes again",
+        help="id of this logical run, mixed into derived msg-ids: a rerun with the same id "
+        "stores nothing twice, a different id publishes again (default for a file: "
+        "file-<digest of its content>, so rerunning the same file de-duplicates; for stdin: "
+        "a new id per run). The summary shows the id used",
     )
     p.add_argument(
         "--allow-keyless",
         action="store_true",
         help="publish records without a key round-robin instead of refusing them",
+    )
+    p.add_argument(
+        "--max-pending-bytes",
+        type=positive_size,
+        metavar="SIZE",
+        help="payload bytes held (queued plus unacknowledged) before reading waits, e.g. "
+        "64MiB (default: the publisher's)",
     )
     p.add_argument("--max-in-flight", type=positive_int, metavar="N", help="unacked per partition")
     p.add_argument("--batch-size", type=positive_int, metavar="N", help="records per batch")
@@ -306,6 +319,17 @@ class _Signals:
         return EXIT_SIGTERM if self.signum == signal.SIGTERM else EXIT_SIGINT
 
 
+def _producer_id(args: argparse.Namespace) -> str | None:
+    """``--producer-id``, else for a file ``file-<digest of its content>`` (a rerun of the
+    same content de-duplicates wherever the file lives), else None: the publisher makes a
+    unique one (stdin cannot be digested before it is published)."""
+    if args.producer_id is not None:
+        return str(args.producer_id)
+    if args.file == "-":
+        return None
+    return f"file-{content_digest(args.file)}"
+
+
 def _publisher_knobs(args: argparse.Namespace) -> dict[str, Any]:
     knobs = {
         "max_in_flight": args.max_in_flight,
@@ -313,8 +337,9 @@ def _publisher_knobs(args: argparse.Namespace) -> dict[str, Any]:
         "linger": None if args.linger_ms is None else args.linger_ms / 1000.0,
         "ack_timeout": args.ack_timeout,
         "delivery_timeout": args.delivery_timeout,
-        "producer_id": args.producer_id,
+        "producer_id": _producer_id(args),
         "allow_keyless": args.allow_keyless or None,
+        "max_pending_bytes": args.max_pending_bytes,
     }
     return {k: v for k, v in knobs.items() if v is not None}
 
@@ -358,8 +383,8 @@ async def _publish(
         unsure = pub.accepted - pub.acked - pub.failed
         print_err(
             f"aborted: {pub.acked} records acknowledged, {unsure} accepted records may not have "
-            "been stored; publish the same input again (same --producer-id) to complete it: "
-            "records already stored are de-duplicated"
+            "been stored; publish the same input again with --producer-id "
+            f"{pub.producer_id} to complete it: records already stored are de-duplicated"
         )
         with contextlib.suppress(Exception):
             sys.stdout.flush()
@@ -389,8 +414,9 @@ async def _publish(
                         continue
                     try:
                         await pub.publish(rec.key, rec.payload, msg_id=rec.msg_id)
-                    except MissingKeyError as exc:
-                        refusals.add("no key", rec, str(exc))
+                    except MissingKeyError:
+                        # in the CLI's terms: the core's message names allow_keyless=True
+                        refusals.add("no key", rec, KeylessRecordError.message_for(_KEYLESS))
                     except InvalidKeyError as exc:
                         refusals.add("bad key", rec, str(exc))
                     except RecordTooLargeError as exc:
@@ -413,15 +439,21 @@ async def _publish(
     assert summary is not None
     elapsed = time.monotonic() - t0
     report = _publish_report(summary, refusals, read, elapsed, input_name, input_format)
+    report["producer_id"] = pub.producer_id
     report["interrupted"] = signals.stop.is_set()
     if input_error is not None:
         report["error"] = str(input_error)
     _print_publish(report, summary, refusals, as_json=args.json)
+    if args.producer_id is None and args.file == "-":
+        print_err(
+            f"note: stdin was published as producer id {pub.producer_id}; to publish the same "
+            f"records again without duplicates, pass --producer-id {pub.producer_id}"
+        )
     if input_error is not None:
         raise input_error  # printed as "error: ...", exit 2
     if signals.stop.is_set():
         return signals.exit_code
-    return EXIT_RECORDS if summary.failed or refusals.total else EXIT_OK
+    return EXIT_INCOMPLETE if summary.failed or refusals.total else EXIT_OK
 
 
 def _publish_report(
@@ -483,6 +515,7 @@ def _print_publish(
         f"{f' ({reasons})' if reasons else ''}, {report['failed']} failed, "
         f"{report['duplicates']} duplicates"
     )
+    line += f"; producer id {report['producer_id']}"
     if report["interrupted"]:
         line += " (interrupted: the rest of the input was not read)"
     if as_json:

@@ -1,47 +1,85 @@
-"""``nats-ordered status``: a group's owners, fencing tokens, committed positions and lag."""
+"""``nats-ordered status``: a group's owners, fencing tokens, committed positions and lag;
+with ``--wait-drained``, wait until the group has processed everything published so far."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from typing import Any
+
+from nats.aio.client import Client as NATS
 
 from ..core.assignor import Assignment
 from ..core.connection import ConnectionOptions
+from ..core.drain import (
+    DrainProgress,
+    DrainTimeoutError,
+    PartitionBlockedError,
+    group_lag,
+    wait_drained,
+)
+from ..core.errors import ConfigError
 from ..core.group import GroupStore
+from ..core.group_admin import dead_letters
 from ..core.streams import describe, partition_stats
-from .common import EXIT_OK, Command, connected, format_table, print_json
+from .common import (
+    EXIT_FAILED,
+    EXIT_INCOMPLETE,
+    EXIT_OK,
+    Command,
+    connected,
+    format_duration,
+    format_table,
+    parse_duration,
+    print_err,
+    print_json,
+)
 
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stream", required=True, metavar="S", help="partitioned stream")
     p.add_argument("--group", required=True, metavar="G", help="consumer group")
     p.add_argument("--json", action="store_true", help="print a JSON object")
+    p.add_argument(
+        "--wait-drained",
+        action="store_true",
+        help="first wait until every partition's committed position reaches its last "
+        "sequence as of now (progress on stderr), then show the status; exit 1 on "
+        "--timeout, 3 as soon as a partition is blocked on a poison message",
+    )
+    p.add_argument(
+        "--timeout",
+        type=parse_duration,
+        metavar="DURATION",
+        help="with --wait-drained: give up after this long, e.g. 90s, 10m (default: no limit)",
+    )
 
 
-async def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
-    async with connected(options) as nc:
-        stream = await describe(nc, args.stream)
-        stats = await partition_stats(nc, stream)
-        store = await GroupStore.attach(nc, args.stream, args.group)
-        snap = await store.snapshot()
+async def _read(nc: NATS, stream_name: str, group: str) -> dict[str, Any]:
+    """The status as a JSON-safe dict (the ``--json`` output)."""
+    stream = await describe(nc, stream_name)
+    stats = await partition_stats(nc, stream)
+    store = await GroupStore.attach(nc, stream_name, group)
+    snap = await store.snapshot()
+    dlq = await dead_letters(nc, stream_name, group)
+    lag = group_lag(stream_name, group, stats, snap)
     generation = None
     if snap.assignment:
         generation = Assignment.from_json(snap.assignment).generation
     now = time.time()
     parts = []
-    for s in stats:
-        c = snap.commits.get(s.partition)
-        committed = c.seq if c else 0
-        owner = snap.leases.get(s.partition, (None, 0))[0]
+    for p in lag.partitions:
+        c = snap.commits.get(p.partition)
         parts.append(
             {
-                "partition": s.partition,
-                "owner": owner,
+                "partition": p.partition,
+                "owner": snap.leases.get(p.partition, (None, 0))[0],
                 "fencing_token": c.token if c else 0,
-                "committed": committed,
-                "last": s.last_seq,
-                "lag": _lag(s.last_seq, committed, s.messages),
-                "blocked": snap.blocked.get(s.partition),
+                "committed": p.committed,
+                "last": p.last,
+                "lag": p.lag,
+                "blocked": p.blocked,
             }
         )
     members = [
@@ -54,17 +92,27 @@ async def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
         }
         for m, info in sorted(snap.members.items())
     ]
-    out = {
+    return {
         "stream": stream.name,
-        "group": args.group,
+        "group": group,
         "generation": generation,
         "leader": snap.leader,
+        "total_lag": lag.total_lag,
+        "drained": lag.drained,
         "partitions": parts,
         "members": members,
+        "dead_letters": {
+            "stream": dlq.stream,
+            "subjects": dlq.subjects,
+            "messages": dlq.messages,
+            "exists": dlq.exists,
+        },
+        "problems": list(snap.problems),
     }
-    if args.json:
-        print_json(out)
-        return EXIT_OK
+
+
+def _print_table(out: dict[str, Any]) -> None:
+    parts, members = out["partitions"], out["members"]
     print(
         format_table(
             ("partition", "owner", "token", "committed", "last", "lag", "blocked"),
@@ -80,7 +128,7 @@ async def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
                 )
                 for p in parts
             ],
-            footer=[("total", "", "", "", "", sum(p["lag"] for p in parts), "")],
+            footer=[("total", "", "", "", "", out["total_lag"], "")],
         )
     )
     print()
@@ -101,20 +149,89 @@ async def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
         if members
         else "no live members"
     )
+    dlq = out["dead_letters"]
+    if dlq["exists"]:
+        print(f"dead letters: {dlq['messages']:,} in stream {dlq['stream']} ({dlq['subjects']})")
+    else:
+        print(f"dead letters: none (stream {dlq['stream']} does not exist)")
+    if out["problems"]:
+        print("problems:")
+        for problem in out["problems"]:
+            print(f"  - {problem}")
     print(
-        f"group {args.group} of {stream.name}: generation {generation or '-'}, "
-        f"leader {snap.leader or '-'}, {len(members)} member(s), "
-        f"lag {sum(p['lag'] for p in parts):,}"
+        f"group {out['group']} of {out['stream']}: generation {out['generation'] or '-'}, "
+        f"leader {out['leader'] or '-'}, {len(members)} member(s), "
+        f"lag {out['total_lag']:,}{', drained' if out['drained'] else ''}"
     )
-    return EXIT_OK
 
 
-def _lag(last: int, committed: int, messages: int) -> int:
-    """Messages after the committed position (an upper bound: sequences are shared by all
-    partitions, so the count comes from the partition's own messages)."""
-    if committed >= last:
-        return 0
-    return messages if committed == 0 else min(messages, last - committed)
+class _DrainProgressLine:
+    """Progress of a wait on stderr: at most once a second, and when the wait ends."""
+
+    def __init__(self, group: str) -> None:
+        self.group = group
+        self.shown = 0.0
+        self.tty = sys.stderr.isatty()
+
+    def __call__(self, progress: DrainProgress) -> None:
+        now = time.monotonic()
+        if not progress.done and now - self.shown < 1.0:
+            return
+        self.shown = now
+        behind = progress.behind
+        at_mark = len(progress.marks) - len(behind)
+        text = (
+            f"waiting for group {self.group} to drain: {at_mark} of {len(progress.marks)} "
+            f"partitions at their mark"
+        )
+        if behind:
+            shown = ", ".join(f"{p} at {c} of {m}" for p, (c, m) in list(behind.items())[:4])
+            text += f"; behind: partition {shown}{', ...' if len(behind) > 4 else ''}"
+        text += f" ({format_duration(round(progress.elapsed))})"
+        if self.tty:
+            sys.stderr.write(f"\r{text}\x1b[K" + ("\n" if progress.done else ""))
+        else:
+            sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+
+
+async def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
+    if args.timeout is not None and not args.wait_drained:
+        raise ConfigError("--timeout applies to --wait-drained; pass both, or neither")
+    code, failure = EXIT_OK, None
+    async with connected(options) as nc:
+        if args.wait_drained:
+            timeout = args.timeout or None  # 0 / "unlimited": no limit
+            try:
+                await wait_drained(
+                    nc,
+                    args.stream,
+                    args.group,
+                    timeout=timeout,
+                    on_progress=_DrainProgressLine(args.group),
+                )
+            except DrainTimeoutError as exc:
+                code = EXIT_INCOMPLETE
+                failure = (
+                    f"group {args.group} did not drain within {format_duration(timeout or 0)}: "
+                    f"{len(exc.behind)} partition(s) behind (see the table); check that its "
+                    "workers run and make progress, or raise --timeout"
+                )
+            except PartitionBlockedError as exc:
+                code = EXIT_FAILED
+                failure = (
+                    f"partition {exc.partition} is blocked on a poison message: {exc.reason}. "
+                    "Fix the handler and restart the group's workers (the next owner retries "
+                    "the message), or run them with --poison dead-letter to set it aside"
+                )
+        out = await _read(nc, args.stream, args.group)
+    if args.json:
+        print_json(out)
+    else:
+        _print_table(out)
+    if failure is not None:
+        print_err(f"error: {failure}")
+    return code
 
 
 COMMAND = Command(
@@ -122,4 +239,7 @@ COMMAND = Command(
     "show a group: owner, fencing token, committed position and lag per partition",
     configure,
     run,
+    "Also its dead-letter stream and the problems an operator must act on. With "
+    "--wait-drained it first waits (watching the group's commits, not polling) until every "
+    "partition has processed what it held when the command started.",
 )

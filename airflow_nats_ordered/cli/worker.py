@@ -17,14 +17,16 @@ from ..core.connection import ConnectionOptions
 from ..core.worker import Worker, WorkerConfig
 from ..handlers import load_handler
 from .common import (
+    EXIT_FAILED,
     EXIT_OK,
     EXIT_SIGINT,
     EXIT_SIGTERM,
-    EXIT_USAGE,
     Command,
     connected,
+    format_size,
     positive_float,
     positive_int,
+    positive_size,
     print_err,
 )
 
@@ -103,11 +105,38 @@ def configure(p: argparse.ArgumentParser) -> None:
         help="call the handler with a list of messages per fetched batch",
     )
     p.add_argument(
+        "--max-buffer-bytes",
+        type=positive_size,
+        metavar="SIZE",
+        help="bytes of fetched, not yet handled messages this member may hold, shared by "
+        "its partitions, e.g. 64MiB (default "
+        f"{format_size(_default('max_buffer_bytes'))})",
+    )
+    p.add_argument(
+        "--state-replicas",
+        type=positive_int,
+        metavar="R",
+        help="replicas of the group's KV buckets when the first member creates them "
+        "(default: the stream's replica count)",
+    )
+    p.add_argument(
+        "--missing-commit",
+        choices=("fail", "earliest", "latest"),
+        help="where a partition resumes if its commit record disappeared although it had "
+        "one: refuse it and report it in status (fail), from its first message (earliest) "
+        f"or after its last one (latest) (default {_default('missing_commit')})",
+    )
+    p.add_argument(
         "--audit-log",
         metavar="FILE",
         default=None,
         help="append lease windows and assignments as JSON lines (for audits)",
     )
+
+
+def _default(name: str) -> Any:
+    """A WorkerConfig default, for help texts (the dataclass is the one home of defaults)."""
+    return WorkerConfig.__dataclass_fields__[name].default
 
 
 def _worker_config(args: argparse.Namespace) -> WorkerConfig:
@@ -122,6 +151,9 @@ def _worker_config(args: argparse.Namespace) -> WorkerConfig:
         batch_handler=args.batch_handler,
         audit_log=args.audit_log,
     )
+    for name in ("max_buffer_bytes", "state_replicas", "missing_commit"):
+        if getattr(args, name) is not None:
+            kw[name] = getattr(args, name)
     if args.member_id:
         kw["member_id"] = args.member_id
     return WorkerConfig(args.stream, args.group, **kw)
@@ -155,12 +187,17 @@ def _install_stack_dumps(loop: asyncio.AbstractEventLoop) -> None:
 
 async def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
     cfg = _worker_config(args)
-    loaded = load_handler(args.handler)
+    loaded = load_handler(args.handler, stream=args.stream, group=args.group)
     # a long-running member rides out server restarts: reconnect for as long as it takes
     options = dataclasses.replace(options, max_reconnect_attempts=-1)
     async with connected(options) as nc:
         worker = Worker(
-            nc, cfg, loaded.handler, on_assign=loaded.on_assign, on_revoke=loaded.on_revoke
+            nc,
+            cfg,
+            loaded.handler,
+            on_assign=loaded.on_assign,
+            on_revoke=loaded.on_revoke,
+            fencing_floor=loaded.fencing_floor,
         )
         stop = asyncio.Event()
         received: list[int] = []
@@ -209,7 +246,13 @@ async def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
             f"{st['retries']} retries, {st['dead_lettered']} dead-lettered, "
             f"{st['fenced']} fenced, {st['leases_lost']} leases lost"
         )
-    return EXIT_USAGE if crashed else EXIT_OK
+    if crashed:
+        print_err(
+            f"error: member {cfg.member_id} stopped on an error (logged above) and left the "
+            "group; its partitions move to the other members. Fix the cause and start it again"
+        )
+        return EXIT_FAILED
+    return EXIT_OK
 
 
 COMMAND = Command(
@@ -218,7 +261,8 @@ COMMAND = Command(
     configure,
     run,
     "Members of a group share the stream's partitions and rebalance when members join, "
-    "leave or die. SIGTERM/SIGINT: finish the message in hand, commit, release, exit 0 "
-    "(a second signal exits at once). SIGUSR1 dumps every thread's stack to stderr, "
-    "SIGUSR2 every asyncio task's.",
+    "leave or die. SIGTERM/SIGINT: finish the message in hand, commit, release, leave and "
+    "exit 0 (a graceful leave is a success); a second signal exits at once with 143 "
+    "(SIGTERM) or 130 (SIGINT). A member that stops on an error exits 3. SIGUSR1 dumps "
+    "every thread's stack to stderr, SIGUSR2 every asyncio task's.",
 )

@@ -16,7 +16,6 @@ still behind when ``timeout`` passes.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ from nats.aio.client import Client as NATS
 from nats.js.kv import KV_DEL, KV_PURGE
 
 from .errors import ConfigError, NatsOrderedError
-from .group import GroupState, GroupStore
+from .group import CommitRecord, GroupState, GroupStore
 from .streams import PartitionStats, describe, partition_stats
 
 
@@ -140,11 +139,6 @@ class DrainProgress:
         return not self.behind
 
 
-def _commit_seq(value: bytes | None) -> int:
-    # the commit record's JSON ({"seq", "token", ...}, see core.group): only seq matters here
-    return int(json.loads(value or b"{}").get("seq", 0))
-
-
 async def wait_drained(
     nc: NATS,
     stream: str,
@@ -218,7 +212,7 @@ async def wait_drained(
             deleted = entry.operation in (KV_DEL, KV_PURGE)
             if entry.key.startswith("c."):
                 p = int(entry.key[2:])
-                committed[p] = 0 if deleted else _commit_seq(entry.value)
+                committed[p] = 0 if deleted else CommitRecord.from_json(entry.value).seq
             elif entry.key.startswith("blocked."):
                 p = int(entry.key[len("blocked.") :])
                 if deleted:

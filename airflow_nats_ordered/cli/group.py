@@ -1,0 +1,103 @@
+"""``nats-ordered group``: administer a consumer group as a whole (``group delete``)."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..core.connection import ConnectionOptions
+from ..core.group import GroupConfig
+from ..core.group_admin import GroupInUseError, delete_group
+from .common import (
+    EXIT_INCOMPLETE,
+    EXIT_OK,
+    Command,
+    add_connection_flags,
+    connected,
+    print_err,
+    print_json,
+)
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    d = actions.add_parser(
+        "delete",
+        help="delete a group's state (leases, commits, fencing tokens, assignment)",
+        description="Delete a consumer group's two KV buckets (nor_<stream>_<group>_leases "
+        "and nor_<stream>_<group>_state). Refused while members are alive unless --force. "
+        "The group's dead letters (stream <STREAM>_DLQ, subjects <prefix>.dlq.<group>.*, "
+        "shared with the stream's other groups) are kept unless --dead-letters. A group "
+        "started again under the same name reads the stream from its first message.",
+        epilog=p.epilog,
+        formatter_class=p.formatter_class,
+    )
+    d.add_argument("--stream", required=True, metavar="S", help="partitioned stream")
+    d.add_argument("--group", required=True, metavar="G", help="consumer group to delete")
+    d.add_argument(
+        "--force",
+        action="store_true",
+        help="delete even while members are alive (they fail on their next commit or renewal)",
+    )
+    d.add_argument(
+        "--dead-letters",
+        action="store_true",
+        help="also purge the group's dead letters; the dead-letter stream itself is deleted "
+        "when it is then empty and no other group of the stream has state",
+    )
+    d.add_argument("--json", action="store_true", help="print the result as a JSON object")
+    add_connection_flags(d)
+
+
+async def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
+    GroupConfig(args.stream, args.group)  # a malformed name is a usage error before connecting
+    async with connected(options) as nc:
+        try:
+            done = await delete_group(
+                nc, args.stream, args.group, force=args.force, dead_letters=args.dead_letters
+            )
+        except GroupInUseError as exc:
+            print_err(
+                f"error: group {args.group} of stream {args.stream} has {len(exc.members)} live "
+                f"member(s): {', '.join(exc.members)}. Stop its workers first (they leave the "
+                "group on SIGTERM), or pass --force to delete it under them"
+            )
+            return EXIT_INCOMPLETE
+    if args.json:
+        print_json(
+            {
+                "stream": done.stream,
+                "group": done.group,
+                "buckets_deleted": done.buckets,
+                "live_members": done.live_members,
+                "dead_letters_purged": done.dead_letters_purged,
+                "dead_letter_stream_deleted": done.dead_letter_stream_deleted,
+                "dead_letter_stream_kept": done.dead_letter_stream_kept,
+            }
+        )
+        return EXIT_OK
+    what = ", ".join(done.buckets) or "no buckets (already gone)"
+    print(f"deleted group {done.group} of {done.stream}: {what}")
+    if done.live_members:
+        print_err(
+            f"warning: deleted under {len(done.live_members)} live member(s) "
+            f"({', '.join(done.live_members)}); stop them"
+        )
+    if args.dead_letters:
+        line = f"dead letters: {done.dead_letters_purged:,} purged"
+        if done.dead_letter_stream_deleted:
+            line += ", dead-letter stream deleted (it was empty)"
+        elif done.dead_letter_stream_kept:
+            line += f", dead-letter stream kept: {done.dead_letter_stream_kept}"
+        print(line)
+    else:
+        print("dead letters kept (pass --dead-letters to purge them)")
+    return EXIT_OK
+
+
+COMMAND = Command(
+    "group",
+    "administer a consumer group: `group delete` removes its state",
+    configure,
+    run,
+    connection_flags=False,
+)
