@@ -166,3 +166,54 @@ def test_bad_handler_paths_are_clear_errors(
         ["worker", "--stream", unique_name, "--group", "g", "--handler", handler, "--server", url]
     )
     assert code == 2 and match in capsys.readouterr().err
+
+
+def test_a_worker_that_stops_on_an_error_exits_3_not_the_usage_code(
+    shared_nats_server, unique_name
+):
+    """A runtime failure has its own exit code: 2 means "fix the command line"."""
+    import asyncio
+
+    import nats
+
+    url = shared_nats_server.url
+    assert cli(["provision", "--stream", unique_name, "--partitions", "2", "--server", url]) == 0
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "airflow_nats_ordered.cli", "worker", "--stream", unique_name]
+        + ["--group", "g", "--handler", "chaos_handlers:ignore", "--lease-ttl", "2"]
+        + ["--server", url],
+        env=dict(os.environ, PYTHONPATH=str(TESTS)),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+    async def corrupt_the_assignment():
+        nc = await nats.connect(url)
+        kv = await nc.jetstream().key_value(f"nor_{unique_name}_g_state")
+        await kv.put("assignment", b"not an assignment")
+        await nc.close()
+
+    try:
+        assert "joined group g" in proc.stderr.readline()
+        asyncio.run(corrupt_the_assignment())  # the member's loops cannot go on
+        code = proc.wait(30)
+        err = proc.stderr.read()
+    finally:
+        proc.kill()
+    assert code == 3, err
+    assert "stopped on an error" in err and "Fix the cause and start it again" in err
+
+
+def test_help_lists_every_exit_code(capsys):
+    assert cli(["--help"]) == 0
+    top = capsys.readouterr().out
+    assert cli(["worker", "--help"]) == 0
+    worker = capsys.readouterr().out
+    for text in (top, worker):
+        assert "exit codes:" in text
+        for code in ("  0 ", "  1 ", "  2 ", "  3 ", "  130 ", "143 by SIGTERM"):
+            assert code in text, code
+    assert "left gracefully on SIGTERM/SIGINT exits 0" in top
+    assert "exit 0 (a graceful leave is a success); a second signal exits at once with 143" in (
+        " ".join(worker.split())
+    )
