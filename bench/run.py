@@ -16,7 +16,14 @@ Variants
   sync       ``js.publish`` one at a time (on fewer records; rate only)
   ordered    airflow_nats_ordered OrderedPublisher (fast-ingest batches, gap=fail)
 
-Environment: BENCH_N (records, default 200000), BENCH_ROUNDS (default 3).
+Memory (1 MB payloads): each variant runs in a child process that publishes BENCH_MEM_N
+records of 1,000,000 bytes (generated on the fly, so the input itself holds nothing) and
+reports its peak RSS (VmHWM). The baseline is raw core publish of the same records in the
+same run; the ordered publisher holds at most ``max_pending_bytes`` of payload, so its
+figure is the baseline plus about that bound, however long the input.
+
+Environment: BENCH_N (records, default 200000), BENCH_ROUNDS (default 3), BENCH_MEM_N
+(1 MB records, default 300), BENCH_SECTIONS (default "publish,memory").
 """
 
 from __future__ import annotations
@@ -46,6 +53,15 @@ PAYLOAD = 100
 N = int(os.environ.get("BENCH_N", "200000"))
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
 SYNC_N = max(1000, N // 40)
+MEM_N = int(os.environ.get("BENCH_MEM_N", "300"))
+MEM_PAYLOAD = 1_000_000
+SECTIONS = set(os.environ.get("BENCH_SECTIONS", "publish,memory").split(","))
+# (name, max_pending_bytes of the ordered publisher; None: raw core publish, the baseline)
+MEM_VARIANTS: list[tuple[str, int | None]] = [
+    ("raw", None),
+    ("ordered 64 MiB", 64 * 1024 * 1024),  # the default bound
+    ("ordered 16 MiB", 16 * 1024 * 1024),
+]
 
 Record = tuple[str, str, int, bytes, str]  # key, subject, producer seq, payload, msg id
 
@@ -180,6 +196,74 @@ async def run_variant(nc: NATS, name: str, rnd: int) -> tuple[float, int]:
     return count / elapsed, stored
 
 
+def peak_rss_kib() -> int:
+    """This process's peak resident set size (VmHWM), in KiB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    return 0
+
+
+async def memory_child(url: str, stream: str, bound: int | None) -> None:
+    """Publish MEM_N 1 MB records (raw when ``bound`` is None); print peak RSS as JSON."""
+    nc = await nats.connect(url, pending_size=8 * 1024 * 1024)
+    prefix = stream.lower()
+    t0 = time.perf_counter()
+    if bound is None:
+        for i in range(MEM_N):
+            key = f"key-{i % 64}"
+            payload = (b"%d:" % i).ljust(MEM_PAYLOAD, b"x")
+            subject = partition_subject(prefix, partition_for(key, PARTITIONS))
+            await nc.publish(subject, payload, headers={"Nats-Ordered-Key": key})
+        await nc.flush()
+    else:
+        async with OrderedPublisher(
+            nc, stream, producer_id="bench", max_pending_bytes=bound
+        ) as pub:
+            for i in range(MEM_N):
+                await pub.publish(f"key-{i % 64}", (b"%d:" % i).ljust(MEM_PAYLOAD, b"x"))
+    elapsed = time.perf_counter() - t0
+    await nc.close()
+    print(json.dumps({"peak_kib": peak_rss_kib(), "seconds": elapsed}))
+
+
+async def run_memory(nc: NATS, url: str) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = {}
+    js = nc.jetstream()
+    for i, (name, bound) in enumerate(MEM_VARIANTS):
+        stream = f"BENCH_MEM_{i}"
+        await js.add_stream(StreamSpec(stream, partitions=PARTITIONS).stream_config())
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            __file__,
+            "--memory-child",
+            url,
+            stream,
+            "raw" if bound is None else str(bound),
+            stdout=asyncio.subprocess.PIPE,
+        )
+        stdout, _ = await proc.communicate()
+        if proc.returncode != 0:
+            raise RuntimeError(f"memory variant {name} failed (exit {proc.returncode})")
+        res = json.loads(stdout.decode().strip().splitlines()[-1])
+        await js.delete_stream(stream)
+        out[name] = res
+        print(
+            f"  memory {name:15s} peak RSS {res['peak_kib'] / 1024:7.1f} MiB "
+            f"({MEM_N} x 1 MB in {res['seconds']:.1f}s)",
+            file=sys.stderr,
+        )
+    return out
+
+
+def print_memory(mem: dict[str, dict[str, float]]) -> None:
+    base = mem["raw"]["peak_kib"]
+    print(f"\nmemory: {MEM_N} records x 1 MB, peak RSS of the publishing process")
+    print(f"{'variant':16s} {'peak RSS MiB':>13s} {'x raw':>7s}")
+    for name, res in mem.items():
+        print(f"{name:16s} {res['peak_kib'] / 1024:>13.1f} {res['peak_kib'] / base:>7.2f}")
+
+
 async def main() -> int:
     results: dict[str, list[float]] = {v: [] for v in VARIANTS}
     ratios: dict[str, list[float]] = {v: [] for v in VARIANTS}
@@ -191,8 +275,8 @@ async def main() -> int:
             f"file storage, {ROUNDS} rounds",
             file=sys.stderr,
         )
-        names = list(VARIANTS)
-        for rnd in range(ROUNDS):
+        names = list(VARIANTS) if "publish" in SECTIONS else []
+        for rnd in range(ROUNDS if names else 0):
             order = names[rnd % len(names) :] + names[: rnd % len(names)]
             round_rates = {}
             for name in order:
@@ -207,8 +291,34 @@ async def main() -> int:
             for name, rate in round_rates.items():
                 results[name].append(rate)
                 ratios[name].append(rate / round_rates["raw"])
+        mem = await run_memory(nc, srv.url) if "memory" in SECTIONS else {}
         await nc.close()
 
+    out = Path(".bench")
+    out.mkdir(exist_ok=True)
+    if names:
+        print_publish(results, ratios, stored_ok)
+        (out / "publish.json").write_text(
+            json.dumps(
+                {
+                    "n": N,
+                    "rounds": ROUNDS,
+                    "rates": results,
+                    "ratios_vs_raw": ratios,
+                    "all_stored": stored_ok,
+                },
+                indent=2,
+            )
+        )
+    if mem:
+        print_memory(mem)
+        (out / "publish_memory.json").write_text(json.dumps({"n": MEM_N, "variants": mem}))
+    return 0
+
+
+def print_publish(
+    results: dict[str, list[float]], ratios: dict[str, list[float]], stored_ok: dict[str, bool]
+) -> None:
     print()
     print(
         f"{'variant':10s} {'msg/s (median)':>15s} {'x raw (median)':>15s} "
@@ -224,22 +334,11 @@ async def main() -> int:
     goal = statistics.median(ratios["ordered"])
     verdict = "meets" if goal >= 0.5 else "MISSES"
     print(f"\nordered publisher = {goal:.2f} x raw core publish ({verdict} the >= 0.5 x goal)")
-    out = Path(".bench")
-    out.mkdir(exist_ok=True)
-    (out / "publish.json").write_text(
-        json.dumps(
-            {
-                "n": N,
-                "rounds": ROUNDS,
-                "rates": results,
-                "ratios_vs_raw": ratios,
-                "all_stored": stored_ok,
-            },
-            indent=2,
-        )
-    )
-    return 0
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--memory-child"]:
+        url, stream, bound = sys.argv[2:5]
+        asyncio.run(memory_child(url, stream, None if bound == "raw" else int(bound)))
+        sys.exit(0)
     sys.exit(asyncio.run(main()))

@@ -93,7 +93,9 @@ def test_stream_leader_killed_mid_publish_in_r3_cluster(nats_cluster, unique_nam
 
         async def kill_leader():
             idx = await asyncio.to_thread(nats_cluster.stream_leader, unique_name)
+            meta = await asyncio.to_thread(nats_cluster.meta_leader)
             killed.append(idx)
+            killed.append(meta and nats_cluster.server_index_by_name(meta))
             await asyncio.to_thread(nats_cluster.kill, idx)
 
         summary, error = await _publish_with_fault(
@@ -122,7 +124,8 @@ def test_stream_leader_killed_mid_publish_in_r3_cluster(nats_cluster, unique_nam
     if len(stored) != len(records):
         problems.append(f"stored {len(stored)} of {len(records)} records")
     assert not problems, (
-        f"killed leader: server {killed}, new leader: server {new_leader}; "
+        f"killed stream leader: server {killed[:1]} (meta leader then: server "
+        f"{killed[1:]}), new stream leader: server {new_leader}; "
         f"acked {summary.acked}, stored {len(stored)}, retries "
         f"{sum(p.retries for p in summary.partitions)}; per partition (acked/stored): "
         + ", ".join(f"{p.partition}: {p.acked}/{p.stored}" for p in summary.partitions)

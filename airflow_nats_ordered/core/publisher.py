@@ -6,14 +6,29 @@ Guarantees
   that partition is ever stored before it.
 * **Exactly once for acknowledged records.** A record the server acknowledged is stored once;
   a retry or a rerun of the same input (inside the stream's ``duplicate_window``) stores
-  nothing twice, because every record carries a deterministic ``Nats-Msg-Id``.
+  nothing twice, because every record carries a deterministic ``Nats-Msg-Id``. Its position
+  (producer sequence) is taken when :meth:`OrderedPublisher.publish` accepts it, so
+  concurrent ``publish()`` calls never share a msg-id; a publisher without a ``producer_id``
+  gets a unique one, so unrelated publishers never share one either.
+* **No acknowledged record is silently de-duplicated away.** When the server calls records
+  duplicates that this publisher did not expect (beyond its own resends, with no explicit
+  ``producer_id`` and no caller msg-ids), they are counted as
+  ``unexpected_duplicates``, not as stored, and :meth:`OrderedPublisher.flush` raises. A
+  rerun with the same explicit ``producer_id`` expects duplicates: counted, not raised.
+* **Resends stay inside the duplicate window.** :meth:`OrderedPublisher.start` refuses a
+  stream whose ``duplicate_window`` is shorter than the longest time a record may be resent
+  (:attr:`PublisherConfig.longest_resend`): a later resend would be stored again, after
+  records stored since.
 * **Nothing is dropped silently.** Records not confirmed as stored are counted per
   partition and reported by :meth:`OrderedPublisher.flush` (``PublishError``); records are
   acknowledged per partition in order, so the unconfirmed ones of partition p are exactly
   its records after the first ``acked``. (An unconfirmed record may still have been stored
   when its acknowledgement was lost; republishing completes the partition exactly once.)
-* **Bounded memory.** At most ``max_pending`` records are held (queued or awaiting their
-  acknowledgement); :meth:`publish` waits when the buffer is full.
+  A temporary server limit (too many batches in flight, err 10211) is retried, not fatal.
+* **Bounded memory.** At most ``max_pending`` records and ``max_pending_bytes`` payload
+  bytes are held (queued or awaiting their acknowledgement); :meth:`publish` waits when
+  either is reached (a single larger record goes alone). At most ``max_open_batches``
+  server batches are open at once.
 
 Technique (measured in ``bench/``, reasons in ``docs/benchmarks.md``)
 --------------------------------------------------------------------
