@@ -39,9 +39,9 @@ class Recorder:
         # held around every sink call, and while stopped: a pause never holds the database
         self._writing = threading.Lock()
 
-    def fencing_floor(self, partition: int) -> int:
-        with self._writing:
-            return self.sink.fencing_floor(partition)
+    # async, in a thread: waiting for the database must never block the worker's event loop
+    async def fencing_floor(self, partition: int) -> int:
+        return await asyncio.to_thread(self._locked, self.sink.fencing_floor, partition)
 
     def _stop_between_writes(self, msg) -> None:
         with self._writing:

@@ -3,6 +3,7 @@ exposes their token floor (``fencing_floor``) next to on_assign/on_revoke/close.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -23,8 +24,8 @@ def test_loader_scopes_the_example_sink_to_the_workers_stream_and_group(tmp_path
         assert (a.handler.sink.stream, a.handler.sink.group) == ("FLIGHTS", "g1")
         with FencedSqliteSink(db, stream="FLIGHTS", group="g1") as sink:
             sink.fence(3, 11)
-        assert a.fencing_floor(3) == 11  # the floor the worker reads before each grant
-        assert b.fencing_floor(3) == 0  # another group's tokens are not this group's floor
+        assert asyncio.run(a.fencing_floor(3)) == 11  # the floor read before each grant
+        assert asyncio.run(b.fencing_floor(3)) == 0  # another group's tokens are not its floor
         assert a.close is not None and a.on_assign is not None
     finally:
         a.close()
@@ -36,7 +37,7 @@ def test_loader_exposes_the_chaos_recorders_fencing_floor(tmp_path: Path, monkey
     loaded = load_handler("chaos_handlers:Recorder", stream="S", group="chaos")
     try:
         loaded.handler.sink.apply(0, 6, 1)
-        assert loaded.fencing_floor(0) == 6
+        assert asyncio.run(loaded.fencing_floor(0)) == 6
     finally:
         loaded.close()
 

@@ -110,8 +110,10 @@ class AircraftTotals:
         with sqlite3.connect(path, timeout=30) as db:
             db.executescript(DDL)
 
-    def fencing_floor(self, partition: int) -> int:
-        return self.sink.fencing_floor(partition)
+    async def fencing_floor(self, partition: int) -> int:
+        # the highest token the sink has seen: the worker grants only above it. In a thread:
+        # a sink waiting on another writer's lock must not block the event loop (leases)
+        return await asyncio.to_thread(self.sink.fencing_floor, partition)
 
     async def on_assign(self, partition: int, token: int) -> None:
         # raise the partition's fence before processing: older owners are refused from now
