@@ -130,3 +130,16 @@ def test_members_of_a_group_must_agree_on_the_lease_ttl(shared_nats_server, uniq
 def test_bad_group_settings_are_refused(kw, match):
     with pytest.raises(ConfigError, match=match):
         GroupConfig(**({"stream": "S", "group": "g"} | kw))
+
+
+def test_snapshot_reports_each_members_own_problems_with_its_id(shared_nats_server, unique_name):
+    async def go():
+        nc, store = await _store(shared_nats_server.url, unique_name, ttl=5.0)
+        await store.heartbeat("m1", None, {"problems": ["partition 2: on_assign failed"]})
+        await store.heartbeat("m2", None, {"problems": []})
+        snap = await store.snapshot()
+        await nc.close()
+        return snap
+
+    snap = asyncio.run(go())
+    assert snap.problems == ["m1: partition 2: on_assign failed"]
