@@ -39,6 +39,13 @@ def get_provider_info() -> dict:
                 "python-modules": ["airflow_nats_ordered.hooks.nats"],
             }
         ],
+        "triggers": [
+            {
+                "integration-name": "NATS JetStream",
+                "python-modules": ["airflow_nats_ordered.triggers.messages"],
+            }
+        ],
+        "queues": ["airflow_nats_ordered.queues.nats.NatsMessageQueueProvider"],
         "connection-types": [
             {
                 "connection-type": "nats",

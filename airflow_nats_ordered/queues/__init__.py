@@ -1,0 +1,1 @@
+"""Message-queue providers for ``apache-airflow-providers-common-messaging``."""

@@ -1,0 +1,1 @@
+"""Airflow triggers of the provider (importing this package imports Airflow)."""

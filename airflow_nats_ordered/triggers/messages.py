@@ -1,0 +1,392 @@
+"""``NatsMessageTrigger``: start DAG runs from JetStream messages (event-driven scheduling).
+
+Use it in an ``AssetWatcher``, directly or as ``MessageQueueTrigger(scheme="nats", ...)``::
+
+    Asset("orders", watchers=[AssetWatcher(name="orders", trigger=MessageQueueTrigger(
+        scheme="nats", stream="ORDERS", subject="orders.p.>", durable="airflow-orders"))])
+
+**Guarantee: at-least-once into asset events.** Every message stored in the stream (and
+matching ``subject``) becomes at least one asset event; a message is acknowledged to
+JetStream only after Airflow has stored the asset event(s) made from it. A duplicate
+happens only after a failure (triggerer crash or restart, a lost ack, a NATS outage):
+the message was stored as an asset event but not yet acknowledged, so JetStream
+redelivers it. The payload's ``stream_seq`` (and ``msg_id``) identify a duplicate.
+
+How: the trigger runs in Airflow 3.3's persistence-gated shared-stream *ack mode*
+(:mod:`airflow.triggers.shared_stream`). :class:`NatsMessageProducer` reads a durable,
+explicit-ack pull consumer and hands every message to the triggerer without
+acknowledging it; Airflow calls :meth:`NatsMessageProducer.advance` once the asset
+events are persisted, and only there is the message acked (confirmed by the server),
+terminated (rejected by a subscriber) or nak'ed (failed: redelivered). Triggers with
+the same connection, stream, durable and subject share one consumer and one
+connection; a message is acked only when every one of them has stored its event.
+
+The durable consumer is the cursor: it survives triggerer restarts and is created on
+first use (``deliver_policy`` decides where a *new* consumer starts). Messages handed
+over but not yet advanced are kept alive with in-progress acks, so JetStream does not
+redeliver them while Airflow persists; after a crash they come back ``ack_wait``
+seconds later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+import re
+from collections.abc import AsyncIterator, Hashable, Sequence
+from typing import Any
+
+from airflow.triggers.base import BaseEventTrigger, TriggerEvent
+from airflow.triggers.shared_stream import AdvanceItem, SharedStreamProducer
+from nats.js import api
+from nats.js.errors import NotFoundError
+
+from ..core.errors import ConfigError
+from ..core.streams import StreamSpec
+from ..core.worker import dead_letter_subject
+from ..hooks.nats import NatsHook
+
+log = logging.getLogger(__name__)
+
+CLASSPATH = "airflow_nats_ordered.triggers.messages.NatsMessageTrigger"
+
+#: ``deliver_policy`` values: where a consumer created by the trigger starts
+DELIVER_POLICIES: dict[str, api.DeliverPolicy] = {
+    "all": api.DeliverPolicy.ALL,
+    "new": api.DeliverPolicy.NEW,
+    "last": api.DeliverPolicy.LAST,
+    "last_per_subject": api.DeliverPolicy.LAST_PER_SUBJECT,
+}
+_NAME_RE = re.compile(r"^[^.*>\s]+$")
+
+
+def message_payload(msg: Any) -> dict[str, Any]:
+    """The JSON-safe TriggerEvent payload of one JetStream message.
+
+    ``data`` is the text when the body is UTF-8 (``data_encoding: "utf-8"``), else its
+    base64 (``data_encoding: "base64"``). ``redeliveries`` is 0 on the first delivery;
+    ``msg_id`` is the ``Nats-Msg-Id`` header (the publisher's deduplication id) or None.
+    """
+    meta = msg.metadata
+    headers = {str(k): str(v) for k, v in (msg.headers or {}).items()}
+    try:
+        data, encoding = msg.data.decode("utf-8"), "utf-8"
+    except UnicodeDecodeError:
+        data, encoding = base64.b64encode(msg.data).decode("ascii"), "base64"
+    return {
+        "stream": meta.stream,
+        "subject": msg.subject,
+        "stream_seq": meta.sequence.stream,
+        "consumer": meta.consumer,
+        "redeliveries": max(0, meta.num_delivered - 1),
+        "timestamp": meta.timestamp.isoformat() if meta.timestamp else None,
+        "msg_id": headers.get("Nats-Msg-Id"),
+        "headers": headers,
+        "data": data,
+        "data_encoding": encoding,
+    }
+
+
+class NatsMessageTrigger(BaseEventTrigger):
+    """Fires one TriggerEvent per message of ``stream`` (filtered by ``subject``).
+
+    :param stream: the JetStream stream to read.
+    :param durable: the durable consumer's name, the trigger's cursor across restarts.
+        Give every watcher its own (two watchers with one ``durable`` share its messages
+        only if ``stream`` and ``subject`` are equal too).
+    :param subject: filter subject (wildcards allowed); default: every subject.
+    :param nats_conn_id: the Airflow connection (type ``nats``).
+    :param ack_wait: seconds before JetStream redelivers a message whose holder vanished
+        (the delay before messages come back after a triggerer crash).
+    :param batch: messages asked for per pull request.
+    :param max_in_flight: messages handed to Airflow and not yet acknowledged, at most.
+        Keep it below ``[triggerer] shared_stream_subscriber_queue_size`` (1024).
+    :param deliver_policy: where a consumer created by the trigger starts: ``all``,
+        ``new``, ``last`` or ``last_per_subject``. An existing consumer keeps its position.
+    :param fetch_timeout: seconds a pull request waits for messages before the next one.
+
+    Runs only as a shared stream in Airflow's triggerer (it needs the persistence-gated
+    acknowledgements of Airflow >= 3.3); :meth:`run` refuses, see there.
+    """
+
+    def __init__(
+        self,
+        *,
+        stream: str,
+        durable: str,
+        subject: str | None = None,
+        nats_conn_id: str = NatsHook.default_conn_name,
+        ack_wait: float = 30.0,
+        batch: int = 100,
+        max_in_flight: int = 256,
+        deliver_policy: str = "all",
+        fetch_timeout: float = 5.0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        for name, value in (("stream", stream), ("durable", durable)):
+            if not isinstance(value, str) or not _NAME_RE.match(value):
+                raise ConfigError(
+                    f"NatsMessageTrigger: {name}={value!r} is not a valid JetStream name; pass "
+                    f"a non-empty {name} without '.', '*', '>' or whitespace"
+                    + (
+                        " (the durable consumer is what keeps the position)"
+                        if name == "durable"
+                        else ""
+                    )
+                )
+        if deliver_policy not in DELIVER_POLICIES:
+            raise ConfigError(
+                f"NatsMessageTrigger: deliver_policy={deliver_policy!r} is not one of "
+                f"{', '.join(DELIVER_POLICIES)}"
+            )
+        for name, number in (
+            ("ack_wait", ack_wait),
+            ("batch", batch),
+            ("max_in_flight", max_in_flight),
+            ("fetch_timeout", fetch_timeout),
+        ):
+            if not number > 0:
+                raise ConfigError(f"NatsMessageTrigger: {name} must be > 0, got {number!r}")
+        self.stream = stream
+        self.durable = durable
+        self.subject = subject or None
+        self.nats_conn_id = nats_conn_id
+        self.ack_wait = float(ack_wait)
+        self.batch = int(batch)
+        self.max_in_flight = int(max_in_flight)
+        self.deliver_policy = deliver_policy
+        self.fetch_timeout = float(fetch_timeout)
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            CLASSPATH,
+            {
+                "stream": self.stream,
+                "durable": self.durable,
+                "subject": self.subject,
+                "nats_conn_id": self.nats_conn_id,
+                "ack_wait": self.ack_wait,
+                "batch": self.batch,
+                "max_in_flight": self.max_in_flight,
+                "deliver_policy": self.deliver_policy,
+                "fetch_timeout": self.fetch_timeout,
+            },
+        )
+
+    def shared_stream_key(self) -> Hashable:
+        """One consumer, one poll: triggers reading the same durable share it."""
+        return ("nats", self.nats_conn_id, self.stream, self.durable, self.subject)
+
+    @classmethod
+    def create_shared_stream_producer(cls, kwargs: dict[str, Any]) -> NatsMessageProducer:
+        return NatsMessageProducer(cls(**kwargs))
+
+    async def filter_shared_stream(
+        self, shared_stream: AsyncIterator[Any]
+    ) -> AsyncIterator[TriggerEvent]:
+        # One event per raw event, yielded before pulling the next one: that is what
+        # binds the asset event to the message it came from (see shared_stream.py).
+        async for payload in shared_stream:
+            yield TriggerEvent(payload)
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        """Refuses: outside the triggerer's shared-stream ack mode nothing tells the trigger
+        when Airflow has stored an event, so it would have to acknowledge a message before
+        that and a triggerer stopping in between would lose it. Use the trigger in an
+        ``AssetWatcher`` on Airflow >= 3.3 (the triggerer then runs it as a shared stream)."""
+        raise RuntimeError(
+            "NatsMessageTrigger only runs as a shared stream in Airflow's triggerer (ack mode, "
+            "Airflow >= 3.3), where a message is acknowledged after Airflow stored its asset "
+            "event; run() would acknowledge before that and can lose a message. Use it in an "
+            "AssetWatcher (or MessageQueueTrigger(scheme='nats', ...)), not as a deferral "
+            "trigger; to wait for a group to process messages use NatsGroupDrainSensor"
+        )
+        yield  # pragma: no cover - makes this an async generator
+
+
+class NatsMessageProducer(SharedStreamProducer):
+    """The broker side of :class:`NatsMessageTrigger`'s shared stream (ack mode).
+
+    Guarantees: a message is acked only in :meth:`advance` with a clean outcome (every
+    subscriber's asset event persisted), and the ack is confirmed by the server; a
+    rejected message is terminated (never redelivered); a failed one, or one nobody
+    accepted, is nak'ed and redelivered. A message never advanced (crash, stop) is
+    redelivered by JetStream ``ack_wait`` after its holder disappeared. At most
+    ``max_in_flight`` messages are outstanding.
+    """
+
+    def __init__(self, trigger: NatsMessageTrigger) -> None:
+        self.t = trigger
+        self._stack = contextlib.AsyncExitStack()
+        self._outstanding: dict[int, Any] = {}  # stream seq -> Msg handed over, not advanced
+        self._room = asyncio.Event()
+        self._room.set()
+        self._keepalive: asyncio.Task | None = None
+        self._nc: Any = None
+        self._sub: Any = None
+
+    def _consumer_config(self) -> api.ConsumerConfig:
+        t = self.t
+        return api.ConsumerConfig(
+            name=t.durable,
+            durable_name=t.durable,
+            description="airflow-nats-ordered NatsMessageTrigger (Airflow asset watcher)",
+            ack_policy=api.AckPolicy.EXPLICIT,
+            ack_wait=t.ack_wait,
+            deliver_policy=DELIVER_POLICIES[t.deliver_policy],
+            filter_subject=t.subject,
+            max_deliver=-1,
+            max_ack_pending=t.max_in_flight,
+        )
+
+    async def _ensure_consumer(self, js: Any) -> None:
+        """Create the durable consumer, or verify an existing one reads what was asked."""
+        t = self.t
+        try:
+            info = await js.consumer_info(t.stream, t.durable)
+        except NotFoundError:
+            try:
+                await js.stream_info(t.stream)
+            except NotFoundError:
+                raise ConfigError(
+                    f"NatsMessageTrigger: stream {t.stream!r} does not exist (connection "
+                    f"{t.nats_conn_id!r}); create it first or fix stream="
+                ) from None
+            await js.add_consumer(t.stream, config=self._consumer_config())
+            return
+        cfg = info.config
+        have = cfg.filter_subject or (",".join(cfg.filter_subjects or []) or None)
+        problems = []
+        if have != t.subject:
+            problems.append(f"filters subject {have!r}, not {t.subject!r}")
+        if cfg.ack_policy != api.AckPolicy.EXPLICIT:
+            problems.append(f"has ack policy {cfg.ack_policy}, not explicit")
+        if cfg.deliver_subject:
+            problems.append("is a push consumer, not a pull consumer")
+        if problems:
+            raise ConfigError(
+                f"NatsMessageTrigger: consumer {t.durable!r} of stream {t.stream!r} "
+                f"{'; '.join(problems)}; pass another durable= (or delete that consumer)"
+            )
+        if cfg.ack_wait != t.ack_wait:
+            cfg.ack_wait = t.ack_wait
+            await js.add_consumer(t.stream, config=cfg)  # an allowed in-place update
+
+    async def open_stream(self) -> AsyncIterator[tuple[dict[str, Any], Any]]:
+        """Connect (inside the running loop), then yield ``(payload, msg)`` forever."""
+        t = self.t
+        nc = self._nc = await self._stack.enter_async_context(NatsHook(t.nats_conn_id).aconnect())
+        js = nc.jetstream()
+        await self._ensure_consumer(js)
+        sub = self._sub = await js.pull_subscribe_bind(t.durable, stream=t.stream)
+        self._keepalive = asyncio.create_task(self._keep_alive(), name=f"nats-wpi[{t.durable}]")
+        log.info(
+            "NatsMessageTrigger: reading stream %s subject %s with durable consumer %s",
+            t.stream,
+            t.subject or "(all)",
+            t.durable,
+        )
+        while True:
+            await self._room.wait()
+            want = min(t.batch, t.max_in_flight - len(self._outstanding))
+            try:
+                msgs = await sub.fetch(want, timeout=t.fetch_timeout)
+            except TimeoutError:  # nats.errors.TimeoutError too: nothing new yet
+                continue
+            for msg in msgs:
+                seq = msg.metadata.sequence.stream
+                self._outstanding[seq] = msg
+                if len(self._outstanding) >= t.max_in_flight:
+                    self._room.clear()
+                yield message_payload(msg), msg
+
+    async def _keep_alive(self) -> None:
+        """In-progress acks for handed-over messages, so JetStream does not redeliver them
+        while Airflow persists (the triggerer's ack timeout can exceed ``ack_wait``)."""
+        while True:
+            await asyncio.sleep(self.t.ack_wait / 3)
+            for msg in list(self._outstanding.values()):
+                with contextlib.suppress(Exception):
+                    await msg.in_progress()
+
+    async def advance(self, batch: Sequence[AdvanceItem]) -> None:
+        """Ack (confirmed) the cleanly persisted messages, term the rejected, nak the rest.
+
+        Raises if an ack is not confirmed: Airflow then ends the shared stream and the
+        message is redelivered (a duplicate, never a loss)."""
+        clean, rejected, failed = [], [], []
+        for item in batch:
+            msg = item.broker_payload
+            self._outstanding.pop(msg.metadata.sequence.stream, None)
+            if item.outcome.is_clean:
+                clean.append(msg)
+            elif item.outcome.rejected:
+                rejected.append(msg)
+            else:
+                failed.append(msg)
+        if len(self._outstanding) < self.t.max_in_flight:
+            self._room.set()
+        await asyncio.gather(*(m.term() for m in rejected), *(m.nak() for m in failed))
+        await asyncio.gather(*(m.ack_sync(timeout=max(5.0, self.t.fetch_timeout)) for m in clean))
+        if rejected or failed:
+            log.warning(
+                "NatsMessageTrigger %s/%s: %d message(s) terminated (rejected), %d nak'ed "
+                "for redelivery (not persisted by Airflow)",
+                self.t.stream,
+                self.t.durable,
+                len(rejected),
+                len(failed),
+            )
+
+    async def aclose(self) -> None:
+        """Nak what Airflow never advanced (redelivered now rather than after ``ack_wait``),
+        stop the keep-alive and close the connection. Called after the last advance."""
+        if self._keepalive is not None:
+            self._keepalive.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._keepalive
+        abandoned, self._outstanding = list(self._outstanding.values()), {}
+        with contextlib.suppress(Exception):
+            if self._sub is not None:
+                # first end our pull request's interest, or the server would hand the
+                # nak'ed messages straight back to this dying subscription
+                await self._sub.unsubscribe()
+                await self._nc.flush(timeout=5)
+            if abandoned:
+                await asyncio.gather(*(m.nak() for m in abandoned))
+                await self._nc.flush(timeout=5)  # the server has the naks before we close
+        await self._stack.aclose()
+
+
+def dead_letter_trigger(
+    stream: str,
+    group: str,
+    *,
+    subject_prefix: str | None = None,
+    durable: str | None = None,
+    nats_conn_id: str = NatsHook.default_conn_name,
+    **kwargs: Any,
+) -> NatsMessageTrigger:
+    """A trigger on worker group ``group``'s dead-letter subject of partitioned ``stream``.
+
+    Workers running with ``poison="dead-letter"`` publish a message that failed every
+    retry to ``<prefix>.dlq.<group>.<partition>`` in stream ``<stream>_DLQ``, with headers
+    ``Nats-Ordered-Error`` (why) and ``Nats-Ordered-Origin`` (JSON: stream, group,
+    partition, seq). In an ``AssetWatcher`` this starts a triage DAG once per poison
+    message (at least once). ``subject_prefix`` is the stream's, if it was provisioned
+    with one; ``durable`` defaults to ``airflow-dlq-<group>``; other keyword arguments
+    go to :class:`NatsMessageTrigger`.
+    """
+    prefix = StreamSpec(name=stream, subject_prefix=subject_prefix).prefix
+    # the core's subject of partition 0, with the partition token as a wildcard
+    subject = dead_letter_subject(prefix, group, 0).rpartition(".")[0] + ".*"
+    return NatsMessageTrigger(
+        stream=f"{stream}_DLQ",
+        subject=subject,
+        durable=durable or f"airflow-dlq-{group}",
+        nats_conn_id=nats_conn_id,
+        **kwargs,
+    )
