@@ -232,12 +232,14 @@ def test_a_failing_batch_dead_letters_only_the_failing_message(
         w = Worker(nc, cfg, sink)
         await w.start()
         await _until(lambda: len(sink.applied) >= 99)
-        dead = await _dead_letters(nc, unique_name, 1)
+        dead = await _dead_letters(nc, unique_name, 1)  # (the partition idles meanwhile)
+        alive = w.owned[0].task is not None and not w.owned[0].task.done()
         await w.stop()
         await nc.close()
-        return dead, w.stats
+        return dead, w.stats, alive
 
-    dead, stats = asyncio.run(go())
+    dead, stats, alive = asyncio.run(go())
+    assert alive  # an idle partition in batch mode keeps running
     assert sink.applied == [i for i in range(100) if i != 37]  # each once, in order
     assert [json.loads(d.data) for d in dead] == [{"k": "k0", "i": 37}]
     assert "amount is not a number" in dead[0].headers[HDR_ERROR]

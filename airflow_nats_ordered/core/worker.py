@@ -896,7 +896,7 @@ class Worker:
                     )
                     for seq, m in await reader.fetch(timeout=wait)
                 ]
-                step = len(msgs) if self.cfg.batch_handler else 1
+                step = max(1, len(msgs)) if self.cfg.batch_handler else 1
                 for i in range(0, len(msgs), step):
                     if o.revoke.is_set():
                         break
