@@ -154,4 +154,18 @@ def test_status_table_names_the_dead_letter_stream_and_problems(
     out = capsys.readouterr().out
     dlq = f"{unique_name.lower()}.dlq.g.*"
     assert f"dead letters: {N // 50} in stream {unique_name}_DLQ ({dlq})" in out
-    assert "lag 0, drained" in out
+    assert "lag 0, drained" in out and "problems:" not in out
+
+    async def delete_a_commit_record():  # an operator's mistake the group must report
+        nc = await nats.connect(url)
+        kv = await nc.jetstream().key_value(f"nor_{unique_name}_g_state")
+        await kv.delete("c.0")
+        await nc.close()
+
+    asyncio.run(delete_a_commit_record())
+    assert cli(["status", "--stream", unique_name, "--group", "g", "--server", url]) == 0
+    out = capsys.readouterr().out
+    assert "problems:\n  - partition 0: commit record c.0 was deleted" in out
+    assert cli(["status", "--stream", unique_name, "--group", "g", "--json", "--server", url]) == 0
+    problems = json.loads(capsys.readouterr().out)["problems"]
+    assert any("commit record c.0 was deleted" in p for p in problems)

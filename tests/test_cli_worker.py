@@ -217,3 +217,39 @@ def test_help_lists_every_exit_code(capsys):
     assert "exit 0 (a graceful leave is a success); a second signal exits at once with 143" in (
         " ".join(worker.split())
     )
+
+
+def test_worker_and_publish_flags_reach_their_config_fields():
+    from airflow_nats_ordered.cli import build_parser
+    from airflow_nats_ordered.cli.publish import _publisher_knobs
+    from airflow_nats_ordered.cli.worker import _worker_config
+
+    parser = build_parser()
+    base = ["worker", "--stream", "S", "--group", "g", "--handler", "m:f"]
+    cfg = _worker_config(parser.parse_args(base))
+    assert (cfg.max_buffer_bytes, cfg.state_replicas, cfg.missing_commit) == (
+        64 * 1024**2,
+        None,
+        "fail",
+    )  # the WorkerConfig defaults when the flags are left out
+    args = parser.parse_args(
+        [*base, "--max-buffer-bytes", "8MiB", "--state-replicas", "3"]
+        + ["--missing-commit", "earliest"]
+    )
+    cfg = _worker_config(args)
+    assert (cfg.max_buffer_bytes, cfg.state_replicas, cfg.missing_commit) == (
+        8 * 1024**2,
+        3,
+        "earliest",
+    )
+    pub = ["publish", "--stream", "S", "-", "--key-field", "k"]
+    knobs = _publisher_knobs(parser.parse_args([*pub, "--max-pending-bytes", "1MiB"]))
+    assert knobs["max_pending_bytes"] == 1024**2
+    assert "max_pending_bytes" not in _publisher_knobs(parser.parse_args(pub))
+    for bad in (["--max-buffer-bytes", "unlimited"], ["--missing-commit", "never"]):
+        try:
+            parser.parse_args([*base, *bad])
+        except SystemExit as exc:
+            assert exc.code == 2
+        else:
+            raise AssertionError(f"{bad} was accepted")
