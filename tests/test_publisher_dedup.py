@@ -21,6 +21,7 @@ from airflow_nats_ordered.core.publisher import (
     HDR_MSG_ID,
     HDR_SEQ,
     OrderedPublisher,
+    PublisherConfig,
     PublishError,
     derive_msg_id,
 )
@@ -167,3 +168,38 @@ def test_start_refuses_a_duplicate_window_shorter_than_the_resend_horizon(nats_u
     assert "--duplicate-window 126s" in msg
     assert "lower the publisher's delivery_timeout to at most 54s" in msg
     assert summary.acked == 1
+
+
+def test_resend_after_the_duplicate_window_is_stored_again_out_of_order(
+    nats_url, unique_name, monkeypatch
+):
+    """Why start() refuses a short window: the risk is real. With the check bypassed and
+    a 1 s window, every acknowledgement but the one that opens a batch is lost for 3 s,
+    so the publisher resends records the server stored more than a window ago: they are
+    stored again, after the later records (r1 after r5)."""
+    records = [("k", b"r%d" % i) for i in range(1, 6)]
+
+    async def go():
+        nc = await nats.connect(nats_url)
+        await provision(nc, StreamSpec(unique_name, partitions=1, duplicate_window=1.0))
+        monkeypatch.setattr(PublisherConfig, "longest_resend", 0.0)  # bypass start()'s check
+        pub = OrderedPublisher(nc, unique_name, ack_timeout=0.5, delivery_timeout=30)
+        real_on_reply = pub._on_reply
+        loop = asyncio.get_running_loop()
+        deaf_until = loop.time() + 3.0
+
+        async def lossy_on_reply(msg) -> None:
+            if loop.time() >= deaf_until or b'"type":"ack","seq":0,' in msg.data:
+                await real_on_reply(msg)
+
+        pub._on_reply = lossy_on_reply  # type: ignore[method-assign]
+        await pub.start()
+        for k, body in records:
+            await pub.publish(k, body)
+        await pub.close(raise_on_failure=False)
+        stored = await read_stream(nc, unique_name)
+        await nc.close()
+        return [s.data for s in stored]
+
+    stored = asyncio.run(go())
+    assert stored[:6] == [b"r1", b"r2", b"r3", b"r4", b"r5", b"r1"], f"stored {stored}"
