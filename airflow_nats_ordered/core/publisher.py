@@ -852,6 +852,8 @@ class OrderedPublisher:
                 self._refused += 1
                 raise RecordError(str(exc)) from exc
         size = len(data)
+        if size + len(kb) + len(extra) > self._max_size:  # too large whatever its headers
+            raise self._too_large(kb, size + len(kb) + len(extra))
         if self._pending >= cfg.max_pending or self._pending_bytes + size > cfg.max_pending_bytes:
             # a record larger than max_pending_bytes goes alone, so progress is always made
             while self._pending >= cfg.max_pending or (
@@ -873,13 +875,7 @@ class OrderedPublisher:
         if extra:
             hdr = hdr[:-2] + extra + b"\r\n"
         if len(hdr) + size > self._max_size:
-            self._refused += 1
-            raise RecordTooLargeError(
-                f"record with key {kb.decode()!r} is {len(hdr) + size} bytes with headers, over "
-                f"the limit of {self._max_size} bytes (server max_payload / stream "
-                "max_msg_size); split the record or raise max_payload in the server "
-                "configuration. Nothing was sent."
-            )
+            raise self._too_large(kb, len(hdr) + size)
         self._pending += 1
         self._pending_bytes += size
         lane.accept(_Rec(data, hdr))
@@ -888,6 +884,14 @@ class OrderedPublisher:
             self._since_yield = 0
             await asyncio.sleep(0)
         return part
+
+    def _too_large(self, kb: bytes, size: int) -> RecordTooLargeError:
+        self._refused += 1
+        return RecordTooLargeError(
+            f"record with key {kb.decode()!r} is {size} bytes with headers, over the limit of "
+            f"{self._max_size} bytes (server max_payload / stream max_msg_size); split the "
+            "record or raise max_payload in the server configuration. Nothing was sent."
+        )
 
     async def flush(self) -> PublishSummary:
         """Send and commit everything accepted so far; return the summary.
