@@ -12,13 +12,14 @@ import pytest
 from airflow_nats_ordered.core.connection import ConnectionOptions
 from airflow_nats_ordered.core.drain import (
     DrainTimeoutError,
+    NoMembersError,
     PartitionBlockedError,
     lag,
     read_lag,
     wait_drained,
 )
 from airflow_nats_ordered.core.errors import ConfigError, NatsOrderedError
-from airflow_nats_ordered.core.group import GroupStore
+from airflow_nats_ordered.core.group import GroupStore, StreamRecreated
 from airflow_nats_ordered.core.pool import WorkerPool
 from airflow_nats_ordered.core.publisher import OrderedPublisher
 from airflow_nats_ordered.core.streams import StreamSpec, provision
@@ -145,3 +146,57 @@ def test_wait_drained_on_a_group_without_state_says_how_to_start_one(
             await nc.close()
 
     asyncio.run(go())
+
+
+def test_wait_drained_fails_fast_when_no_member_is_alive(shared_nats_server, unique_name):
+    async def go():
+        nc = await nats.connect(shared_nats_server.url)
+        await _stream_with(nc, unique_name, 50)
+        await GroupStore.open(nc, _cfg(unique_name).group_config)  # a group nobody runs
+        t0 = time.monotonic()
+        with pytest.raises(NoMembersError) as err:
+            await wait_drained(nc, unique_name, "g", timeout=60, no_members_timeout=1.0)
+        elapsed = time.monotonic() - t0
+        await nc.close()
+        return err.value, elapsed
+
+    exc, elapsed = asyncio.run(go())
+    assert elapsed < 8, f"took {elapsed:.1f}s to notice nobody consumes the group"
+    assert f"no worker pool is consuming group g of stream {unique_name}" in str(exc)
+    assert "nats-ordered worker" in str(exc)
+
+
+def test_a_live_member_keeps_the_no_members_check_quiet(shared_nats_server, unique_name):
+    url = shared_nats_server.url
+
+    async def slow(msg):
+        await asyncio.sleep(0.002)
+
+    async def go():
+        nc = await nats.connect(url)
+        marks = await _stream_with(nc, unique_name, 2000, keys=200)
+        async with WorkerPool(url, _cfg(unique_name), slow, size=1):
+            # longer than no_members_timeout: only a live member keeps it going
+            done = await wait_drained(
+                nc, unique_name, "g", marks=marks, timeout=60, no_members_timeout=0.5
+            )
+        await nc.close()
+        return done
+
+    assert asyncio.run(go()).done
+
+
+def test_wait_drained_refuses_a_recreated_stream(shared_nats_server, unique_name):
+    async def go():
+        nc = await nats.connect(shared_nats_server.url)
+        await _stream_with(nc, unique_name, 20)
+        await GroupStore.open(nc, _cfg(unique_name).group_config)
+        await nc.jetstream().delete_stream(unique_name)
+        await _stream_with(nc, unique_name, 5)
+        with pytest.raises(StreamRecreated) as err:
+            await wait_drained(nc, unique_name, "g", timeout=30)
+        await nc.close()
+        return err.value
+
+    exc = asyncio.run(go())
+    assert "deleted and created again" in str(exc) and "group delete" in str(exc)

@@ -16,6 +16,7 @@ still behind when ``timeout`` passes.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -25,8 +26,12 @@ from nats.aio.client import Client as NATS
 from nats.js.kv import KV_DEL, KV_PURGE
 
 from .errors import ConfigError, NatsOrderedError
-from .group import CommitRecord, GroupState, GroupStore
+from .group import CommitRecord, GroupState, GroupStore, StreamRecreated
+from .group_admin import live_members
 from .streams import PartitionStats, describe, partition_stats
+
+#: seconds between checks of what the server does not push: live members, the stream
+CHECK_EVERY = 2.0
 
 
 class DrainTimeoutError(NatsOrderedError):
@@ -36,6 +41,11 @@ class DrainTimeoutError(NatsOrderedError):
     def __init__(self, message: str, behind: dict[int, tuple[int, int]]) -> None:
         super().__init__(message)
         self.behind = behind
+
+
+class NoMembersError(NatsOrderedError):
+    """No member of the group has been alive for the allowed time: nothing is consuming
+    the group, so waiting longer cannot help until workers are started."""
 
 
 class PartitionBlockedError(NatsOrderedError):
@@ -146,6 +156,7 @@ async def wait_drained(
     *,
     marks: Mapping[int, int] | None = None,
     timeout: float | None = None,
+    no_members_timeout: float | None = None,
     on_progress: Callable[[DrainProgress], None] | None = None,
 ) -> DrainProgress:
     """Return once every partition's committed position has reached its mark.
@@ -156,8 +167,12 @@ async def wait_drained(
     is called with the state once the current commits are known and after every commit.
 
     Raises :class:`PartitionBlockedError` as soon as a partition still short of its mark is
-    blocked on a poison message, :class:`DrainTimeoutError` when ``timeout`` passes, and
-    NatsOrderedError if the group has no state yet (no worker ever joined it).
+    blocked on a poison message, :class:`DrainTimeoutError` when ``timeout`` passes,
+    :class:`NoMembersError` when ``no_members_timeout`` is set and no member of the group has
+    been alive for that long (membership is checked every :data:`CHECK_EVERY` seconds: an
+    expired heartbeat sends no event), ``StreamRecreated`` when the stream was deleted and
+    created again (the group's positions no longer mean anything), and NatsOrderedError if
+    the group has no state yet (no worker ever joined it).
     """
     t0 = time.monotonic()
     described = await describe(nc, stream)
@@ -174,6 +189,8 @@ async def wait_drained(
             )
     committed: dict[int, int] = {}
     blocked: dict[int, str] = {}
+    members_seen = time.monotonic()  # the no-members countdown starts with the wait
+    next_check = 0.0
     # the watcher first delivers each key's current value, then a None marker, then every
     # change as the server stores it
     watcher = await store.state.watch(">")
@@ -199,11 +216,21 @@ async def wait_drained(
                     on_progress(progress)
                 if not behind:
                     return progress
-            wait = None if timeout is None else timeout - (time.monotonic() - t0)
+            now = time.monotonic()
+            wait = None if timeout is None else timeout - (now - t0)
             if wait is not None and wait <= 0:
                 raise _timeout_error(stream, group, timeout or 0.0, marks, committed)
+            if now >= next_check:
+                next_check = now + CHECK_EVERY
+                await store.check_stream()
+                if no_members_timeout is not None:
+                    if await live_members(nc, stream, group):
+                        members_seen = now
+                    elif now - members_seen > no_members_timeout:
+                        raise _no_members_error(stream, group, no_members_timeout, marks, committed)
+            step = CHECK_EVERY if wait is None else min(wait, CHECK_EVERY)
             try:
-                entry = await watcher.updates(timeout=wait if wait is not None else 3600.0)
+                entry = await watcher.updates(timeout=max(0.05, step))
             except nats.errors.TimeoutError:
                 continue
             if entry is None:
@@ -213,6 +240,10 @@ async def wait_drained(
             if entry.key.startswith("c."):
                 p = int(entry.key[2:])
                 committed[p] = 0 if deleted else CommitRecord.from_json(entry.value).seq
+            elif entry.key == "stream" and not deleted:
+                recorded = json.loads(entry.value or b"{}").get("created", "")
+                if recorded and described.created and recorded != described.created:
+                    raise StreamRecreated(store._recreated_message(recorded, described.created))
             elif entry.key.startswith("blocked."):
                 p = int(entry.key[len("blocked.") :])
                 if deleted:
@@ -223,6 +254,22 @@ async def wait_drained(
                 continue
     finally:
         await asyncio.shield(watcher.stop())
+
+
+def _no_members_error(
+    stream: str,
+    group: str,
+    after: float,
+    marks: Mapping[int, int],
+    committed: Mapping[int, int],
+) -> NoMembersError:
+    behind = len(DrainProgress(marks, committed, 0.0).behind)
+    return NoMembersError(
+        f"no worker pool is consuming group {group} of stream {stream}: no member has been "
+        f"alive for {after:g}s while {behind} partition(s) are behind their mark. Start the "
+        f"workers (`nats-ordered worker --stream {stream} --group {group} --handler ...`), "
+        "then retry"
+    )
 
 
 def _timeout_error(
