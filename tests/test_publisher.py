@@ -224,6 +224,11 @@ def test_config_knobs_are_validated():
         PublisherConfig(ack_timeout=0)
     with pytest.raises(ConfigError, match="line breaks"):
         PublisherConfig(producer_id="a\nb")
+    with pytest.raises(ConfigError, match="max_pending_bytes must be >= 1"):
+        PublisherConfig(max_pending_bytes=0)
+    with pytest.raises(ConfigError, match="max_open_batches must be >= 1"):
+        PublisherConfig(max_open_batches=0)
+    assert PublisherConfig().longest_resend == 126.0
     assert PublisherConfig(max_in_flight=10_000).flow == 500
     assert PublisherConfig(max_in_flight=1).flow == 1
 
