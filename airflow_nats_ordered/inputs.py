@@ -39,7 +39,7 @@ import json
 import math
 import os
 import sys
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, NamedTuple
 
@@ -548,6 +548,40 @@ class RecordReader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def records_from_rows(
+    rows: Iterable[Mapping[str, Any]],
+    *,
+    key_field: str | None,
+    msg_id_field: str | None = None,
+    order_by: Sequence[str] | str | None = None,
+) -> Iterator[InputRecord]:
+    """:class:`InputRecord` s from in-memory rows (an XCom value, a callable's result), made
+    exactly as from a file: the row as compact JSON (values made JSON-safe), its key and
+    msg-id as text, ``where`` = ``"record N"`` (1-based). ``order_by`` sorts stably (and
+    so materializes the rows)."""
+    if isinstance(rows, Mapping | str | bytes):
+        raise InputError(
+            f"records must be a list of objects (one per record), got {type(rows).__name__}"
+        )
+    if isinstance(order_by, str):
+        order_by = [c.strip() for c in order_by.split(",")]
+    numbered: Iterable[tuple[str, Any]] = ((f"record {i}", r) for i, r in enumerate(rows, 1))
+    if order_by:
+        checked = []
+        for where, row in numbered:
+            if not isinstance(row, Mapping):
+                raise InputError(f"{where} is a {type(row).__name__}, not an object")
+            checked.append((where, dict(row)))
+        numbered = _sorted_rows(checked, order_by, set())
+    for where, row in numbered:
+        if not isinstance(row, Mapping):
+            raise InputError(f"{where} is a {type(row).__name__}, not an object")
+        safe = json_safe(dict(row))
+        key = key_text(safe.get(key_field)) if key_field is not None else None
+        msg_id = key_text(safe.get(msg_id_field)) if msg_id_field is not None else None
+        yield InputRecord(key, _dumps(safe), msg_id, where)
 
 
 def content_digest(path: str | Path, *, size: int = 10) -> str:

@@ -339,3 +339,24 @@ def test_not_a_parquet_file(tmp_path: Path) -> None:
     path.write_text("hello")
     with pytest.raises(InputError, match="is not a readable Parquet file"):
         open_records(path, key_field="k")
+
+
+def test_rows_in_memory_become_records_exactly_as_from_a_file():
+    import datetime as dt
+
+    from airflow_nats_ordered.inputs import records_from_rows
+
+    rows = [
+        {"tail": "N2", "t": dt.datetime(2013, 1, 1, 6, 0), "n": 2},
+        {"tail": "N1", "t": dt.datetime(2013, 1, 1, 5, 0), "n": 1},
+        {"tail": None, "t": dt.datetime(2013, 1, 1, 7, 0), "n": 3},
+    ]
+    recs = list(records_from_rows(rows, key_field="tail", msg_id_field="n", order_by="t"))
+    assert [r.key for r in recs] == ["N1", "N2", None]  # sorted; a missing key stays None
+    assert [r.msg_id for r in recs] == ["1", "2", "3"]
+    assert [r.where for r in recs] == ["record 2", "record 1", "record 3"]
+    assert json.loads(recs[0].payload) == {"tail": "N1", "t": "2013-01-01T05:00:00", "n": 1}
+    with pytest.raises(InputError, match="record 2 is a int, not an object"):
+        list(records_from_rows([{"a": 1}, 5], key_field="a"))
+    with pytest.raises(InputError, match="must be a list of objects"):
+        list(records_from_rows({"a": 1}, key_field="a"))
