@@ -12,12 +12,15 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import re
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import nats
 import pytest
 from airflow.triggers.shared_stream import AdvanceItem, AdvanceOutcome, SharedStreamManager
+from airflow_processes import Triggerer, airflow, metadata_db, query
 
 from airflow_nats_ordered.core.errors import ConfigError
 from airflow_nats_ordered.triggers.messages import (
@@ -344,3 +347,118 @@ def test_missing_stream_is_reported_with_the_parameter_to_fix(nats_conn, unique_
 
     with pytest.raises(ConfigError, match=f"stream '{unique_name}' does not exist"):
         asyncio.run(main())
+
+
+# --- a real triggerer, killed mid-stream ------------------------------------------------
+
+WATCH_DAG = """
+from airflow.providers.common.messaging.triggers.msg_queue import MessageQueueTrigger
+from airflow.providers.standard.operators.empty import EmptyOperator
+from airflow.sdk import DAG, Asset, AssetWatcher
+
+trigger = MessageQueueTrigger(
+    scheme="nats", stream={stream!r}, subject={subject!r}, durable="airflow-e2e",
+    nats_conn_id={conn_id!r}, ack_wait=3, fetch_timeout=1,
+)
+asset = Asset({asset!r}, watchers=[AssetWatcher(name="nats_watch", trigger=trigger)])
+with DAG(dag_id={asset!r}, schedule=[asset], is_paused_upon_creation=False):
+    EmptyOperator(task_id="triage")
+"""
+FIRED = re.compile(r"Trigger fired event.*?'stream_seq': (\d+)")
+
+
+def test_no_message_lost_when_the_triggerer_is_killed_mid_stream(
+    nats_server, unique_name, tmp_path
+) -> None:
+    """N messages, a real ``airflow triggerer`` SIGKILLed (whole process group) while asset
+    events flow, a second triggerer started: every message is an asset event, and a
+    message appears twice only if the first triggerer had already handed it over."""
+    n, kill_at = 300, 60
+    db = metadata_db()  # once per session
+    asset, conn_id = unique_name.lower(), "nats_e2e"
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    (dags / "watch.py").write_text(
+        WATCH_DAG.format(
+            stream=unique_name, subject=f"{unique_name}.>", conn_id=conn_id, asset=asset
+        )
+    )
+    env = {
+        "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+        f"AIRFLOW_CONN_{conn_id.upper()}": json.dumps(
+            {"conn_type": "nats", "host": nats_server.url}
+        ),
+    }
+    t0 = time.monotonic()
+    asyncio.run(_stream(nats_server.url, unique_name))
+    airflow("dags", "reserialize", env=env)  # parses the DAG: registers the watcher's trigger
+    assert query(
+        db,
+        "select t.classpath from trigger t join asset_watcher w on w.trigger_id = t.id "
+        "join asset a on a.id = w.asset_id where a.name = ?",
+        asset,
+    ) == [(CLASSPATH,)]
+    t_registered = time.monotonic()
+
+    def seqs() -> list[int]:
+        rows = query(
+            db,
+            "select e.extra from asset_event e join asset a on a.id = e.asset_id "
+            "where a.name = ? order by e.id",
+            asset,
+        )
+        return [json.loads(extra)["payload"]["stream_seq"] for (extra,) in rows]
+
+    first = Triggerer(tmp_path / "triggerer-1.log", env).start()
+    second = Triggerer(tmp_path / "triggerer-2.log", env)
+    try:
+
+        async def publish_and_kill() -> tuple[list[int], set[int], float]:
+            nc = await nats.connect(nats_server.url)
+            js = nc.jetstream()
+            try:
+                await js.publish(f"{unique_name}.m", b"0")
+                async with asyncio.timeout(90):  # triggerer start-up
+                    while not seqs():
+                        await asyncio.sleep(0.2)
+                t_up = time.monotonic()
+                at_kill: list[int] = []
+                for i in range(1, n):  # paced, so the kill lands while events flow
+                    await js.publish(f"{unique_name}.m", str(i).encode())
+                    await asyncio.sleep(0.02)
+                    if not at_kill and i % 5 == 0 and len(persisted := seqs()) >= kill_at:
+                        first.kill()
+                        at_kill = persisted
+                        fired = {int(s) for s in FIRED.findall(first.log())}
+                assert at_kill, "the triggerer was not killed while messages were flowing"
+                return at_kill, fired, t_up
+            finally:
+                await nc.close()
+
+        at_kill, fired_at_kill, t_up = asyncio.run(publish_and_kill())
+        t_killed = time.monotonic()
+        second.start()
+        deadline = time.monotonic() + 90
+        while len(set(final := seqs())) < n and time.monotonic() < deadline:
+            time.sleep(0.5)
+        t_done = time.monotonic()
+    finally:
+        first.kill()
+        second.stop()
+
+    in_flight = fired_at_kill - set(at_kill)  # handed to Airflow, not yet stored
+    duplicates = sorted(s for s in set(final) if final.count(s) > 1)
+    print(
+        f"\ntriggerer kill test: {n} messages; registration {t_registered - t0:.1f}s, "
+        f"first triggerer up {t_up - t_registered:.1f}s, killed with {len(at_kill)} stored and "
+        f"{len(in_flight)} handed over but not stored; all {n} stored "
+        f"{t_done - t_killed:.1f}s after the kill; {len(duplicates)} duplicate(s); "
+        f"total {t_done - t0:.1f}s"
+    )
+    assert sorted(set(final)) == list(range(1, n + 1)), "a message never became an asset event"
+    assert len(at_kill) == len(set(at_kill)), "a duplicate without any failure"
+    # a message is stored twice only if the killed triggerer had it: a redelivery
+    assert set(duplicates) <= fired_at_kill | set(at_kill)
+    # those handed over but not stored at the kill (what an ack-before-store trigger
+    # loses) came back as redeliveries
+    assert in_flight <= set(final)

@@ -1,0 +1,116 @@
+"""Real Airflow processes (``airflow db migrate``, ``dags reserialize``, ``triggerer``) on the
+test session's throw-away ``AIRFLOW_HOME`` (set by conftest.py; SQLite metadata DB).
+
+The database is migrated once per home (a marker file records it), so several tests and
+test modules share the ~10-20 s it takes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+AIRFLOW = str(Path(sys.executable).with_name("airflow"))
+
+
+def airflow_home() -> Path:
+    return Path(os.environ["AIRFLOW_HOME"])
+
+
+def metadata_db() -> Path:
+    """The SQLite metadata database, migrated (once per AIRFLOW_HOME)."""
+    home = airflow_home()
+    marker = home / ".nats-ordered-db-migrated"
+    if not marker.exists():
+        airflow("db", "migrate", timeout=240)
+        marker.touch()
+    return home / "airflow.db"
+
+
+def airflow_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        {
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "PYTHONUNBUFFERED": "1",
+            # a killed triggerer's triggers go to the next one after 3 s, not 30
+            "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "1",
+            "AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD": "3",
+        }
+    )
+    env.update(extra or {})
+    return env
+
+
+def airflow(
+    *args: str, env: Mapping[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess:
+    """Run an ``airflow`` command; AssertionError with its output if it fails."""
+    r = subprocess.run(
+        [AIRFLOW, *args], env=airflow_env(env), capture_output=True, text=True, timeout=timeout
+    )
+    assert r.returncode == 0, (
+        f"airflow {' '.join(args)} failed:\n{r.stdout[-3000:]}{r.stderr[-3000:]}"
+    )
+    return r
+
+
+def query(db: Path, sql: str, *params: Any) -> list[tuple]:
+    """Read the metadata DB while Airflow processes write it."""
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)
+    try:
+        return con.execute(sql, params).fetchall()
+    finally:
+        con.close()
+
+
+class Triggerer:
+    """One ``airflow triggerer`` in its own process group (supervisor, trigger runner).
+
+    ``kill()`` is a crash: SIGKILL to the whole group, nothing gets to clean up.
+    """
+
+    def __init__(self, log_path: Path, env: Mapping[str, str]) -> None:
+        self.log_path = log_path
+        self.env = env
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> Triggerer:
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [AIRFLOW, "triggerer", "--skip-serve-logs"],
+                env=airflow_env(self.env),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        return self
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self, timeout: float = 20) -> None:
+        """SIGTERM (graceful shutdown), SIGKILL after ``timeout``; also kills leftovers."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            deadline = time.monotonic() + timeout
+            while self.proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.1)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)  # the runner child, if still there
+        self.proc.wait(10)
