@@ -462,3 +462,67 @@ def test_no_message_lost_when_the_triggerer_is_killed_mid_stream(
     # those handed over but not stored at the kill (what an ack-before-store trigger
     # loses) came back as redeliveries
     assert in_flight <= set(final)
+
+
+# --- dead letters start a triage DAG ----------------------------------------------------
+
+
+def test_dead_letter_trigger_receives_what_a_real_worker_dead_lettered(
+    nats_url, nats_conn, unique_name
+) -> None:
+    """The subject and stream the helper watches are the ones the worker publishes to."""
+    from airflow_nats_ordered.core.publisher import OrderedPublisher
+    from airflow_nats_ordered.core.streams import StreamSpec, provision
+    from airflow_nats_ordered.core.worker import Worker, WorkerConfig
+
+    def handler(msg: Any) -> None:
+        if msg.data == b"poison":
+            raise ValueError("cannot parse amount")
+
+    async def main() -> dict:
+        nc = await nats.connect(nats_url)
+        await provision(nc, StreamSpec(unique_name, partitions=2, subject_prefix="shop.x"))
+        async with OrderedPublisher(nc, unique_name) as pub:
+            for data in (b"ok", b"poison", b"ok"):
+                await pub.publish("k1", data)
+        cfg = WorkerConfig(unique_name, "billing", member_id="m1", max_retries=0, lease_ttl=2)
+        worker = Worker(nc, cfg, handler)
+        await worker.start()
+        try:
+            async with asyncio.timeout(20):
+                while worker.stats["dead_lettered"] < 1:
+                    await asyncio.sleep(0.05)
+        finally:
+            await worker.stop()
+            await nc.close()
+        trigger = dead_letter_trigger(
+            unique_name, "billing", subject_prefix="shop.x", nats_conn_id=nats_conn
+        )
+        producer = NatsMessageTrigger.create_shared_stream_producer(trigger.serialize()[1])
+        try:
+            [(payload, _)] = await _take(producer.open_stream(), 1)
+        finally:
+            await producer.aclose()
+        return payload
+
+    payload = asyncio.run(main())
+    assert payload["stream"] == f"{unique_name}_DLQ"
+    assert payload["subject"].startswith("shop.x.dlq.billing.")
+    assert payload["data"] == "poison"
+    assert "cannot parse amount" in payload["headers"]["Nats-Ordered-Error"]
+    assert json.loads(payload["headers"]["Nats-Ordered-Origin"])["group"] == "billing"
+
+
+def test_example_dead_letter_dag_imports_without_a_server() -> None:
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "dags" / "nats_dead_letter_watch.py"
+    spec = importlib.util.spec_from_file_location("nats_dead_letter_watch", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    [watcher] = module.dead_letters.watchers
+    classpath, kwargs = watcher.trigger.serialize()
+    assert classpath == CLASSPATH
+    assert (kwargs["stream"], kwargs["subject"]) == ("ORDERS_DLQ", "orders.dlq.billing.*")
+    assert module.dag.dag_id == "nats_dead_letter_triage"
