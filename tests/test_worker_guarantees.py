@@ -399,3 +399,30 @@ def test_a_missing_commit_record_backs_off_and_is_reported_not_hammered(
     assert claimed == set()
     assert 2 <= len(asked) <= 6, f"{len(asked)} grant attempts in 3.5 s"
     assert any("missing_commit" in p and "retrying in" in p for p in problems), problems
+
+
+def test_a_steady_reader_keeps_its_consumer(shared_nats_server, unique_name, monkeypatch):
+    """Pull requests that ask for idle heartbeats end with an informational 409 "Batch
+    Completed": that is the normal end of a request, and re-creating the consumer for it
+    (once per batch) more than halved the throughput. One consumer reads the whole backlog."""
+    opened = []
+    real_open = worker_mod._PartitionReader._open
+
+    async def counting_open(self):
+        opened.append(self.next_seq)
+        await real_open(self)
+
+    monkeypatch.setattr(worker_mod._PartitionReader, "_open", counting_open)
+    rec = Recorder()
+
+    async def go():
+        nc = await _setup(shared_nats_server.url, unique_name, 3000, keys=1, partitions=1)
+        w = Worker(nc, _cfg(unique_name, fetch_batch=100), rec)
+        await w.start()
+        await _until(lambda: rec.count >= 3000)
+        await w.stop()
+        await nc.close()
+
+    asyncio.run(go())
+    assert rec.seen["k0"] == list(range(3000))
+    assert opened == [1]

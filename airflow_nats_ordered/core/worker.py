@@ -264,6 +264,8 @@ class _PartitionReader:
                     self._lost = True
             elif status == "408" or (status == "409" and desc == "Message Size Exceeds MaxBytes"):
                 self._end_request(status)
+            elif status == "409" and desc == "Batch Completed":
+                pass  # sent after the last message of a request that asked for heartbeats
             else:  # 409 consumer deleted / leadership change, 503, ...
                 log.info(
                     "reader of %s: status %s %s; re-creating the consumer",
@@ -1036,7 +1038,10 @@ class Worker:
             except Exception as exc:
                 applied, error = 0, exc
             if applied:
-                await self._applied(o, applied)
+                o.processed += applied
+                self.stats["processed"] += applied
+                if not o.processed_once:
+                    await self._first_applied(o)
                 done, attempt = done + applied, 0
             if error is None:
                 continue
@@ -1071,14 +1076,11 @@ class Worker:
             done, attempt = done + 1, 0
         return done
 
-    async def _applied(self, o: _Owned, n: int) -> None:
-        o.processed += n
-        self.stats["processed"] += n
-        if not o.processed_once:
-            o.processed_once = True
-            # past any message an earlier owner blocked on: clear the marker
-            with contextlib.suppress(NatsError, TimeoutError):
-                await self.store.set_blocked(o.partition, None)
+    async def _first_applied(self, o: _Owned) -> None:
+        o.processed_once = True
+        # past any message an earlier owner blocked on: clear the marker
+        with contextlib.suppress(NatsError, TimeoutError):
+            await self.store.set_blocked(o.partition, None)
 
     async def _ensure_dead_letter_stream(self) -> None:
         """Create ``<STREAM>_DLQ`` unless it exists; NatsOrderedError saying why if it cannot
