@@ -57,6 +57,7 @@ import math
 import random
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -168,6 +169,9 @@ class PublisherConfig:
 @dataclass
 class PartitionSummary:
     partition: int
+    #: records of this partition stored by an earlier attempt of the same run (see
+    #: ``OrderedPublisher(start_after=...)``): this attempt's positions start after them
+    offset: int = 0
     accepted: int = 0
     acked: int = 0
     failed: int = 0
@@ -256,7 +260,8 @@ class PublishError(NatsOrderedError):
         text = []
         if summary.failed:
             parts = [
-                f"partition {p.partition}: producer seq {p.acked + 1}..{p.accepted}"
+                f"partition {p.partition}: producer seq {p.offset + p.acked + 1}.."
+                f"{p.offset + p.accepted}"
                 for p in summary.partitions
                 if p.failed
             ]
@@ -642,11 +647,15 @@ class OrderedPublisher:
         config: PublisherConfig | None = None,
         *,
         expected_partitions: int | None = None,
+        start_after: Mapping[int, int] | None = None,
         **knobs: Any,
     ) -> None:
         if config is not None and knobs:
             raise TypeError("pass either config= or keyword knobs, not both")
         self.config = config or PublisherConfig(**knobs)
+        #: partition -> records a previous attempt of this run stored: the caller skips them
+        #: and this publisher numbers the rest from there (same positions, same msg-ids)
+        self.start_after = {int(p): int(n) for p, n in (start_after or {}).items() if n}
         self.nc = nc
         self.stream_name = stream
         self.expected_partitions = expected_partitions
@@ -732,6 +741,13 @@ class OrderedPublisher:
             self._max_size = min(self._max_size, self.stream.max_msg_size)
         self._counts_before, self._removed_before = await self._subject_counts()
         self._lanes = [_Lane(self, p) for p in range(self.stream.partitions)]
+        for p, n in self.start_after.items():
+            if not 0 <= p < len(self._lanes) or n < 0:
+                raise ConfigError(
+                    f"start_after names partition {p} with {n} records, but stream "
+                    f"{self.stream.name} has partitions 0 to {len(self._lanes) - 1}"
+                )
+            self._lanes[p].summary.offset = n
         self._sub = await self.nc.subscribe(
             f"{self._inbox}.>",
             cb=self._on_reply,
@@ -866,7 +882,7 @@ class OrderedPublisher:
             part = self._rr % self._nparts
             self._rr += 1
         lane = self._lanes[part]
-        seq = lane.summary.accepted + 1
+        seq = lane.summary.offset + lane.summary.accepted + 1
         if msg_id is None:
             mid = _msg_id(self._producer_b, part, seq, kb, data)
         else:

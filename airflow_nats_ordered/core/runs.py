@@ -1,0 +1,372 @@
+"""Runs: what one producer id published, recorded in a ledger that outlives the dedup window.
+
+A *run* is one producer id: an Airflow task's DAG id + task id + logical date, a Spark job's
+id, a CLI user's ``--producer-id``. Whoever publishes a run records its result in the
+stream's run ledger, a KV bucket ``nor_<stream>_runs`` (no TTL, the stream's replicas):
+
+* ``status``: ``running`` (begun, not finished: the publisher died or is still going),
+  ``complete`` (every record stored, none refused unless refusals were allowed),
+  ``partial`` (some records failed or were refused);
+* per-partition high-water marks (the stream sequence a drain waits for) and counts;
+* the stream's identity (creation time), so a run of a deleted and re-created stream is
+  not mistaken for one of the live stream.
+
+Guarantees:
+
+* **A complete run is never published again**, however long after (far past the stream's
+  ``duplicate_window``): :func:`publish_run` returns the recorded result and sends nothing.
+* **A partial run resumes exactly**: records are numbered per partition in input order
+  (the producer sequence); the ledger keeps how many of each partition were acknowledged,
+  and a re-run skips those and sends the rest with the same msg-ids. Exact even past the
+  duplicate window, provided the re-run reads the same input in the same order (the reason
+  producer ids must name one immutable input: a DAG run's logical date, a job's input
+  snapshot).
+* Drains wait for a run by name: :meth:`RunLedger.get` gives its high-water marks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import time
+from collections import Counter
+from collections.abc import AsyncIterable, Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal, Protocol
+
+from nats.aio.client import Client as NATS
+from nats.js import api
+from nats.js.errors import (
+    BucketNotFoundError,
+    KeyDeletedError,
+    KeyNotFoundError,
+    KeyWrongLastSequenceError,
+    NotFoundError,
+)
+from nats.js.kv import KeyValue
+
+from .errors import (
+    ConfigError,
+    InvalidKeyError,
+    InvalidMsgIdError,
+    MissingKeyError,
+    NatsOrderedError,
+    RecordError,
+    RecordTooLargeError,
+)
+from .partitioning import partition_for
+from .publisher import OrderedPublisher, PublisherConfig, PublishSummary
+from .streams import PartitionedStream, describe
+
+RunStatus = Literal["running", "complete", "partial"]
+
+#: How many refused records are kept as examples (where, key, reason).
+REFUSED_EXAMPLES = 5
+
+
+def ledger_bucket(stream: str) -> str:
+    return f"nor_{stream}_runs"
+
+
+def _key(producer_id: str) -> str:
+    # producer ids hold ':', '+', spaces...: KV keys may not; the id itself is in the value
+    return "run." + hashlib.blake2b(producer_id.encode(), digest_size=16).hexdigest()
+
+
+@dataclass
+class RunRecord:
+    """One run's result as recorded in the ledger (JSON-safe via :meth:`to_dict`)."""
+
+    producer_id: str
+    stream: str
+    stream_created: str = ""
+    status: RunStatus = "running"
+    attempts: int = 0
+    started: float = 0.0
+    finished: float | None = None
+    accepted: int = 0
+    acked: int = 0
+    failed: int = 0
+    refused: int = 0
+    duplicates: int = 0
+    skipped: int = 0
+    #: partition -> last stream sequence of the partition after this run (what a drain waits for)
+    high_water_marks: dict[int, int] = field(default_factory=dict)
+    #: partition -> records of this run acknowledged as stored (producer sequences 1..n)
+    acked_per_partition: dict[int, int] = field(default_factory=dict)
+    refused_reasons: dict[str, int] = field(default_factory=dict)
+    refused_examples: list[dict[str, str]] = field(default_factory=list)
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["high_water_marks"] = {str(k): v for k, v in self.high_water_marks.items()}
+        d["acked_per_partition"] = {str(k): v for k, v in self.acked_per_partition.items()}
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RunRecord:
+        d = dict(d)
+        d["high_water_marks"] = {int(k): int(v) for k, v in d.get("high_water_marks", {}).items()}
+        d["acked_per_partition"] = {
+            int(k): int(v) for k, v in d.get("acked_per_partition", {}).items()
+        }
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+class RunLedger:
+    """The run records of one stream."""
+
+    def __init__(self, stream: PartitionedStream, kv: KeyValue) -> None:
+        self.stream = stream
+        self.kv = kv
+
+    @classmethod
+    async def open(
+        cls, nc: NATS, stream: str | PartitionedStream, *, create: bool = True
+    ) -> RunLedger:
+        ps = stream if isinstance(stream, PartitionedStream) else await describe(nc, stream)
+        js = nc.jetstream()
+        try:
+            kv = await js.key_value(ledger_bucket(ps.name))
+        except (BucketNotFoundError, NotFoundError):
+            if not create:
+                raise NatsOrderedError(
+                    f"stream {ps.name} has no run ledger yet: nothing was published to it as a "
+                    "named run"
+                ) from None
+            kv = await js.create_key_value(
+                api.KeyValueConfig(
+                    bucket=ledger_bucket(ps.name),
+                    history=5,
+                    replicas=ps.replicas or 1,
+                    storage=api.StorageType.FILE,
+                    description=f"nats-ordered run ledger of stream {ps.name}",
+                )
+            )
+        return cls(ps, kv)
+
+    async def _read(self, producer_id: str) -> tuple[RunRecord | None, int]:
+        try:
+            e = await self.kv.get(_key(producer_id))
+        except (KeyNotFoundError, KeyDeletedError):
+            return None, 0
+        rec = RunRecord.from_dict(json.loads(e.value or b"{}"))
+        return rec, e.revision or 0
+
+    async def get(self, producer_id: str) -> RunRecord | None:
+        """The run's record, or None. A record of an earlier stream of the same name (deleted
+        and re-created since) counts as none."""
+        rec, _ = await self._read(producer_id)
+        if rec is not None and _other_incarnation(rec, self.stream):
+            return None
+        return rec
+
+    async def begin(self, producer_id: str) -> RunRecord:
+        """Mark the run as running (one more attempt); returns the record to resume from."""
+        for _ in range(10):
+            rec, rev = await self._read(producer_id)
+            if rec is None or _other_incarnation(rec, self.stream):
+                rec = RunRecord(producer_id, self.stream.name, self.stream.created)
+            rec.status = "running"
+            rec.attempts += 1
+            rec.started = time.time()
+            rec.finished = None
+            rec.error = None
+            try:
+                if rev == 0:
+                    await self.kv.create(_key(producer_id), _dump(rec))
+                else:
+                    await self.kv.update(_key(producer_id), _dump(rec), last=rev)
+            except KeyWrongLastSequenceError:
+                continue
+            return rec
+        raise NatsOrderedError(f"run {producer_id!r}: its ledger record keeps changing under us")
+
+    async def record(self, rec: RunRecord) -> None:
+        """Write the run's result (last writer wins: one run is published by one task)."""
+        await self.kv.put(_key(rec.producer_id), _dump(rec))
+
+    async def delete(self, producer_id: str) -> None:
+        """Forget a run, so that publishing it again sends everything (a deliberate replay)."""
+        with contextlib.suppress(KeyNotFoundError, KeyDeletedError):
+            await self.kv.delete(_key(producer_id))
+
+
+def _other_incarnation(rec: RunRecord, stream: PartitionedStream) -> bool:
+    """The record is of an earlier stream of the same name (deleted and re-created)."""
+    return bool(rec.stream_created and stream.created and rec.stream_created != stream.created)
+
+
+def _dump(rec: RunRecord) -> bytes:
+    return json.dumps(rec.to_dict(), separators=(",", ":")).encode()
+
+
+class SourceRecord(Protocol):
+    """What :func:`publish_run` reads: the CLI's and Airflow's input records fit."""
+
+    key: str | None
+    payload: bytes
+    msg_id: str | None
+    where: str
+
+
+@dataclass
+class Refusals:
+    """Records refused before sending, by reason, with a few examples."""
+
+    counts: Counter[str] = field(default_factory=Counter)
+    examples: list[dict[str, str]] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def add(self, reason: str, rec: SourceRecord, detail: str) -> None:
+        self.counts[reason] += 1
+        if len(self.examples) < REFUSED_EXAMPLES:
+            self.examples.append(
+                {"reason": reason, "where": rec.where, "key": rec.key or "", "detail": detail}
+            )
+
+
+_REASONS: tuple[tuple[type[RecordError], str], ...] = (
+    (MissingKeyError, "no key"),
+    (InvalidKeyError, "bad key"),
+    (RecordTooLargeError, "too large"),
+    (InvalidMsgIdError, "bad msg-id"),
+    (RecordError, "refused"),
+)
+
+
+async def publish_records(
+    pub: OrderedPublisher,
+    records: Iterable[SourceRecord] | AsyncIterable[SourceRecord],
+    refusals: Refusals,
+    *,
+    msg_id_field: str | None = None,
+    skip: Mapping[int, int] | None = None,
+) -> int:
+    """Publish every record; refused ones are counted in ``refusals`` (never dropped
+    silently). ``skip``: partition -> how many of its first keyed records to pass over
+    (stored by an earlier attempt; the publisher was started with the same ``start_after``
+    so the rest keep their positions). Returns how many records were read."""
+    read = 0
+    left = {p: n for p, n in (skip or {}).items() if n > 0}
+
+    async def one(rec: SourceRecord) -> None:
+        if left and rec.key:
+            p = partition_for(rec.key, pub.partitions)
+            if left.get(p):
+                left[p] -= 1
+                return
+        if msg_id_field and rec.msg_id is None:
+            refusals.add("no msg-id", rec, f"field {msg_id_field!r} is missing or empty")
+            return
+        try:
+            await pub.publish(rec.key, rec.payload, msg_id=rec.msg_id)
+        except RecordError as exc:
+            reason = next(r for t, r in _REASONS if isinstance(exc, t))
+            refusals.add(reason, rec, str(exc))
+
+    if isinstance(records, AsyncIterable):
+        async for rec in records:
+            read += 1
+            await one(rec)
+    else:
+        for rec in records:
+            read += 1
+            await one(rec)
+    return read
+
+
+@dataclass
+class RunResult:
+    """What :func:`publish_run` did. ``skipped``: the run was complete already."""
+
+    record: RunRecord
+    skipped: bool
+    summary: PublishSummary | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.record.to_dict(), "skipped": self.skipped}
+
+
+async def publish_run(
+    nc: NATS,
+    stream: str,
+    records: Iterable[SourceRecord] | AsyncIterable[SourceRecord],
+    *,
+    producer_id: str,
+    config: PublisherConfig | None = None,
+    allow_refused: bool = False,
+    msg_id_field: str | None = None,
+    expected_partitions: int | None = None,
+) -> RunResult:
+    """Publish ``records`` as the run ``producer_id``, at most once per run.
+
+    A run the ledger has as complete is not published again (``skipped``); a partial or
+    interrupted one resumes after what it had stored. The result is recorded whatever
+    happens; a run with failed records, or refused ones without ``allow_refused``, is
+    recorded ``partial`` (the caller decides whether that fails its task).
+    """
+    if not producer_id or not producer_id.strip():
+        raise ConfigError("producer_id must name the run (e.g. '<dag>.<task>.<logical date>')")
+    ledger = await RunLedger.open(nc, stream)
+    previous = await ledger.get(producer_id)
+    if previous is not None and previous.status == "complete":
+        return RunResult(previous, skipped=True)
+    rec = await ledger.begin(producer_id)
+    base = config or PublisherConfig()
+    knobs = {**asdict(base), "producer_id": producer_id}
+    # what earlier attempts had stored, by partition: skipped, not re-sent
+    resume = dict(previous.acked_per_partition) if previous is not None else {}
+    pub = OrderedPublisher(
+        nc,
+        stream,
+        PublisherConfig(**knobs),
+        expected_partitions=expected_partitions,
+        start_after=resume,
+    )
+    refusals = Refusals()
+    summary: PublishSummary | None = None
+    try:
+        await pub.start()
+        await publish_records(pub, records, refusals, msg_id_field=msg_id_field, skip=resume)
+        summary = await pub.close(raise_on_failure=False)
+    except BaseException as exc:
+        rec.error = f"{type(exc).__name__}: {exc}"
+        rec.status = "partial"
+        rec.finished = time.time()
+        await pub.close(raise_on_failure=False)
+        _absorb(rec, pub.summary, refusals)
+        await ledger.record(rec)
+        raise
+    _absorb(rec, summary, refusals)
+    complete = rec.failed == 0 and (rec.refused == 0 or allow_refused)
+    rec.status = "complete" if complete else "partial"
+    rec.finished = time.time()
+    if summary is not None and summary.failed:
+        rec.error = next((p.error for p in summary.partitions if p.error), None)
+    await ledger.record(rec)
+    return RunResult(rec, skipped=False, summary=summary)
+
+
+def _absorb(rec: RunRecord, summary: PublishSummary | None, refusals: Refusals) -> None:
+    rec.refused = refusals.total
+    rec.refused_reasons = dict(refusals.counts)
+    rec.refused_examples = list(refusals.examples)
+    if summary is None:
+        return
+    rec.accepted = summary.accepted
+    rec.failed = summary.failed
+    rec.duplicates = summary.duplicates
+    for p in summary.partitions:
+        # records skipped on resume were stored by an earlier attempt: they count as stored
+        rec.acked_per_partition[p.partition] = p.offset + p.acked
+        if p.last_seq:
+            rec.high_water_marks[p.partition] = p.last_seq
+    rec.acked = sum(rec.acked_per_partition.values())
+    rec.skipped = sum(p.offset for p in summary.partitions)
