@@ -39,10 +39,28 @@ def get_provider_info() -> dict:
                 "python-modules": ["airflow_nats_ordered.hooks.nats"],
             }
         ],
+        "operators": [
+            {
+                "integration-name": "NATS JetStream",
+                "python-modules": [
+                    "airflow_nats_ordered.operators.streams",
+                    "airflow_nats_ordered.operators.publish",
+                ],
+            }
+        ],
+        "sensors": [
+            {
+                "integration-name": "NATS JetStream",
+                "python-modules": ["airflow_nats_ordered.sensors.drain"],
+            }
+        ],
         "triggers": [
             {
                 "integration-name": "NATS JetStream",
-                "python-modules": ["airflow_nats_ordered.triggers.messages"],
+                "python-modules": [
+                    "airflow_nats_ordered.triggers.drain",
+                    "airflow_nats_ordered.triggers.messages",
+                ],
             }
         ],
         "queues": ["airflow_nats_ordered.queues.nats.NatsMessageQueueProvider"],

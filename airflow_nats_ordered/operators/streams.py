@@ -1,0 +1,98 @@
+"""Provision a partitioned stream from a DAG (create, or verify and apply safe changes)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from airflow.sdk import BaseOperator
+
+from ..core.streams import DEFAULT_DUPLICATE_WINDOW, ProvisionResult, StreamSpec, provision
+from ..hooks.nats import NatsHook
+
+
+class NatsProvisionStreamOperator(BaseOperator):
+    """Create-or-verify a partitioned stream; idempotent, so it belongs at the top of a DAG.
+
+    The arguments are the desired state: limits, duplicate window, replicas and description
+    are applied in place when they differ; a different partition count, prefix or storage
+    fails the task with what differs and what to do (they cannot change in place).
+
+    ``duplicate_window`` must exceed the longest retry of anything publishing to the
+    stream (Spark task retries, this DAG's task retries with their delays): inside it a
+    retried publish stores nothing twice. Returns the stream's facts (XCom).
+    """
+
+    template_fields: Sequence[str] = ("stream", "subject_prefix", "description")
+    ui_color = "#b4e0c8"
+
+    def __init__(
+        self,
+        *,
+        stream: str,
+        partitions: int,
+        subject_prefix: str | None = None,
+        replicas: int = 1,
+        storage: Literal["file", "memory"] = "file",
+        duplicate_window: float = DEFAULT_DUPLICATE_WINDOW,
+        max_age: float | None = None,
+        max_bytes: int | None = None,
+        max_msgs: int | None = None,
+        max_msg_size: int | None = None,
+        description: str | None = None,
+        nats_conn_id: str = NatsHook.default_conn_name,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.stream = stream
+        self.partitions = partitions
+        self.subject_prefix = subject_prefix
+        self.replicas = replicas
+        self.storage = storage
+        self.duplicate_window = duplicate_window
+        self.max_age = max_age
+        self.max_bytes = max_bytes
+        self.max_msgs = max_msgs
+        self.max_msg_size = max_msg_size
+        self.description = description
+        self.nats_conn_id = nats_conn_id
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        spec = StreamSpec(
+            name=self.stream,
+            partitions=self.partitions,
+            subject_prefix=self.subject_prefix,
+            replicas=self.replicas,
+            storage=self.storage,
+            duplicate_window=self.duplicate_window,
+            max_age=self.max_age,
+            max_bytes=self.max_bytes,
+            max_msgs=self.max_msgs,
+            max_msg_size=self.max_msg_size,
+            description=self.description,
+        )
+
+        async def run(nc: Any) -> ProvisionResult:
+            return await provision(nc, spec)
+
+        result = NatsHook(self.nats_conn_id).run(run)
+        s = result.stream
+        self.log.info(
+            "stream %s %s (%d partitions, prefix %s, R%d)%s",
+            s.name,
+            result.action,
+            s.partitions,
+            s.prefix,
+            s.replicas,
+            f": {'; '.join(result.changes)}" if result.changes else "",
+        )
+        return {
+            "stream": s.name,
+            "action": result.action,
+            "changes": list(result.changes),
+            "partitions": s.partitions,
+            "prefix": s.prefix,
+            "replicas": s.replicas,
+            "duplicate_window": s.duplicate_window,
+            "created": s.created,
+        }

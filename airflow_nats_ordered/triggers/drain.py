@@ -1,0 +1,126 @@
+"""Wait in the triggerer until a consumer group has processed what a run published."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from ..core.drain import (
+    DrainProgress,
+    DrainTimeoutError,
+    NoMembersError,
+    PartitionBlockedError,
+    wait_drained,
+)
+from ..core.errors import NatsOrderedError
+from ..hooks.nats import NatsHook
+
+#: how often progress (lag per partition still behind) is logged while waiting
+LOG_EVERY = 30.0
+
+
+class NatsGroupDrainTrigger(BaseTrigger):
+    """Fires once every partition's committed position reached its mark.
+
+    It watches the group's commit records (pushed by the server, not polled), so success is
+    seen within a commit of the last message. The event is ``{"status": "success", ...}``
+    or ``{"status": "error", "reason": "blocked" | "no_members" | "timeout" | "error",
+    "message": ...}``; the sensor turns an error into a task failure with the message.
+
+    ``marks``: partition (as text, JSON keys) -> stream sequence; concrete, never "now"
+    (the sensor resolves that before deferring, so a triggerer restart does not move them).
+    ``timeout``: seconds from ``started`` (epoch), so a restarted trigger keeps the deadline.
+    ``no_members_timeout``: fail when no member of the group has been alive this long.
+    """
+
+    def __init__(
+        self,
+        *,
+        stream: str,
+        group: str,
+        marks: dict[str, int],
+        nats_conn_id: str = NatsHook.default_conn_name,
+        timeout: float | None = None,
+        started: float | None = None,
+        no_members_timeout: float | None = 60.0,
+    ) -> None:
+        super().__init__()
+        self.stream = stream
+        self.group = group
+        self.marks = {str(p): int(m) for p, m in marks.items()}
+        self.nats_conn_id = nats_conn_id
+        self.timeout = timeout
+        self.started = started if started is not None else time.time()
+        self.no_members_timeout = no_members_timeout
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {
+                "stream": self.stream,
+                "group": self.group,
+                "marks": self.marks,
+                "nats_conn_id": self.nats_conn_id,
+                "timeout": self.timeout,
+                "started": self.started,
+                "no_members_timeout": self.no_members_timeout,
+            },
+        )
+
+    def _log_progress(self, progress: DrainProgress) -> None:
+        now = time.monotonic()
+        if now - getattr(self, "_logged", 0.0) < LOG_EVERY and not progress.done:
+            return
+        self._logged = now
+        behind = progress.behind
+        if not behind:
+            self.log.info(
+                "group %s of %s: every partition reached its mark", self.group, self.stream
+            )
+            return
+        shown = ", ".join(f"p{p} {c}/{m}" for p, (c, m) in list(behind.items())[:16])
+        self.log.info(
+            "group %s of %s: %d partition(s) behind (committed/mark): %s%s",
+            self.group,
+            self.stream,
+            len(behind),
+            shown,
+            " ..." if len(behind) > 16 else "",
+        )
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        remaining = None
+        if self.timeout is not None:
+            remaining = max(0.0, self.timeout - (time.time() - self.started))
+        base = {"stream": self.stream, "group": self.group}
+        try:
+            async with NatsHook(self.nats_conn_id).aconnect() as nc:
+                progress = await wait_drained(
+                    nc,
+                    self.stream,
+                    self.group,
+                    marks={int(p): m for p, m in self.marks.items()},
+                    timeout=remaining,
+                    no_members_timeout=self.no_members_timeout,
+                    on_progress=self._log_progress,
+                )
+        except PartitionBlockedError as exc:
+            event = {**base, "status": "error", "reason": "blocked", "message": str(exc)}
+        except NoMembersError as exc:
+            event = {**base, "status": "error", "reason": "no_members", "message": str(exc)}
+        except DrainTimeoutError as exc:
+            event = {**base, "status": "error", "reason": "timeout", "message": str(exc)}
+        except NatsOrderedError as exc:
+            event = {**base, "status": "error", "reason": "error", "message": str(exc)}
+        else:
+            event = {
+                **base,
+                "status": "success",
+                "marks": self.marks,
+                "waited": round(progress.elapsed, 3),
+                "since_start": round(time.time() - self.started, 3),
+            }
+        yield TriggerEvent(event)
