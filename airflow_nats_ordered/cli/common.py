@@ -256,6 +256,13 @@ def add_connection_flags(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="give up connecting after this long (default 5)",
     )
+    g.add_argument(
+        "--conn-id",
+        metavar="ID",
+        help="take every connection setting from this Airflow connection of type nats (looked "
+        "up as Airflow does: AIRFLOW_CONN_<ID> variables, secrets backends, its database); "
+        "needs Airflow installed; not combinable with the flags above",
+    )
     parser.add_argument(
         "-v", "--verbose", action="count", default=0, help="log more (repeat for debug logs)"
     )
@@ -267,9 +274,12 @@ def connection_options(
     """The one place CLI flags become :class:`ConnectionOptions`: the environment, then flags.
 
     ``--user`` takes its password from ``$NATS_PASSWORD`` (never from the command line).
-    Raises ConfigError naming the flag or variable that is wrong.
+    ``--conn-id`` takes everything from an Airflow connection instead (and ignores the
+    ``NATS_*`` variables). Raises ConfigError naming the flag or variable that is wrong.
     """
     env = os.environ if env is None else env
+    if getattr(args, "conn_id", None):
+        return airflow_connection_options(args)
     servers: tuple[str, ...] | None = None
     if args.server:
         servers = tuple(s.strip() for v in args.server for s in v.split(",") if s.strip())
@@ -294,6 +304,51 @@ def connection_options(
         overrides["user"] = args.user
         overrides["password"] = password
     return ConnectionOptions.from_env(env, **overrides)
+
+
+#: connection flags (argparse dests) that --conn-id replaces
+_FLAG_DESTS = (
+    "server",
+    "creds",
+    "nkey",
+    "user",
+    "tls_ca",
+    "tls_cert",
+    "tls_key",
+    "connect_timeout",
+)
+
+
+def airflow_connection_options(args: argparse.Namespace) -> ConnectionOptions:
+    """The options of Airflow connection ``--conn-id``, through :class:`NatsHook` (so
+    ``AIRFLOW_CONN_*`` variables and secrets backends work). Airflow is imported only here:
+    every other command line works without it. Raises ConfigError saying what to fix."""
+    conn_id = args.conn_id
+    given = [f"--{d.replace('_', '-')}" for d in _FLAG_DESTS if getattr(args, d, None)]
+    if given:
+        raise ConfigError(
+            f"--conn-id {conn_id} takes every connection setting from the Airflow connection; "
+            f"drop {', '.join(given)} (or drop --conn-id and give the flags)"
+        )
+    try:
+        from airflow.sdk.exceptions import AirflowNotFoundException
+
+        from ..hooks.nats import NatsHook
+    except ImportError as exc:
+        raise ConfigError(
+            f"--conn-id {conn_id} reads an Airflow connection, but Airflow cannot be imported "
+            f"({exc}); install it (pip install 'airflow-nats-ordered[airflow]') or give the "
+            "connection with --server/--creds/--user... flags or NATS_* variables"
+        ) from None
+    try:
+        return NatsHook(conn_id).get_options()
+    except AirflowNotFoundException:
+        raise ConfigError(
+            f"Airflow connection {conn_id!r} is not defined: add it (`airflow connections add "
+            f"{conn_id} --conn-type nats --conn-host HOST:4222`, or the environment variable "
+            f"AIRFLOW_CONN_{conn_id.upper()} as JSON or URI; one that does not parse reads as "
+            "not defined) or pass the right --conn-id"
+        ) from None
 
 
 @contextlib.asynccontextmanager

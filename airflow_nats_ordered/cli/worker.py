@@ -11,11 +11,14 @@ import inspect
 import os
 import signal
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 from ..core.connection import ConnectionOptions
+from ..core.errors import ConfigError
 from ..core.worker import Worker, WorkerConfig
 from ..handlers import load_handler
+from ..metrics import MemberMetrics, MetricsServer, serve_member
 from .common import (
     EXIT_FAILED,
     EXIT_OK,
@@ -32,6 +35,31 @@ from .common import (
 
 
 def configure(p: argparse.ArgumentParser) -> None:
+    add_member_flags(p)
+    p.add_argument(
+        "--member-id", metavar="ID", default=None, help="stable member id (default: HOST-PID)"
+    )
+    add_metrics_flags(p, "this member's")
+
+
+def add_metrics_flags(p: argparse.ArgumentParser, whose: str) -> None:
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help=f"serve {whose} Prometheus metrics on http://ADDR:PORT/metrics and its health "
+        "on /healthz (503 when it cannot renew its leases) (default: not served)",
+    )
+    p.add_argument(
+        "--metrics-addr",
+        default="0.0.0.0",
+        metavar="ADDR",
+        help="address the metrics endpoint listens on (default 0.0.0.0)",
+    )
+
+
+def add_member_flags(p: argparse.ArgumentParser) -> None:
+    """The flags of a member's work, shared by ``worker`` and ``pool``."""
     p.add_argument("--stream", required=True, metavar="S", help="partitioned stream")
     p.add_argument(
         "--group",
@@ -45,9 +73,6 @@ def configure(p: argparse.ArgumentParser) -> None:
         metavar="MODULE:FUNC",
         help="the handler, e.g. mypkg.handlers:apply (a function, coroutine or "
         "class; see airflow_nats_ordered.handlers)",
-    )
-    p.add_argument(
-        "--member-id", metavar="ID", default=None, help="stable member id (default: HOST-PID)"
     )
     p.add_argument(
         "--lease-ttl",
@@ -159,6 +184,34 @@ def _worker_config(args: argparse.Namespace) -> WorkerConfig:
     return WorkerConfig(args.stream, args.group, **kw)
 
 
+@contextlib.contextmanager
+def _serving_metrics(worker: Worker, nc: Any, args: argparse.Namespace) -> Iterator[None]:
+    """Metrics and health on ``--metrics-port`` (if given) while the block runs."""
+    if args.metrics_port is None:
+        yield
+        return
+    server, metrics = serve_metrics(worker, nc, args.metrics_port, args.metrics_addr)
+    probe = asyncio.ensure_future(metrics.run())
+    try:
+        yield
+    finally:
+        probe.cancel()
+        server.close()
+
+
+def serve_metrics(
+    worker: Worker, nc: Any, port: int, addr: str
+) -> tuple[MetricsServer, MemberMetrics]:
+    """Serve ``worker``'s metrics and health; a port in use is a usage error."""
+    try:
+        return serve_member(worker, nc, port, addr)
+    except OSError as exc:
+        raise ConfigError(
+            f"--metrics-port {port}: cannot listen on {addr}:{port} ({exc.strerror}); "
+            "pick a free port"
+        ) from None
+
+
 def _install_stack_dumps(loop: asyncio.AbstractEventLoop) -> None:
     """``kill -USR1 <pid>``: every thread's stack to stderr, even if the event loop is
     blocked (faulthandler, in C). ``kill -USR2 <pid>``: every asyncio task's stack (needs
@@ -199,53 +252,54 @@ async def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
             on_revoke=loaded.on_revoke,
             fencing_floor=loaded.fencing_floor,
         )
-        stop = asyncio.Event()
-        received: list[int] = []
+        with _serving_metrics(worker, nc, args):
+            stop = asyncio.Event()
+            received: list[int] = []
 
-        def exit_now(sig: int, _frame: object = None) -> None:
-            os._exit(EXIT_SIGTERM if sig == signal.SIGTERM else EXIT_SIGINT)
+            def exit_now(sig: int, _frame: object = None) -> None:
+                os._exit(EXIT_SIGTERM if sig == signal.SIGTERM else EXIT_SIGINT)
 
-        def on_signal(sig: int) -> None:
-            received.append(sig)
-            if len(received) == 1:
-                print_err(
-                    f"member {cfg.member_id}: stopping (finishing messages in hand, "
-                    "committing, releasing leases; signal again to exit at once)"
-                )
-                stop.set()
-                # the second signal must work even if the event loop is blocked (say, in a
-                # handler's close() waiting on a lock): a plain handler, not the loop's
-                for s in (signal.SIGINT, signal.SIGTERM):
-                    with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-                        loop.remove_signal_handler(s)
-                        signal.signal(s, exit_now)
-            else:
-                exit_now(sig)
+            def on_signal(sig: int) -> None:
+                received.append(sig)
+                if len(received) == 1:
+                    print_err(
+                        f"member {cfg.member_id}: stopping (finishing messages in hand, "
+                        "committing, releasing leases; signal again to exit at once)"
+                    )
+                    stop.set()
+                    # the second signal must work even if the event loop is blocked (say, in a
+                    # handler's close() waiting on a lock): a plain handler, not the loop's
+                    for s in (signal.SIGINT, signal.SIGTERM):
+                        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                            loop.remove_signal_handler(s)
+                            signal.signal(s, exit_now)
+                else:
+                    exit_now(sig)
 
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-                loop.add_signal_handler(sig, on_signal, sig)
-        _install_stack_dumps(loop)
-        await worker.start()
-        print_err(f"member {cfg.member_id} joined group {cfg.group} of {cfg.stream}")
-        waiter = asyncio.ensure_future(stop.wait())
-        await asyncio.wait(
-            {waiter, asyncio.ensure_future(worker.stopped.wait())},
-            return_when=asyncio.FIRST_COMPLETED,
-        )
-        crashed = not stop.is_set()
-        await worker.stop()
-        if loaded.close is not None:
-            r = loaded.close()
-            if inspect.isawaitable(r):
-                await r
-        st = worker.stats
-        print_err(
-            f"member {cfg.member_id} left: {st['processed']:,} messages processed, "
-            f"{st['retries']} retries, {st['dead_lettered']} dead-lettered, "
-            f"{st['fenced']} fenced, {st['leases_lost']} leases lost"
-        )
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                    loop.add_signal_handler(sig, on_signal, sig)
+            _install_stack_dumps(loop)
+            await worker.start()
+            print_err(f"member {cfg.member_id} joined group {cfg.group} of {cfg.stream}")
+            waiter = asyncio.ensure_future(stop.wait())
+            await asyncio.wait(
+                {waiter, asyncio.ensure_future(worker.stopped.wait())},
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+            crashed = not stop.is_set()
+            await worker.stop()
+            if loaded.close is not None:
+                r = loaded.close()
+                if inspect.isawaitable(r):
+                    await r
+            st = worker.stats
+            print_err(
+                f"member {cfg.member_id} left: {st['processed']:,} messages processed, "
+                f"{st['retries']} retries, {st['dead_lettered']} dead-lettered, "
+                f"{st['fenced']} fenced, {st['leases_lost']} leases lost"
+            )
     if crashed:
         print_err(
             f"error: member {cfg.member_id} stopped on an error (logged above) and left the "
