@@ -43,7 +43,7 @@ import re
 import socket
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from nats.aio.client import Client as NATS
@@ -206,6 +206,45 @@ class CommitRecord:
             d.get("member", ""),
             d.get("ts", 0),
             d.get("stream", ""),
+        )
+
+
+@dataclass
+class RebalancePolicy:
+    """What the leader balances by, kept in the state bucket (key ``policy``).
+
+    ``cordon``: members that get no partitions; ``weights``: per-partition load (balance by
+    load, not count); ``slack``: how far above the average load a member may stay, used once
+    for the request ``request`` (an explicit rebalance), after which the leader's periodic
+    recomputation uses the default (a fixed point, so nothing churns). ``applied`` is the
+    last request the leader has applied and ``generation`` the assignment it produced."""
+
+    cordon: list[str] = field(default_factory=list)
+    weights: dict[int, float] = field(default_factory=dict)
+    slack: float | None = None
+    request: str = ""
+    applied: str = ""
+    generation: int = 0
+
+    @property
+    def pending(self) -> bool:
+        return bool(self.request) and self.request != self.applied
+
+    def to_json(self) -> bytes:
+        d = asdict(self)
+        d["weights"] = {str(p): w for p, w in self.weights.items()}
+        return _dump(d)
+
+    @classmethod
+    def from_json(cls, data: bytes | None) -> RebalancePolicy:
+        d = json.loads(data or b"{}")
+        return cls(
+            cordon=[str(m) for m in d.get("cordon", [])],
+            weights={int(p): float(w) for p, w in (d.get("weights") or {}).items()},
+            slack=d.get("slack"),
+            request=d.get("request", ""),
+            applied=d.get("applied", ""),
+            generation=int(d.get("generation", 0)),
         )
 
 
@@ -558,6 +597,42 @@ class GroupStore:
         )
         return seq
 
+    async def reset(self, partition: int, seq: int, *, by: str = "reset") -> tuple[int, int]:
+        """Set the partition's committed position to ``seq`` (the next message processed is
+        the first after it), under a new fencing token: the current owner's next commit
+        fails (Fenced) and its lease is taken away (so an idle owner notices at its next
+        renewal), it stops and hands the partition over, and whoever claims it next resumes
+        from ``seq``. Clears a ``blocked`` marker (a reset past a poison message is
+        how an operator skips it). Returns ``(previous position, token)``."""
+        live = await self.check_stream()
+        key = f"c.{partition}"
+        for _ in range(20):
+            rec, rev = await self._read_commit(partition)
+            token = next_token(rec.token if rec else 0, 0, time.time_ns() // 1_000_000)
+            value = _dump(
+                {
+                    "seq": seq,
+                    "token": token,
+                    "member": by,
+                    "ts": time.time(),
+                    "stream": live.created,
+                }
+            )
+            try:
+                if rev == 0:
+                    await self.state.create(key, value)
+                else:
+                    await self.state.update(key, value, last=rev)
+            except KeyWrongLastSequenceError:
+                continue  # the owner committed meanwhile: read again
+            await self.set_blocked(partition, None)
+            # take the lease away too: an idle owner would never commit, so never notice the
+            # new token; its next renewal now fails and it hands the partition over
+            with contextlib.suppress(KeyNotFoundError, KeyDeletedError):
+                await self.leases.delete(f"p.{partition}")
+            return (rec.seq if rec else 0), token
+        raise NatsOrderedError(f"could not reset partition {partition}: its record keeps changing")
+
     async def commit(self, grant: Grant, seq: int) -> None:
         """Record ``seq`` as processed, by CAS on the grant's revision; raises Fenced if a
         newer owner has bumped the token since.
@@ -611,6 +686,23 @@ class GroupStore:
             if last == 0:
                 return await self.state.create("assignment", data)
             return await self.state.update("assignment", data, last=last)
+        except KeyWrongLastSequenceError:
+            return None
+
+    async def read_policy(self) -> tuple[RebalancePolicy, int]:
+        """The rebalance policy and its revision (an empty policy, revision 0, if none)."""
+        try:
+            e = await self.state.get("policy")
+        except (KeyNotFoundError, KeyDeletedError):
+            return RebalancePolicy(), 0
+        return RebalancePolicy.from_json(e.value), e.revision or 0
+
+    async def write_policy(self, policy: RebalancePolicy, last: int) -> int | None:
+        """Write the policy by CAS on ``last`` (0: it must not exist); None if it changed."""
+        try:
+            if last == 0:
+                return await self.state.create("policy", policy.to_json())
+            return await self.state.update("policy", policy.to_json(), last=last)
         except KeyWrongLastSequenceError:
             return None
 

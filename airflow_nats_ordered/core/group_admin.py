@@ -10,14 +10,23 @@ stream has state.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import datetime as dt
+import time
+import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from nats.aio.client import Client as NATS
+from nats.js import api
 from nats.js.errors import BucketNotFoundError, NoKeysError, NotFoundError
 
-from .errors import NatsOrderedError
-from .group import GroupConfig
+from .assignor import Assignment, imbalance, moves
+from .errors import ConfigError, NatsOrderedError
+from .group import GroupConfig, GroupStore, RebalancePolicy
+from .streams import describe, partition_bounds
 
 #: Suffix of the dead-letter stream of a partitioned stream: ``ORDERS`` -> ``ORDERS_DLQ``.
 DEAD_LETTER_SUFFIX = "_DLQ"
@@ -198,3 +207,214 @@ async def _remove_dead_letters(nc: NATS, stream: str, group: str) -> tuple[int, 
     with contextlib.suppress(NotFoundError):  # deleted meanwhile: the outcome asked for
         await js.delete_stream(found.stream)
     return found.messages, True, None
+
+
+ResetTarget = Literal["earliest", "latest"] | Mapping[int, int]
+
+
+@dataclass(frozen=True)
+class GroupReset:
+    """What :func:`reset_group` did: per partition ``(previous position, new position)``."""
+
+    stream: str
+    group: str
+    positions: dict[int, tuple[int, int]]
+    live_members: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "stream": self.stream,
+            "group": self.group,
+            "positions": {str(p): {"from": a, "to": b} for p, (a, b) in self.positions.items()},
+            "live_members": self.live_members,
+        }
+
+
+async def reset_group(
+    nc: NATS,
+    stream: str,
+    group: str,
+    *,
+    to: ResetTarget,
+    partitions: Sequence[int] | None = None,
+    confirm: bool = False,
+) -> GroupReset:
+    """Rewind or skip a group's committed positions (Kafka's ``--reset-offsets``).
+
+    ``to``: ``"earliest"`` (re-process everything still in the stream), ``"latest"`` (skip
+    everything stored so far) or ``{partition: sequence}`` (the next message processed is
+    the first after that sequence). ``partitions`` limits it (default: all, or the mapping's).
+
+    Fenced: each reset record carries a new fencing token, so a running member's next commit
+    fails and it hands the partition over; nobody can write an old position back. The sink
+    is not touched: to re-apply messages it already applied, reset the sink as well (a
+    fenced sink ignores sequences at or below its last applied one). Refuses without
+    ``confirm=True``: a reset is how data gets processed twice or skipped.
+    """
+    if not confirm:
+        raise ConfigError(
+            f"resetting group {group} of stream {stream} re-processes or skips messages: pass "
+            "confirm=True to do it"
+        )
+    described = await describe(nc, stream)
+    if isinstance(to, str):
+        if to not in ("earliest", "latest"):
+            raise ConfigError(f"to must be 'earliest', 'latest' or {{partition: seq}}, got {to!r}")
+        chosen = list(range(described.partitions)) if partitions is None else list(partitions)
+    else:
+        chosen = sorted(int(p) for p in to) if partitions is None else list(partitions)
+    wrong = [p for p in chosen if not 0 <= p < described.partitions]
+    if wrong:
+        raise ConfigError(
+            f"stream {stream} has partitions 0 to {described.partitions - 1}; {wrong} do not exist"
+        )
+    store = await GroupStore.attach(nc, stream, group)
+    members = await live_members(nc, stream, group)
+    done: dict[int, tuple[int, int]] = {}
+    for p in chosen:
+        if isinstance(to, str):
+            first, last = await partition_bounds(nc, described, p)
+            seq = max(0, first - 1) if to == "earliest" else last
+        else:
+            seq = int(to[p])
+            if seq < 0:
+                raise ConfigError(f"the position of partition {p} must be >= 0, got {seq}")
+        before, _ = await store.reset(p, seq)
+        done[p] = (before, seq)
+    return GroupReset(stream, group, done, members)
+
+
+@dataclass(frozen=True)
+class Rebalanced:
+    """What :func:`rebalance_group` did: the moves ``partition -> (old owner, new owner)``,
+    the generation in force, and (with weights) the imbalance before and after."""
+
+    stream: str
+    group: str
+    generation: int
+    moves: dict[int, tuple[str | None, str]]
+    owners: dict[int, str]
+    imbalance_before: float | None
+    imbalance_after: float | None
+    settled_in: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "stream": self.stream,
+            "group": self.group,
+            "generation": self.generation,
+            "moves": {str(p): {"from": a, "to": b} for p, (a, b) in self.moves.items()},
+            "owners": {str(p): m for p, m in self.owners.items()},
+            "imbalance_before": self.imbalance_before,
+            "imbalance_after": self.imbalance_after,
+            "settled_in": round(self.settled_in, 3),
+        }
+
+
+async def rebalance_group(
+    nc: NATS,
+    stream: str,
+    group: str,
+    *,
+    cordon: Sequence[str] = (),
+    weights: Mapping[int, float] | None = None,
+    slack: float | None = 0.0,
+    timeout: float = 60.0,
+) -> Rebalanced:
+    """Ask the group's leader for a new assignment now and wait until it has settled
+    (every partition's lease held by its assigned owner).
+
+    ``cordon``: members to take every partition away from (before maintenance); it stays in
+    force until the next rebalance request without them. ``weights``: per-partition load
+    (e.g. :func:`partition_rates`); movement stays minimal for the given ``slack`` (how far
+    above the average load a member may stay; 0 balances as tightly as the weights allow).
+    Raises :class:`NatsOrderedError` if no leader applies the request in ``timeout`` (no
+    member running) or the group does not settle.
+    """
+    t0 = time.monotonic()
+    store = await GroupStore.attach(nc, stream, group)
+    data, _ = await store.read_assignment()
+    before = Assignment.from_json(data) if data else None
+    request = uuid.uuid4().hex
+    while True:
+        policy, rev = await store.read_policy()
+        wanted = RebalancePolicy(
+            cordon=sorted(set(cordon)),
+            weights={int(p): float(w) for p, w in (weights or {}).items()},
+            slack=slack,
+            request=request,
+            applied=policy.applied,
+            generation=policy.generation,
+        )
+        if await store.write_policy(wanted, rev) is not None:
+            break
+    deadline = t0 + timeout
+    while True:
+        policy, _ = await store.read_policy()
+        if policy.applied == request:
+            break
+        if policy.request != request:
+            raise NatsOrderedError(
+                f"another rebalance request for group {group} replaced this one; check "
+                f"`nats-ordered status --stream {stream} --group {group}`"
+            )
+        if time.monotonic() > deadline:
+            raise NatsOrderedError(
+                f"no leader of group {group} (stream {stream}) applied the rebalance within "
+                f"{timeout:g}s: are its workers running? (`nats-ordered status --stream "
+                f"{stream} --group {group}`)"
+            )
+        await asyncio.sleep(0.1)
+    data, _ = await store.read_assignment()
+    after = Assignment.from_json(data) if data else Assignment(0, {})
+    while True:
+        snap = await store.snapshot()
+        unsettled = {
+            p: owner for p, owner in after.owners.items() if snap.leases.get(p, ("", 0))[0] != owner
+        }
+        if not unsettled:
+            break
+        if time.monotonic() > deadline:
+            shown = ", ".join(f"{p} -> {m}" for p, m in list(unsettled.items())[:8])
+            raise NatsOrderedError(
+                f"group {group} did not settle within {timeout:g}s after generation "
+                f"{after.generation}: partitions not yet claimed by their owner: {shown}"
+            )
+        await asyncio.sleep(0.1)
+    return Rebalanced(
+        stream,
+        group,
+        after.generation,
+        moves(before, after),
+        dict(after.owners),
+        imbalance(before, weights) if weights and before else None,
+        imbalance(after, weights) if weights else None,
+        time.monotonic() - t0,
+    )
+
+
+async def partition_rates(nc: NATS, stream: str, window: float = 3600.0) -> dict[int, float]:
+    """Messages per second stored in each partition over the last ``window`` seconds (what
+    a rebalance by load weighs). Counted by the server: an ephemeral consumer per partition
+    starting at ``now - window`` reports how many messages it has pending."""
+    described = await describe(nc, stream)
+    js = nc.jetstream()
+    since = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=window)
+
+    async def rate(p: int) -> tuple[int, float]:
+        info = await js.add_consumer(
+            described.name,
+            config=api.ConsumerConfig(
+                deliver_policy=api.DeliverPolicy.BY_START_TIME,
+                opt_start_time=since.isoformat().replace("+00:00", "Z"),
+                ack_policy=api.AckPolicy.NONE,
+                filter_subject=described.subject(p),
+                mem_storage=True,
+                inactive_threshold=5.0,
+            ),
+        )
+        with contextlib.suppress(Exception):
+            await js.delete_consumer(described.name, info.name or "")
+        return p, (info.num_pending or 0) / window
+
+    return dict(await asyncio.gather(*(rate(p) for p in range(described.partitions))))

@@ -59,6 +59,7 @@ from .group import (
     Lease,
     LeaseLost,
     MissingCommitPolicy,
+    RebalancePolicy,
     default_member_id,
 )
 from .partitioning import partition_subject
@@ -725,9 +726,14 @@ class Worker:
                     continue
                 data, rev = await self.store.read_assignment()
                 previous = Assignment.from_json(data) if data else None
-                new = assign(self.stream.partitions, members, previous)
+                policy, policy_rev = await self.store.read_policy()
+                new = self._assign(members, previous, policy)
                 changed = previous is None or new.owners != previous.owners
-                if changed and await self.store.write_assignment(new.to_json(), rev) is not None:
+                written = await self.store.write_assignment(new.to_json(), rev) if changed else rev
+                if written is not None and policy.pending:
+                    policy.applied, policy.generation = policy.request, new.generation
+                    await self.store.write_policy(policy, policy_rev)
+                if changed and written is not None:
                     self._audit(
                         kind="assignment",
                         generation=new.generation,
@@ -741,6 +747,29 @@ class Worker:
                     )
             except (TimeoutError, NatsError) as exc:
                 log.warning("member %s: leader loop: %s", self.member, exc)
+
+    def _assign(
+        self, members: list[str], previous: Assignment | None, policy: RebalancePolicy
+    ) -> Assignment:
+        """The leader's assignment under the group's rebalance policy. The policy's slack
+        applies only to a pending request (an explicit rebalance); cordoning every live
+        member is not obeyed (nobody would process anything) and is reported."""
+        weights = policy.weights or None
+        slack = policy.slack if policy.pending else None
+        try:
+            new = assign(
+                self.stream.partitions,
+                members,
+                previous,
+                weights=weights,
+                cordon=policy.cordon,
+                slack=slack if weights else None,
+            )
+            self._report("policy", None)
+            return new
+        except ValueError as exc:
+            self._report("policy", f"rebalance policy not applied: {exc}")
+            return assign(self.stream.partitions, members, previous, weights=weights)
 
     async def _reconcile_loop(self) -> None:
         while True:
