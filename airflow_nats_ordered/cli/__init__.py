@@ -6,23 +6,28 @@ Usage (``nats-ordered COMMAND --help`` for every flag)::
     nats-ordered publish --stream ORDERS orders.jsonl --key-field customer \\
         [--order-by ts] [--msg-id-field id] [--json]
     nats-ordered info --stream ORDERS [--json]
-    nats-ordered worker --stream ORDERS --group billing --handler mypkg.handlers:apply
+    nats-ordered worker --stream ORDERS --group billing --handler mypkg.handlers:apply \\
+        [--conn-id nats_default] [--metrics-port 9108]
+    nats-ordered pool --size 3 --stream ORDERS --group billing --handler mypkg.handlers:apply
     nats-ordered status --stream ORDERS --group billing [--wait-drained [--timeout 10m]]
+    nats-ordered status --stream ORDERS --group billing --watch [--interval 2s]
     nats-ordered group delete --stream ORDERS --group billing [--force] [--dead-letters]
 
 Every command takes the connection flags (``--server``, ``--creds``, ``--nkey``, ``--user``,
 ``--tls-ca``/``--tls-cert``/``--tls-key``, ``--connect-timeout``) on top of the ``nats`` CLI
 environment variables (``NATS_URL``, ``NATS_USER``, ``NATS_PASSWORD``, ``NATS_TOKEN``,
-``NATS_CREDS``, ``NATS_NKEY``, ``NATS_CA``, ``NATS_CERT``, ``NATS_KEY``). Secrets
+``NATS_CREDS``, ``NATS_NKEY``, ``NATS_CA``, ``NATS_CERT``, ``NATS_KEY``), or
+``--conn-id ID`` to take them all from an Airflow connection of type ``nats``. Secrets
 (passwords, tokens, nkey seeds) are never taken from the command line: a password comes
 from ``$NATS_PASSWORD``, a token from ``$NATS_TOKEN``, seeds from files.
 
 Exit codes (:data:`.common.EXIT_CODES_HELP`, shown by ``--help``): 0 success, including a
-worker that left gracefully on SIGTERM/SIGINT; 1 not everything done (records refused or not
-stored, not drained in time, a group with live members); 2 usage, configuration, input or
+worker or pool that left gracefully on SIGTERM/SIGINT; 1 not everything done (records refused
+or not stored, not drained in time, a group with live members, pool members that did not
+leave gracefully); 2 usage, configuration, input or
 connection errors; 3 runtime failures (a worker stopped on an error, a blocked partition,
 an unexpected error); 130/143 interrupted by SIGINT/SIGTERM (publish, after flushing what
-was accepted; worker, on a second signal without the graceful leave).
+was accepted; worker and pool, on a second signal without the graceful leave).
 
 Adding a command: a module ``cli/x.py`` with ``configure(parser)``, ``async def run(args,
 options) -> int`` and ``COMMAND = Command("x", ...)``, listed in :data:`COMMANDS`.
@@ -43,7 +48,7 @@ import nats.errors
 import nats.js.errors
 
 from ..core.errors import NatsOrderedError
-from . import group, info, provision, publish, status, worker
+from . import group, info, pool, provision, publish, status, worker
 from .common import (
     EXIT_CODES_HELP,
     EXIT_FAILED,
@@ -76,6 +81,7 @@ COMMANDS: list[Command] = [
     provision.COMMAND,
     publish.COMMAND,
     worker.COMMAND,
+    pool.COMMAND,
     status.COMMAND,
     info.COMMAND,
     group.COMMAND,

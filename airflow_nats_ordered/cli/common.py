@@ -41,14 +41,15 @@ EXIT_SIGINT = 130
 EXIT_SIGTERM = 143
 
 EXIT_CODES_HELP = """exit codes:
-  0    success (a worker that left gracefully on SIGTERM/SIGINT exits 0 too)
+  0    success (a worker or pool that left gracefully on SIGTERM/SIGINT exits 0 too)
   1    not everything done: records refused or not stored (publish), not drained
-       before --timeout (status --wait-drained), live members (group delete)
+       before --timeout (status --wait-drained), live members (group delete), members
+       that did not leave gracefully after the signal (pool)
   2    usage, configuration, input or connection error (the message says what to fix)
   3    runtime failure: a worker stopped on an error, a partition blocked on a poison
        message (status --wait-drained), or an unexpected error
   130  interrupted by SIGINT (Ctrl-C), 143 by SIGTERM: publish after flushing what was
-       accepted; worker on a second signal, without the graceful leave"""
+       accepted; worker and pool on a second signal, without the graceful leave"""
 
 
 # ---------------------------------------------------------------------------- values
