@@ -45,6 +45,7 @@ def get_provider_info() -> dict:
                 "python-modules": [
                     "airflow_nats_ordered.operators.streams",
                     "airflow_nats_ordered.operators.publish",
+                    "airflow_nats_ordered.operators.group",
                 ],
             }
         ],

@@ -150,3 +150,87 @@ def test_drain_sensor_fails_fast_when_no_worker_consumes_the_group(
     took = time.monotonic() - t0
     assert task_states(run)["drained"] == "failed", task_states(run)
     assert took < 60, f"took {took:.0f}s to give up on a group nobody consumes"
+
+
+OPERATE = """
+import datetime as dt
+from airflow.sdk import DAG
+from airflow_nats_ordered.operators.group import NatsRebalanceOperator, NatsResetGroupOperator
+
+with DAG(dag_id="{dag_id}", schedule=None, start_date=dt.datetime(2024, 1, 1)) as dag:
+    cordon = NatsRebalanceOperator(
+        task_id="cordon", stream="{stream}", group="g", cordon=["af-2"]
+    )
+    by_load = NatsRebalanceOperator(
+        task_id="by_load", stream="{stream}", group="g", weights="rates", rate_window=600
+    )
+    rewind = NatsResetGroupOperator(
+        task_id="rewind", stream="{stream}", group="g", to="earliest", confirm=True
+    )
+    cordon >> by_load >> rewind
+"""
+
+
+def test_rebalance_and_reset_operators_in_a_dag(nats_url, unique_name, monkeypatch):
+    monkeypatch.setenv("AIRFLOW_CONN_NATS_DEFAULT", nats_connection(nats_url))
+    seen: list[int] = []
+
+    async def handler(msg):
+        seen.append(json.loads(msg.data)["i"])
+
+    async def publish(nc):
+        from airflow_nats_ordered.core.publisher import OrderedPublisher
+
+        async with OrderedPublisher(nc, unique_name) as pub:
+            for i in range(200):
+                await pub.publish("hot" if i % 4 else f"k{i}", json.dumps({"i": i}).encode())
+
+    _stream_and_group(nats_url, unique_name)
+    _on_server(nats_url, publish)
+    with (
+        dag_file(OPERATE, stream=unique_name) as dag,
+        BackgroundPool(nats_url, _config(unique_name), handler, size=2),
+    ):
+        run = dag.test()
+        xcom = {ti.task_id: ti.xcom_pull(task_ids=ti.task_id) for ti in run.get_task_instances()}
+        deadline = time.monotonic() + 30
+        while len(seen) < 400 and time.monotonic() < deadline:  # the rewind replays all 200
+            time.sleep(0.2)
+    assert task_states(run) == {"cordon": "success", "by_load": "success", "rewind": "success"}
+    assert "af-2" not in xcom["cordon"]["owners"].values()
+    assert xcom["by_load"]["imbalance_after"] <= xcom["by_load"]["imbalance_before"]
+    assert sorted(seen) == sorted(list(range(200)) * 2), "the rewind did not replay once"
+
+
+POISONED = PIPELINE.replace("records_callable=records", "records_callable=records_with_poison")
+POISONED = POISONED.replace(
+    "def records(n, keys):",
+    'def records_with_poison(n, keys):\n    return [*records(n, keys), {{"k": "key1", "i": -1}}]'
+    "\n\ndef records(n, keys):",
+)
+
+
+def test_drain_sensor_fails_with_the_reason_when_a_partition_is_blocked(
+    nats_url, unique_name, monkeypatch, capfd
+):
+    monkeypatch.setenv("AIRFLOW_CONN_NATS_DEFAULT", nats_connection(nats_url))
+
+    def handler(msg):
+        if json.loads(msg.data)["i"] < 0:
+            raise RuntimeError("ledger rejected record -1")
+
+    _stream_and_group(nats_url, unique_name)
+    t0 = time.monotonic()
+    with (
+        dag_file(POISONED, stream=unique_name, n=50, no_members_timeout=30, timeout=120) as dag,
+        BackgroundPool(
+            nats_url, _config(unique_name, poison="block", max_retries=0), handler, size=1
+        ),
+    ):
+        run = dag.test()
+    took = time.monotonic() - t0
+    out = capfd.readouterr()
+    assert task_states(run)["drained"] == "failed", task_states(run)
+    assert "ledger rejected record -1" in out.out + out.err
+    assert "Fix the handler" in out.out + out.err
+    assert took < 60, f"took {took:.0f}s to report the blocked partition"

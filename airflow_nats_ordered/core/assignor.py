@@ -282,17 +282,23 @@ def _assign_weighted(
     return owners
 
 
-def member_loads(assignment: Assignment, weights: Mapping[int, float]) -> dict[str, float]:
-    """Each owning member's total load under ``weights`` (unweighted partitions count 0)."""
-    out: dict[str, float] = {m: 0.0 for m in assignment.members}
+def member_loads(
+    assignment: Assignment, weights: Mapping[int, float], members: Iterable[str] = ()
+) -> dict[str, float]:
+    """Each member's total load under ``weights`` (unweighted partitions count 0): the
+    owning members, plus ``members`` that own nothing (a cordoned or idle member)."""
+    out: dict[str, float] = {m: 0.0 for m in (*assignment.members, *members)}
     for p, m in assignment.owners.items():
         out[m] += float(weights.get(p, 0.0))
     return out
 
 
-def imbalance(assignment: Assignment, weights: Mapping[int, float]) -> float:
-    """Heaviest member's load over the average member's (1.0 is perfect); 1.0 when idle."""
-    loads = member_loads(assignment, weights)
+def imbalance(
+    assignment: Assignment, weights: Mapping[int, float], members: Iterable[str] = ()
+) -> float:
+    """Heaviest member's load over the average member's (1.0 is perfect; 1.0 when idle),
+    counting ``members`` that own nothing as members with no load."""
+    loads = member_loads(assignment, weights, members)
     total = sum(loads.values())
     if not loads or total <= 0:
         return 1.0

@@ -367,6 +367,7 @@ async def rebalance_group(
         await asyncio.sleep(0.1)
     data, _ = await store.read_assignment()
     after = Assignment.from_json(data) if data else Assignment(0, {})
+    members = await live_members(nc, stream, group)  # idle and cordoned ones count too
     while True:
         snap = await store.snapshot()
         unsettled = {
@@ -387,8 +388,8 @@ async def rebalance_group(
         after.generation,
         moves(before, after),
         dict(after.owners),
-        imbalance(before, weights) if weights and before else None,
-        imbalance(after, weights) if weights else None,
+        imbalance(before, weights, members) if weights and before else None,
+        imbalance(after, weights, members) if weights else None,
         time.monotonic() - t0,
     )
 

@@ -1,0 +1,159 @@
+"""Operate a consumer group from a DAG: rebalance it, reset its positions."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowSkipException
+
+from ..core.assignor import Assignment, assign, imbalance
+from ..core.errors import ConfigError
+from ..core.group import GroupStore
+from ..core.group_admin import live_members, partition_rates, rebalance_group, reset_group
+from ..hooks.nats import NatsHook
+
+
+class NatsRebalanceOperator(BaseOperator):
+    """Ask the group's leader for a new assignment now; wait until it has settled.
+
+    ``cordon``: members to take partitions away from (before maintenance); it stays in force
+    until the next rebalance without them. ``weights``: per-partition load, a
+    ``{partition: load}`` mapping or ``"rates"`` (messages/s of the last ``rate_window``
+    seconds, measured on the server): a skewed stream is then balanced by load, not by
+    count, still moving as little as possible. ``min_gain``: with weights, skip (task state
+    *skipped*) when the heaviest member's load would drop by less than this fraction.
+    Returns the moves (XCom)."""
+
+    template_fields: Sequence[str] = ("stream", "group", "cordon", "weights")
+    ui_color = "#e8d4f0"
+
+    def __init__(
+        self,
+        *,
+        stream: str,
+        group: str,
+        cordon: Sequence[str] = (),
+        weights: Mapping[int, float] | Literal["rates"] | None = None,
+        rate_window: float = 3600.0,
+        slack: float = 0.0,
+        min_gain: float | None = None,
+        settle_timeout: float = 120.0,
+        nats_conn_id: str = NatsHook.default_conn_name,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        if isinstance(cordon, str):
+            raise ConfigError(f"cordon must be a list of member ids, not the string {cordon!r}")
+        self.stream = stream
+        self.group = group
+        self.cordon = list(cordon)
+        self.weights = weights
+        self.rate_window = rate_window
+        self.slack = slack
+        self.min_gain = min_gain
+        self.settle_timeout = settle_timeout
+        self.nats_conn_id = nats_conn_id
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        async def run(nc: Any) -> dict[str, Any]:
+            weights: dict[int, float] | None = None
+            if self.weights == "rates":
+                weights = await partition_rates(nc, self.stream, self.rate_window)
+            elif self.weights is not None:
+                weights = {int(p): float(w) for p, w in dict(self.weights).items()}
+            if weights and self.min_gain is not None and not self.cordon:
+                gain = await self._gain(nc, weights)
+                if gain is not None and gain < self.min_gain:
+                    raise AirflowSkipException(
+                        f"rebalancing group {self.group} by load would lower the heaviest "
+                        f"member's load by {gain:.1%}, under min_gain {self.min_gain:.1%}"
+                    )
+            result = await rebalance_group(
+                nc,
+                self.stream,
+                self.group,
+                cordon=self.cordon,
+                weights=weights,
+                slack=self.slack,
+                timeout=self.settle_timeout,
+            )
+            return result.to_dict()
+
+        out = NatsHook(self.nats_conn_id).run(run)
+        self.log.info(
+            "group %s: generation %s, %d partition(s) moved %s, settled in %ss",
+            self.group,
+            out["generation"],
+            len(out["moves"]),
+            out["moves"],
+            out["settled_in"],
+        )
+        return out
+
+    async def _gain(self, nc: Any, weights: dict[int, float]) -> float | None:
+        """How much the heaviest member's share would fall (the leader's computation,
+        done here without changing anything)."""
+        store = await GroupStore.attach(nc, self.stream, self.group)
+        data, _ = await store.read_assignment()
+        if data is None:
+            return None
+        now = Assignment.from_json(data)
+        members = await live_members(nc, self.stream, self.group)
+        if not members:
+            return None
+        planned = assign(now.partitions, members, now, weights=weights, slack=self.slack)
+        before, after = imbalance(now, weights, members), imbalance(planned, weights, members)
+        return 0.0 if before <= 0 else (before - after) / before
+
+
+class NatsResetGroupOperator(BaseOperator):
+    """Rewind or skip a group's positions (Kafka's ``--reset-offsets``), fenced so running
+    members cannot write an old position back.
+
+    ``to``: ``"earliest"``, ``"latest"`` or ``{partition: sequence}`` (the next message
+    processed is the first after it). Refuses unless ``confirm=True``. The sink is not
+    reset: a fenced sink ignores what it already applied, so reset it too before a replay
+    meant to re-apply. Returns the positions before and after (XCom)."""
+
+    template_fields: Sequence[str] = ("stream", "group", "to", "partitions")
+    ui_color = "#f0d4d4"
+
+    def __init__(
+        self,
+        *,
+        stream: str,
+        group: str,
+        to: Literal["earliest", "latest"] | Mapping[int, int],
+        partitions: Sequence[int] | None = None,
+        confirm: bool = False,
+        nats_conn_id: str = NatsHook.default_conn_name,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        if not confirm:
+            raise ConfigError(
+                f"NatsResetGroupOperator {kwargs.get('task_id')!r} re-processes or skips "
+                f"messages of group {group}: pass confirm=True"
+            )
+        self.stream = stream
+        self.group = group
+        self.to = to
+        self.partitions = partitions
+        self.nats_conn_id = nats_conn_id
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        to = self.to
+        if isinstance(to, Mapping):
+            to = {int(p): int(s) for p, s in to.items()}
+
+        async def run(nc: Any) -> dict[str, Any]:
+            result = await reset_group(
+                nc, self.stream, self.group, to=to, partitions=self.partitions, confirm=True
+            )
+            return result.to_dict()
+
+        out = NatsHook(self.nats_conn_id).run(run)
+        self.log.info("group %s reset: %s", self.group, out["positions"])
+        return out
