@@ -64,6 +64,9 @@ async def _last_commit_time(nc, stream: str, partitions: list[int]) -> float:
 
 
 async def main() -> None:
+    # a throw-away Airflow home unless one is set (the trigger reads its connection there)
+    os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="bench-airflow-"))
+    os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
     from airflow_nats_ordered.triggers.drain import NatsGroupDrainTrigger
 
     with tempfile.TemporaryDirectory() as tmp, NatsServer(Path(tmp) / "nats") as server:
