@@ -291,7 +291,8 @@ class RunResult:
     summary: PublishSummary | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {**self.record.to_dict(), "skipped": self.skipped}
+        # the record's own "skipped" counts records passed over on resume
+        return {**self.record.to_dict(), "already_complete": self.skipped}
 
 
 async def publish_run(
