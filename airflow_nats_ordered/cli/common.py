@@ -341,6 +341,7 @@ def airflow_connection_options(args: argparse.Namespace) -> ConnectionOptions:
             f"({exc}); install it (pip install 'airflow-nats-ordered[airflow]') or give the "
             "connection with --server/--creds/--user... flags or NATS_* variables"
         ) from None
+    _airflow_logs_to_stderr()
     try:
         return NatsHook(conn_id).get_options()
     except AirflowNotFoundException:
@@ -350,6 +351,20 @@ def airflow_connection_options(args: argparse.Namespace) -> ConnectionOptions:
             f"AIRFLOW_CONN_{conn_id.upper()} as JSON or URI; one that does not parse reads as "
             "not defined) or pass the right --conn-id"
         ) from None
+
+
+def _not_ours(record: logging.LogRecord) -> bool:
+    return not record.name.startswith("airflow_nats_ordered")
+
+
+def _airflow_logs_to_stderr() -> None:
+    """Importing Airflow points the root logger at stdout at INFO; a command's stdout is
+    its output (``--json``). Its handlers move to stderr, and leave this package's records
+    to the CLI's own handler (shown per ``-v``, not twice)."""
+    for h in logging.getLogger().handlers:
+        if isinstance(h, logging.StreamHandler) and h.stream in (sys.stdout, sys.__stdout__):
+            h.setStream(sys.stderr)
+            h.addFilter(_not_ours)
 
 
 @contextlib.asynccontextmanager
