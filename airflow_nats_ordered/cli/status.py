@@ -4,10 +4,17 @@ with ``--wait-drained``, wait until the group has processed everything published
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import dataclasses
+import io
+import json
+import signal
 import sys
 import time
 from typing import Any
 
+import nats.errors
 from nats.aio.client import Client as NATS
 
 from ..core.assignor import Assignment
@@ -19,7 +26,7 @@ from ..core.drain import (
     group_lag,
     wait_drained,
 )
-from ..core.errors import ConfigError
+from ..core.errors import ConfigError, NatsOrderedError
 from ..core.group import GroupStore
 from ..core.group_admin import dead_letters
 from ..core.streams import describe, partition_stats
@@ -36,6 +43,9 @@ from .common import (
     print_json,
 )
 
+#: seconds between two refreshes of ``status --watch``
+WATCH_INTERVAL = 2.0
+
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stream", required=True, metavar="S", help="partitioned stream")
@@ -47,6 +57,18 @@ def configure(p: argparse.ArgumentParser) -> None:
         help="first wait until every partition's committed position reaches its last "
         "sequence as of now (progress on stderr), then show the status; exit 1 on "
         "--timeout, 3 as soon as a partition is blocked on a poison message",
+    )
+    p.add_argument(
+        "--watch",
+        action="store_true",
+        help="refresh every --interval until Ctrl-C (exit 0): in place on a terminal, "
+        "repeated tables otherwise; with --json one JSON object per line",
+    )
+    p.add_argument(
+        "--interval",
+        type=parse_duration,
+        metavar="DURATION",
+        help=f"with --watch: time between refreshes (default {WATCH_INTERVAL:g}s)",
     )
     p.add_argument(
         "--timeout",
@@ -195,11 +217,85 @@ class _DrainProgressLine:
         sys.stderr.flush()
 
 
+class _Screen:
+    """Where ``--watch`` shows each refresh: redrawn in place on a terminal (cursor home,
+    each line cleared to its end, the rest of the screen cleared: no flicker), one table
+    after another otherwise, one JSON object per line with ``--json``."""
+
+    def __init__(self, as_json: bool, interval: float) -> None:
+        self.as_json = as_json
+        self.interval = interval
+        self.tty = sys.stdout.isatty() and not as_json
+
+    def show(self, out: dict[str, Any] | None, error: str | None) -> None:
+        if self.as_json:
+            doc = {"ts": round(time.time(), 3), **(out or {})}
+            if error is not None:
+                doc["error"] = error
+            sys.stdout.write(json.dumps(doc, default=str) + "\n")
+            sys.stdout.flush()
+            return
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            print(
+                f"{time.strftime('%Y-%m-%d %H:%M:%S')}, every "
+                f"{format_duration(self.interval)} (Ctrl-C to stop)"
+            )
+            if error is not None:
+                print(f"error: {error}")
+            else:
+                assert out is not None
+                _print_table(out)
+        text = buf.getvalue()
+        if self.tty:
+            lines = text.rstrip("\n").split("\n")
+            text = "\x1b[H" + "".join(f"{line}\x1b[K\n" for line in lines) + "\x1b[J"
+        else:
+            text += "\n"
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+
+async def _watch(nc: NATS, args: argparse.Namespace) -> int:
+    """Show the status every ``--interval`` until SIGINT/SIGTERM. A read that fails (the
+    server restarting, the group not created yet) is shown, and the watch goes on."""
+    interval = args.interval if args.interval is not None else WATCH_INTERVAL
+    screen = _Screen(args.json, interval)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        while not stop.is_set():
+            out, error = None, None
+            try:
+                out = await _read(nc, args.stream, args.group)
+            except (NatsOrderedError, nats.errors.Error, TimeoutError) as exc:
+                error = str(exc).strip() or type(exc).__name__
+            screen.show(out, error)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), interval)
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+    return EXIT_OK
+
+
 async def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
     if args.timeout is not None and not args.wait_drained:
         raise ConfigError("--timeout applies to --wait-drained; pass both, or neither")
+    if args.watch and args.wait_drained:
+        raise ConfigError("--watch and --wait-drained do not combine; pass one of them")
+    if args.interval is not None and not args.watch:
+        raise ConfigError("--interval applies to --watch; pass both, or neither")
+    if args.watch and args.interval == 0:
+        raise ConfigError("--interval must be more than 0, e.g. 2s")
+    if args.watch:  # a watch rides out server restarts: reconnect for as long as it takes
+        options = dataclasses.replace(options, max_reconnect_attempts=-1)
     code, failure = EXIT_OK, None
     async with connected(options) as nc:
+        if args.watch:
+            return await _watch(nc, args)
         if args.wait_drained:
             timeout = args.timeout or None  # 0 / "unlimited": no limit
             try:
@@ -241,5 +337,6 @@ COMMAND = Command(
     run,
     "Also its dead-letter stream and the problems an operator must act on. With "
     "--wait-drained it first waits (watching the group's commits, not polling) until every "
-    "partition has processed what it held when the command started.",
+    "partition has processed what it held when the command started. With --watch it "
+    "refreshes until Ctrl-C.",
 )
