@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -18,7 +19,7 @@ from test_metrics import get, sample, scrape, wait_for
 
 from airflow_nats_ordered.cli import build_parser
 from airflow_nats_ordered.cli import main as cli
-from airflow_nats_ordered.cli.pool import member_argv
+from airflow_nats_ordered.cli.pool import Supervisor, member_argv
 from airflow_nats_ordered.core.fenced_sink import FencedSqliteSink
 from airflow_nats_ordered.embedded import free_port
 
@@ -239,3 +240,42 @@ def test_members_get_the_pools_worker_and_connection_flags():
     back = build_parser().parse_args(["worker", *argv])
     for name in ("stream", "lease_ttl", "batch_handler", "max_buffer_bytes", "server", "verbose"):
         assert getattr(back, name) == getattr(args, name), name
+
+
+def _supervise(argv: list[str], seconds: float, **kw) -> tuple[int, list[str]]:
+    """Run a Supervisor of one member for ``seconds``, then stop it; its exit code and log."""
+    lines: list[str] = []
+
+    async def main() -> int:
+        sup = Supervisor({"m-1": argv}, stop_timeout=5, log=lines.append, **kw)
+        asyncio.get_running_loop().call_later(seconds, sup.stop, signal.SIGTERM)
+        return await sup.run()
+
+    return asyncio.run(main()), lines
+
+
+def test_restart_delay_doubles_up_to_the_cap_for_a_member_that_keeps_crashing():
+    code, lines = _supervise(
+        [sys.executable, "-c", "import sys; sys.exit(3)"],
+        4.0,
+        backoff=0.1,
+        backoff_max=0.4,
+        reset_after=60,
+    )
+    delays = re.findall(
+        r"exited \(exit code 3\) after .*; restarting it in ([\d.]+)s", "\n".join(lines)
+    )
+    assert delays[:5] == ["0.1", "0.2", "0.4", "0.4", "0.4"], lines
+    assert code == 0  # it was not running when the pool stopped: nothing failed to leave
+
+
+def test_restart_delay_starts_over_for_a_member_that_ran_long_enough():
+    code, lines = _supervise(
+        [sys.executable, "-c", "import sys, time; time.sleep(0.4); sys.exit(3)"],
+        4.0,
+        backoff=0.1,
+        backoff_max=0.4,
+        reset_after=0.3,
+    )
+    delays = re.findall(r"restarting it in ([\d.]+)s", "\n".join(lines))
+    assert len(delays) >= 3 and set(delays) == {"0.1"}, lines
