@@ -55,7 +55,9 @@ PREFIX = "nats_ordered"
 #: help texts of known ``Worker.stats`` keys (others are exported with a generic text)
 STAT_HELP: Mapping[str, str] = {
     "processed": "messages handled and counted as processed",
-    "retries": "handler calls that failed and were retried (handler errors)",
+    "handler_errors": "handler calls that raised (each retry and the last one counted)",
+    "retries": "handler calls that failed and were retried",
+    "rebalances": "assignments that changed this member's partitions",
     "dead_lettered": "messages sent to the dead-letter subject after the retries",
     "fenced": "partitions stopped because the sink saw a newer fencing token",
     "leases_lost": "partition leases lost (expired or taken) while owned",
@@ -252,6 +254,11 @@ class MemberMetrics(Collector):
                 "healthy",
                 "1 if /healthz is 200 (the member can renew its leases)",
                 1 if self.health().healthy else 0,
+            ),
+            (
+                "lease_renew_seconds",
+                "how long the last round of renewals took (heartbeat and every lease)",
+                w.renew_seconds,
             ),
             (
                 "roundtrip_seconds",

@@ -103,7 +103,9 @@ def next_token(previous: int, floor: int, now_ms: int) -> int:
 
 
 def default_member_id() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}"
+    """``<short host name>-<pid>``: unique per process, and without dots (a member id is a
+    KV key token), even on a host whose name is a dotted FQDN."""
+    return f"{socket.gethostname().split('.')[0]}-{os.getpid()}"
 
 
 @dataclass(frozen=True)

@@ -474,11 +474,17 @@ class Worker:
         self.stopped = asyncio.Event()
         self.stats = {
             "processed": 0,
+            "handler_errors": 0,
             "retries": 0,
             "dead_lettered": 0,
             "fenced": 0,
             "leases_lost": 0,
+            "rebalances": 0,
         }
+        #: seconds the last round of renewals took (member heartbeat + every lease)
+        self.renew_seconds = 0.0
+        #: monotonic time of the last member heartbeat the server accepted (0: none yet)
+        self.last_heartbeat = 0.0
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -646,15 +652,18 @@ class Worker:
             if self.nc.is_closed:
                 # the client gave up reconnecting: nothing can be renewed or committed again
                 raise ConnectionError("the NATS connection is closed")
+            started = time.monotonic()
             try:
                 self._member_lease = await self.store.heartbeat(
                     self.member, self._member_lease, self._info()
                 )
+                self.last_heartbeat = time.monotonic()
             except (TimeoutError, NatsError) as exc:
                 log.warning("member %s: heartbeat failed: %s", self.member, exc)
             # all renewals in one round trip (each under its partition's lock): sequential
             # renewals behind a busy event loop could outlast the lease margin
             await asyncio.gather(*(self._renew(o) for o in list(self.owned.values())))
+            self.renew_seconds = time.monotonic() - started
             if self._leader_lease is not None:
                 try:
                     await self.store.renew(self._leader_lease)
@@ -785,7 +794,10 @@ class Worker:
                 a = Assignment.from_json(data)
                 self._assignment_rev = rev
                 self.generation = a.generation
-                self._mine = set(a.partitions_of(self.member))
+                mine = set(a.partitions_of(self.member))
+                if mine != self._mine:
+                    self.stats["rebalances"] += 1
+                self._mine = mine
             # release what moved away (cooperative: only these pause)
             for p in [p for p in self.owned if p not in self._mine]:
                 self.owned[p].revoke.set()
@@ -1074,6 +1086,7 @@ class Worker:
                 done, attempt = done + applied, 0
             if error is None:
                 continue
+            self.stats["handler_errors"] += 1
             if attempt < self.cfg.max_retries:
                 attempt += 1
                 self.stats["retries"] += 1
