@@ -71,3 +71,32 @@ def nats_cluster(tmp_path: Path) -> Iterator[NatsCluster]:
 def unique_name() -> str:
     """A unique ``T_<hex>`` name usable as stream, KV bucket, consumer or subject token."""
     return f"T_{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """The one SparkSession of the test run (a process holds one SparkContext), with the
+    ``nats-ordered`` source registered. ``local[2,2]``: two task threads, and a failed task
+    is retried once, as a cluster would. Executors use this interpreter (PYSPARK_PYTHON)."""
+    pytest.importorskip("pyspark")
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    from airflow_nats_ordered.spark import register
+
+    work = tmp_path_factory.mktemp("spark")
+    session = (
+        SparkSession.builder.master("local[2,2]")
+        .appName("nats-ordered-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.speculation", "false")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.warehouse.dir", str(work / "warehouse"))
+        .config("spark.local.dir", str(work / "local"))
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    register(session)
+    yield session
+    session.stop()

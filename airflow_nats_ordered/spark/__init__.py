@@ -1,0 +1,29 @@
+"""PySpark: the ``nats-ordered`` sink (batch and streaming) and its routing helpers.
+
+``register(spark)`` makes ``df.write.format("nats-ordered")`` available;
+``write_ordered(df, stream=..., key=..., order_by=..., producer_id=...)`` routes, sorts and
+publishes in one call and returns the run's ledger record. Importing this package needs
+``pyspark`` and ``pyarrow`` (the ``spark`` extra); the core does not.
+"""
+
+from .datasource import NAME, NatsOrderedDataSource, register
+from .options import PARTITION_COLUMN, SinkOptions
+from .ordered_write import write_ordered
+from .records import DisorderError
+from .routing import partition_column, partitions_of, route
+from .runs import RunRefusedError, batch_run_id
+
+__all__ = [
+    "NAME",
+    "PARTITION_COLUMN",
+    "DisorderError",
+    "NatsOrderedDataSource",
+    "RunRefusedError",
+    "SinkOptions",
+    "batch_run_id",
+    "partition_column",
+    "partitions_of",
+    "register",
+    "route",
+    "write_ordered",
+]

@@ -1,0 +1,103 @@
+"""Routing rows to NATS partitions inside Spark, with the one partition function.
+
+Spark's built-in ``hash()`` is not murmur3_x86_32 with seed 0 over UTF-8 bytes for keys whose
+length is not a multiple of 4, so the ``nats_partition`` column is computed with
+:func:`~airflow_nats_ordered.core.partitioning.partition_for` itself, one Arrow batch at a
+time (an Arrow UDF: one JVM/Python exchange per batch, not per row).
+
+:func:`route` then makes every NATS partition the rows of exactly one Spark task, sorted by
+(partition, order columns, a deterministic tie-breaker): one task publishes a whole
+partition, in order, and a row's position in its partition does not depend on Spark's
+physical partitioning or on the attempt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from ..core.errors import ConfigError
+from ..core.partitioning import partition_for
+from .options import HEADERS_COLUMN, PARTITION_COLUMN
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import Column, DataFrame
+
+
+def partitions_of(keys: pa.Array, partitions: int) -> pa.Array:
+    """``partition_for`` over an Arrow array of string or binary keys (null stays null)."""
+    import pyarrow as pa
+
+    return pa.array(
+        [None if k is None else partition_for(k, partitions) for k in keys.to_pylist()],
+        pa.int32(),
+    )
+
+
+def partition_column(key: str | Column, partitions: int) -> Column:
+    """A Column with each row's NATS partition among ``partitions``, exactly as the core
+    computes it. ``key`` must be a string or binary column."""
+    from pyspark.sql import functions as F
+
+    if partitions < 1:
+        raise ConfigError(f"partitions must be >= 1, got {partitions}")
+
+    def nats_partition(keys: pa.Array) -> pa.Array:
+        return partitions_of(keys, partitions)
+
+    udf = F.arrow_udf(nats_partition, "int", F.ArrowUDFType.SCALAR)
+    return udf(F.col(key) if isinstance(key, str) else key)
+
+
+def check_key_column(df: DataFrame, key: str) -> None:
+    """A key column must be string or binary: the partition and the ``Nats-Ordered-Key``
+    header are computed from its bytes, and any other type has no single text form."""
+    from pyspark.sql.types import BinaryType, StringType
+
+    fields = {f.name: f for f in df.schema.fields}
+    if key not in fields:
+        raise ConfigError(
+            f"key column {key!r} is not in the DataFrame (columns: {', '.join(fields)})"
+        )
+    if not isinstance(fields[key].dataType, StringType | BinaryType):
+        raise ConfigError(
+            f"key column {key!r} is {fields[key].dataType.simpleString()}; keys are hashed as "
+            f"text: cast it first, e.g. df.withColumn({key!r}, F.col({key!r}).cast('string'))"
+        )
+
+
+def route(
+    df: DataFrame,
+    *,
+    key: str,
+    partitions: int,
+    order_by: Sequence[str] = (),
+    tie_breaker: Sequence[str] | None = None,
+    tasks: int | None = None,
+) -> DataFrame:
+    """``df`` with a ``nats_partition`` column, repartitioned so each NATS partition is in
+    exactly one of ``tasks`` Spark partitions (default: one per NATS partition), and sorted
+    within them by (``nats_partition``, ``order_by``, tie-breaker).
+
+    The tie-breaker makes the order of rows with equal order values deterministic, so a
+    recomputed partition (task retry, re-submitted job) lists its rows in the same order and
+    the derived msg-ids are the same: ``tie_breaker`` columns if given (they should identify a
+    row), else the key and a 64-bit hash of the whole row (rows that tie on all of these are
+    identical, so their order does not change any msg-id).
+    """
+    from pyspark.sql import functions as F
+
+    check_key_column(df, key)
+    missing = [c for c in (*order_by, *(tie_breaker or ())) if c not in df.columns]
+    if missing:
+        raise ConfigError(
+            f"order/tie-breaker column(s) {', '.join(missing)} are not in the DataFrame "
+            f"(columns: {', '.join(df.columns)})"
+        )
+    row = [F.col(c) for c in df.columns if c not in (PARTITION_COLUMN, HEADERS_COLUMN)]
+    ties = [F.col(c) for c in tie_breaker] if tie_breaker else [F.col(key), F.xxhash64(*row)]
+    routed = df.withColumn(PARTITION_COLUMN, partition_column(key, partitions))
+    return routed.repartition(tasks or partitions, PARTITION_COLUMN).sortWithinPartitions(
+        F.col(PARTITION_COLUMN), *[F.col(c) for c in order_by], *ties
+    )

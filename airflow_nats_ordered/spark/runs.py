@@ -1,0 +1,143 @@
+"""A Spark write as a run of the stream's run ledger (see :mod:`airflow_nats_ordered.core.runs`).
+
+A batch write is the run ``producerId``; a streaming query writes one run per micro-batch,
+``<producerId>.batch-<batch id>``. On the driver, before any task starts, a run the ledger has
+as ``complete`` is not published again (tasks read their input and send nothing), otherwise it
+is begun (``running``, one more attempt) and the tasks resume after what it had stored. The
+driver's ``commit()`` records the result from the tasks' reports (per-partition high-water
+marks and counts, refusals; ``complete`` or ``partial``), ``abort()`` records the failure, so
+the drain sensor and backfills read a run's outcome by its name.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from nats.aio.client import Client as NATS
+
+from ..core.errors import NatsOrderedError
+from ..core.runs import REFUSED_EXAMPLES, RunLedger, RunRecord
+from .options import SinkOptions
+from .task import TaskReport
+
+
+class RunRefusedError(NatsOrderedError):
+    """The run was recorded partial: refused rows (without allowRefused) or broken routing."""
+
+
+def batch_run_id(producer_id: str, batch_id: int) -> str:
+    """The run of one micro-batch of a streaming query."""
+    return f"{producer_id}.batch-{batch_id}"
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What the tasks of one run do: nothing (``complete``) or resume after ``resume``."""
+
+    run_id: str
+    complete: bool = False
+    resume: dict[int, int] = field(default_factory=dict)
+    attempt: int = 1
+
+
+async def plan_run(nc: NATS, stream: str, run_id: str, *, begin: bool) -> RunPlan:
+    """Read the run's record; unless it is complete, ``begin`` marks it running."""
+    ledger = await RunLedger.open(nc, stream)
+    previous = await ledger.get(run_id)
+    if previous is not None and previous.status == "complete":
+        return RunPlan(run_id, complete=True, attempt=previous.attempts)
+    resume = dict(previous.acked_per_partition) if previous is not None else {}
+    attempt = (previous.attempts if previous is not None else 0) + 1
+    if begin:
+        attempt = (await ledger.begin(run_id)).attempts
+    return RunPlan(run_id, resume=resume, attempt=attempt)
+
+
+def absorb_reports(
+    rec: RunRecord,
+    reports: Iterable[TaskReport | None],
+    *,
+    allow_refused: bool,
+    error: str | None = None,
+) -> list[int]:
+    """Fold the tasks' reports into ``rec`` and set its status; returns the NATS partitions
+    that more than one task published although the rows were routed (ids may collide)."""
+    owner: dict[int, int] = {}
+    shared: set[int] = set()
+    refused: Counter[str] = Counter()
+    examples: list[dict[str, str]] = []
+    accepted = acked_unrouted = failed = duplicates = skipped = 0
+    any_unrouted = False
+    for r in reports:
+        if r is None or r.skipped_run:
+            continue
+        for p, s in r.partitions.items():
+            if r.routed:
+                if owner.setdefault(p, r.task) != r.task:
+                    shared.add(p)
+                rec.acked_per_partition[p] = s["offset"] + s["acked"]
+                skipped += s["offset"]
+            else:
+                any_unrouted = True
+                acked_unrouted += s["acked"]
+            if s["last_seq"]:
+                rec.high_water_marks[p] = max(rec.high_water_marks.get(p, 0), s["last_seq"])
+            accepted += s["accepted"]
+            failed += s["failed"]
+            duplicates += s["duplicates"]
+        refused.update(r.refused)
+        examples.extend(r.refused_examples)
+    rec.accepted, rec.failed, rec.duplicates, rec.skipped = accepted, failed, duplicates, skipped
+    rec.acked = acked_unrouted if any_unrouted else sum(rec.acked_per_partition.values())
+    rec.refused = sum(refused.values())
+    rec.refused_reasons = dict(refused)
+    rec.refused_examples = examples[:REFUSED_EXAMPLES]
+    rec.finished = time.time()
+    if shared and error is None:
+        error = (
+            f"NATS partition(s) {sorted(shared)} were published by more than one Spark task "
+            "although the rows carried a nats_partition column: positions (and so msg-ids) "
+            "restarted in each task. Route with airflow_nats_ordered.spark.write_ordered "
+            "(or route()), which puts each NATS partition in one task"
+        )
+    elif rec.refused and not allow_refused and error is None:
+        shown = "; ".join(f"{e['where']}: {e['reason']}" for e in rec.refused_examples)
+        error = (
+            f"{rec.refused} rows were refused before sending ({shown}); fix the input (the "
+            "keyColumn must be set and not empty, each row small enough) or set option "
+            "allowRefused=true to publish the rest and succeed"
+        )
+    rec.error = error
+    rec.status = "complete" if error is None and failed == 0 else "partial"
+    return sorted(shared)
+
+
+async def record_run(
+    nc: NATS,
+    options: SinkOptions,
+    run_id: str,
+    reports: Iterable[TaskReport | None],
+    *,
+    error: str | None = None,
+    unless_finished_after: float | None = None,
+) -> RunRecord:
+    """Record the run's result in the ledger and return it.
+
+    ``unless_finished_after``: leave a record already finished after this time alone (a
+    ``commit()`` that refused the run wrote it; Spark then calls ``abort()`` too).
+    """
+    ledger = await RunLedger.open(nc, options.stream)
+    rec = await ledger.get(run_id)
+    if rec is None:  # a micro-batch (not begun by the driver) or a ledger reset meanwhile
+        rec = RunRecord(run_id, options.stream, ledger.stream.created, started=time.time())
+        rec.attempts = 1
+    elif unless_finished_after is not None and (rec.finished or 0) >= unless_finished_after:
+        return rec
+    elif rec.status != "running":
+        rec.attempts += 1  # a micro-batch replayed (not begun by the driver)
+    absorb_reports(rec, reports, allow_refused=options.allow_refused, error=error)
+    await ledger.record(rec)
+    return rec

@@ -1,0 +1,159 @@
+"""What one Spark task does: publish its rows with the core publisher, report per partition.
+
+One NATS connection and one :class:`~airflow_nats_ordered.core.publisher.OrderedPublisher`
+per task, created inside ``write()`` (nothing network-bound is pickled). Spark's input
+iterator is read in a thread, a batch at a time, so the publisher keeps sending while the
+next batch is decoded. A task whose records are not all confirmed as stored fails (Spark
+retries it; the retry sends the same msg-ids, so the stream stores nothing twice).
+
+Msg-ids are those of the core (producer id + NATS partition + position + key + payload, or
+the ``msgIdColumn``), with the task's *run producer id*:
+
+* routed rows (a ``nats_partition`` column, as :func:`~airflow_nats_ordered.spark.route`
+  makes them): the run's producer id; a position is the row's rank in its whole NATS
+  partition (one task holds the whole partition), independent of attempt and of Spark's
+  physical partitioning. A resumed run starts each partition after what the ledger says
+  was stored (``start_after``) and skips those rows;
+* unrouted rows: the producer id plus ``.t<Spark partition id>``, so two tasks sharing a NATS
+  partition never share an id (positions restart in each task); nothing is skipped on resume
+  (ids repeat only inside one Spark partition's recomputation).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql.datasource import WriterCommitMessage
+
+from ..core.publisher import OrderedPublisher, PublisherConfig
+from ..core.runs import Refusals, publish_records
+from .options import PARTITION_COLUMN, SinkOptions
+from .records import BatchRecords, SparkRecord
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from nats.aio.client import Client as NATS
+
+
+@dataclass
+class TaskReport(WriterCommitMessage):
+    """A task's commit message: what it published, per NATS partition.
+
+    ``partitions``: partition -> ``{"offset", "accepted", "acked", "failed", "duplicates",
+    "last_seq"}`` (offset: records of that partition stored by an earlier attempt of the
+    run, skipped here). ``routed``: positions are ranks in whole NATS partitions.
+    """
+
+    task: int
+    attempt: int
+    producer_id: str
+    routed: bool
+    rows: int = 0
+    skipped_run: bool = False
+    partitions: dict[int, dict[str, int]] = field(default_factory=dict)
+    refused: dict[str, int] = field(default_factory=dict)
+    refused_examples: list[dict[str, str]] = field(default_factory=list)
+
+
+class _HeaderPublisher:
+    """The publisher as ``publish_records`` sees it, sending each record's own headers.
+
+    ``publish_records`` calls ``publish(key, payload, msg_id=...)`` for the record it has just
+    taken from the iterator, so the headers of that record are the current ones."""
+
+    def __init__(self, pub: OrderedPublisher) -> None:
+        self.pub = pub
+        self.headers: dict[str, str] | None = None
+
+    @property
+    def partitions(self) -> int:
+        return self.pub.partitions
+
+    async def publish(self, key: Any, data: bytes, *, msg_id: str | None = None) -> int:
+        return await self.pub.publish(key, data, msg_id=msg_id, headers=self.headers)
+
+
+async def _records(
+    batches: Iterator[pa.RecordBatch], maker: BatchRecords, sender: _HeaderPublisher
+) -> AsyncIterator[SparkRecord]:
+    it = iter(batches)
+    while True:
+        batch = await asyncio.to_thread(next, it, None)
+        if batch is None:
+            return
+        for rec in maker.records(batch):
+            sender.headers = rec.headers
+            yield rec
+
+
+def drain(batches: Iterator[pa.RecordBatch]) -> int:
+    """Consume the task's input without sending (the run is complete in the ledger)."""
+    return sum(b.num_rows for b in batches)
+
+
+async def publish_task(
+    nc: NATS,
+    options: SinkOptions,
+    batches: Iterator[pa.RecordBatch],
+    *,
+    schema_names: list[str],
+    run_producer_id: str,
+    resume: Mapping[int, int],
+    task: int,
+    attempt: int,
+    label: str,
+) -> TaskReport:
+    """Publish one task's rows; raise if any was not confirmed as stored."""
+    knobs: dict[str, Any] = {}
+    if options.delivery_timeout is not None:
+        knobs["delivery_timeout"] = options.delivery_timeout
+    routed = PARTITION_COLUMN in schema_names
+    producer = run_producer_id if routed else f"{run_producer_id}.t{task}"
+    skip = dict(resume) if routed else {}
+    pub = OrderedPublisher(
+        nc, options.stream, PublisherConfig(producer_id=producer, **knobs), start_after=skip
+    )
+    await pub.start()
+    maker = BatchRecords(options, schema_names, pub.partitions, label)
+    sender = _HeaderPublisher(pub)
+    refusals = Refusals()
+    try:
+        await publish_records(
+            sender,  # type: ignore[arg-type]
+            _records(batches, maker, sender),
+            refusals,
+            msg_id_field=options.msg_id_column,
+            skip=skip,
+        )
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await pub.close(raise_on_failure=False)
+        raise
+    await pub.close()  # raises PublishError if anything was not confirmed: task retry
+    summary = pub.summary
+    assert summary is not None
+    return TaskReport(
+        task=task,
+        attempt=attempt,
+        producer_id=producer,
+        routed=routed,
+        rows=maker.rows,
+        partitions={
+            p.partition: {
+                "offset": p.offset,
+                "accepted": p.accepted,
+                "acked": p.acked,
+                "failed": p.failed,
+                "duplicates": p.duplicates or 0,
+                "last_seq": p.last_seq,
+            }
+            for p in summary.partitions
+            if p.accepted
+        },
+        refused=dict(refusals.counts),
+        refused_examples=list(refusals.examples),
+    )
