@@ -10,21 +10,14 @@ import signal
 import sys
 import threading
 import time
-from collections import Counter, deque
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable
-from dataclasses import dataclass, field
 from typing import IO, Any
 
 from ..core.connection import ConnectionOptions
-from ..core.errors import (
-    ConfigError,
-    InvalidKeyError,
-    InvalidMsgIdError,
-    KeylessRecordError,
-    MissingKeyError,
-    RecordTooLargeError,
-)
+from ..core.errors import ConfigError
 from ..core.publisher import OrderedPublisher, PublishError, PublishSummary
+from ..core.runs import Refusals, publish_record
 from ..inputs import FORMATS, InputError, InputRecord, content_digest, open_records
 from .common import (
     EXIT_INCOMPLETE,
@@ -41,8 +34,6 @@ from .common import (
     print_json,
 )
 
-#: How many refused records are listed (with where and key) in the output.
-REFUSED_EXAMPLES = 5
 #: The flag that publishes keyless records (named in refusals, in this interface's terms).
 _KEYLESS = "--allow-keyless"
 
@@ -133,25 +124,6 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
 
 
-@dataclass
-class _Refusals:
-    """Records that were not published, by reason, with the first few as examples."""
-
-    counts: Counter[str] = field(default_factory=Counter)
-    examples: list[dict[str, Any]] = field(default_factory=list)
-
-    @property
-    def total(self) -> int:
-        return sum(self.counts.values())
-
-    def add(self, reason: str, rec: InputRecord, message: str) -> None:
-        self.counts[reason] += 1
-        if len(self.examples) < REFUSED_EXAMPLES:
-            self.examples.append(
-                {"where": rec.where, "reason": reason, "key": rec.key, "message": message}
-            )
-
-
 class _Feeder:
     """Reads records in a daemon thread and hands them to the event loop in bursts.
 
@@ -232,7 +204,7 @@ class _Feeder:
 class _Progress:
     """Progress on stderr at most once a second: records read, acked, refused, rate."""
 
-    def __init__(self, pub: OrderedPublisher, refusals: _Refusals, stream: IO[str]) -> None:
+    def __init__(self, pub: OrderedPublisher, refusals: Refusals, stream: IO[str]) -> None:
         self.pub = pub
         self.refusals = refusals
         self.stream = stream
@@ -376,7 +348,7 @@ async def _publish(
     input_format: str,
 ) -> int:
     await pub.start()
-    refusals = _Refusals()
+    refusals = Refusals()
     feeder = _Feeder(records, asyncio.get_running_loop())
 
     def abort(code: int) -> None:
@@ -409,20 +381,9 @@ async def _publish(
                         break
                     read += 1
                     progress.read = read
-                    if id_field and rec.msg_id is None:
-                        refusals.add("no msg-id", rec, f"field {id_field!r} is missing or empty")
-                        continue
-                    try:
-                        await pub.publish(rec.key, rec.payload, msg_id=rec.msg_id)
-                    except MissingKeyError:
-                        # in the CLI's terms: the core's message names allow_keyless=True
-                        refusals.add("no key", rec, KeylessRecordError.message_for(_KEYLESS))
-                    except InvalidKeyError as exc:
-                        refusals.add("bad key", rec, str(exc))
-                    except RecordTooLargeError as exc:
-                        refusals.add("too large", rec, str(exc))
-                    except InvalidMsgIdError as exc:
-                        refusals.add("bad msg-id", rec, str(exc))
+                    await publish_record(
+                        pub, rec, refusals, msg_id_field=id_field, keyless_switch=_KEYLESS
+                    )
                     if not read % 512:
                         await asyncio.sleep(0)  # let the partition senders run
                 if signals.stop.is_set():
@@ -458,7 +419,7 @@ async def _publish(
 
 def _publish_report(
     summary: PublishSummary,
-    refusals: _Refusals,
+    refusals: Refusals,
     read: int,
     elapsed: float,
     input_name: str,
@@ -505,7 +466,7 @@ def _publish_report(
 
 
 def _print_publish(
-    report: dict[str, Any], summary: PublishSummary, refusals: _Refusals, *, as_json: bool
+    report: dict[str, Any], summary: PublishSummary, refusals: Refusals, *, as_json: bool
 ) -> None:
     reasons = ", ".join(f"{r}: {n}" for r, n in sorted(refusals.counts.items()))
     rate = report["rate"]

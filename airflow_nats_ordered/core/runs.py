@@ -50,6 +50,7 @@ from .errors import (
     ConfigError,
     InvalidKeyError,
     InvalidMsgIdError,
+    KeylessRecordError,
     MissingKeyError,
     NatsOrderedError,
     RecordError,
@@ -218,17 +219,17 @@ class Refusals:
     """Records refused before sending, by reason, with a few examples."""
 
     counts: Counter[str] = field(default_factory=Counter)
-    examples: list[dict[str, str]] = field(default_factory=list)
+    examples: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def total(self) -> int:
         return sum(self.counts.values())
 
-    def add(self, reason: str, rec: SourceRecord, detail: str) -> None:
+    def add(self, reason: str, rec: SourceRecord, message: str) -> None:
         self.counts[reason] += 1
         if len(self.examples) < REFUSED_EXAMPLES:
             self.examples.append(
-                {"reason": reason, "where": rec.where, "key": rec.key or "", "detail": detail}
+                {"where": rec.where, "reason": reason, "key": rec.key, "message": message}
             )
 
 
@@ -239,6 +240,32 @@ _REASONS: tuple[tuple[type[RecordError], str], ...] = (
     (InvalidMsgIdError, "bad msg-id"),
     (RecordError, "refused"),
 )
+
+
+async def publish_record(
+    pub: OrderedPublisher,
+    rec: SourceRecord,
+    refusals: Refusals,
+    *,
+    msg_id_field: str | None = None,
+    keyless_switch: str | None = None,
+) -> bool:
+    """Publish one record; a refused one is counted in ``refusals`` with why (never dropped
+    silently). ``keyless_switch`` words the missing-key refusal in the caller's terms (the
+    CLI: ``--allow-keyless``). True if the record was accepted."""
+    if msg_id_field and rec.msg_id is None:
+        refusals.add("no msg-id", rec, f"field {msg_id_field!r} is missing or empty")
+        return False
+    try:
+        await pub.publish(rec.key, rec.payload, msg_id=rec.msg_id)
+    except RecordError as exc:
+        reason = next(r for t, r in _REASONS if isinstance(exc, t))
+        text = str(exc)
+        if keyless_switch and isinstance(exc, KeylessRecordError):
+            text = exc.message_for(keyless_switch)
+        refusals.add(reason, rec, text)
+        return False
+    return True
 
 
 async def publish_records(
@@ -262,14 +289,7 @@ async def publish_records(
             if left.get(p):
                 left[p] -= 1
                 return
-        if msg_id_field and rec.msg_id is None:
-            refusals.add("no msg-id", rec, f"field {msg_id_field!r} is missing or empty")
-            return
-        try:
-            await pub.publish(rec.key, rec.payload, msg_id=rec.msg_id)
-        except RecordError as exc:
-            reason = next(r for t, r in _REASONS if isinstance(exc, t))
-            refusals.add(reason, rec, str(exc))
+        await publish_record(pub, rec, refusals, msg_id_field=msg_id_field)
 
     if isinstance(records, AsyncIterable):
         async for rec in records:
