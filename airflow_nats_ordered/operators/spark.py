@@ -1,0 +1,166 @@
+"""Submit a PySpark publish job (e.g. ``spark_apps/publish_flights.py``) as a named run."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import BaseHook
+
+from ..core.connection import ConnectionOptions
+from ..core.errors import ConfigError
+from ..core.runs import RunLedger, RunRecord
+from ..hooks.nats import NatsHook
+from .publish import default_producer_id
+
+#: ConnectionOptions field -> the variable the driver reads it from (ConnectionOptions.from_env)
+_ENV_OF = {
+    "user": "NATS_USER",
+    "password": "NATS_PASSWORD",
+    "token": "NATS_TOKEN",
+    "creds_file": "NATS_CREDS",
+    "nkey_seed_file": "NATS_NKEY",
+    "tls_ca_file": "NATS_CA",
+    "tls_cert_file": "NATS_CERT",
+    "tls_key_file": "NATS_KEY",
+}
+
+
+def nats_env(options: ConnectionOptions) -> dict[str, str]:
+    """The ``NATS_*`` variables that give a driver these connection options."""
+    if options.nkey_seed is not None:
+        raise ConfigError(
+            "the NATS connection holds an nkey seed inline; a Spark driver reads NATS_NKEY as a "
+            "seed *file*: set extra 'nkey_seed_file' on the connection instead"
+        )
+    env = {"NATS_URL": ",".join(options.servers)}
+    for name, var in _ENV_OF.items():
+        value = getattr(options, name)
+        if value is not None:
+            env[var] = str(value)
+    return env
+
+
+class NatsSparkPublishOperator(SparkSubmitOperator):
+    """``spark-submit`` a publish job and push the run's ledger record to XCom.
+
+    The application is called with ``--stream <stream> --producer-id <id>`` after its own
+    ``application_args`` (``spark_apps/publish_flights.py`` takes them) and publishes with the
+    ``nats-ordered`` sink, which records the run under that producer id (default: DAG id, task
+    id, logical date: the same on task retries and clear-and-rerun, so a complete run is never
+    published again and a partial one resumes). Returns the record (status, counts,
+    ``high_water_marks`` for :class:`~airflow_nats_ordered.sensors.drain.NatsGroupDrainSensor`).
+
+    The NATS connection ``nats_conn_id`` reaches the driver as ``NATS_*`` environment
+    variables of the spark-submit process, never on its command line: masters/modes where the
+    Spark provider would turn ``env_vars`` into ``--conf`` (YARN, Kubernetes, cluster deploy
+    mode) are refused. Sets ``PYSPARK_PYTHON`` (default: this interpreter),
+    ``spark.speculation=false`` (speculative copies would publish twice, out of order) and
+    puts this interpreter's ``bin`` folder first on ``PATH`` so its ``spark-submit`` runs.
+    """
+
+    template_fields: Sequence[str] = (
+        *SparkSubmitOperator.template_fields,
+        "stream",
+        "producer_id",
+    )
+    ui_color = "#f4a460"
+
+    def __init__(
+        self,
+        *,
+        application: str,
+        stream: str,
+        producer_id: str | None = None,
+        nats_conn_id: str = NatsHook.default_conn_name,
+        pyspark_python: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(application=application, **kwargs)
+        self.stream = stream
+        self.producer_id = producer_id
+        self.nats_conn_id = nats_conn_id
+        self.pyspark_python = pyspark_python or sys.executable
+
+    def _refuse_env_as_conf(self) -> None:
+        # read from the Spark connection as the provider's hook reads it, without building
+        # the hook (it needs the Kubernetes client just to be created for a k8s master)
+        conn = BaseHook.get_connection(self._conn_id)
+        master = f"{conn.conn_type}://{conn.host or ''}"
+        mode = self._deploy_mode or (conn.extra_dejson or {}).get("deploy-mode")
+        if "yarn" in master or "k8s" in master or mode == "cluster":
+            raise ConfigError(
+                f"NatsSparkPublishOperator {self.task_id!r}: with Spark connection "
+                f"{self._conn_id!r} ({conn.host}, deploy mode {mode or 'client'}) the Spark "
+                "provider passes env_vars as --conf settings, which the Spark UI and the "
+                "process list show, so the NATS credentials would leak; submit in client mode "
+                "to a local or spark:// master, or run a SparkSubmitOperator whose cluster "
+                "provides the NATS_* variables as secrets"
+            )
+
+    def prepare(self, producer_id: str) -> NatsHook:
+        """Settle conf, env_vars and application_args for ``producer_id`` (after templates are
+        rendered, so the NATS variables never reach the rendered fields); refuse unsafe
+        settings before anything is submitted. Returns the NATS hook."""
+        conf: dict[Any, Any] = dict(self.conf or {})
+        if str(conf.get("spark.speculation", "false")).lower() != "false":
+            raise ConfigError(
+                f"NatsSparkPublishOperator {self.task_id!r}: spark.speculation must stay false "
+                "(a speculative task copy publishes the same partition a second time)"
+            )
+        conf["spark.speculation"] = "false"
+        self.conf = conf
+        self._refuse_env_as_conf()
+        hook = NatsHook(self.nats_conn_id)
+        bin_dir = os.path.dirname(sys.executable)
+        self.env_vars = {
+            **(self.env_vars or {}),
+            **nats_env(hook.get_options()),
+            "PYSPARK_PYTHON": self.pyspark_python,
+            "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+        }
+        self.application_args = [
+            *(self.application_args or []),
+            "--stream",
+            self.stream,
+            "--producer-id",
+            producer_id,
+        ]
+        self._hook = None  # built again with the settings above
+        return hook
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        producer_id = self.producer_id or default_producer_id(context)
+        hook = self.prepare(producer_id)
+        super().execute(context)
+
+        async def read(nc: Any) -> RunRecord | None:
+            return await (await RunLedger.open(nc, self.stream, create=False)).get(producer_id)
+
+        rec = hook.run(read)
+        if rec is None:
+            raise RuntimeError(
+                f"the Spark job finished but run {producer_id!r} has no record in the ledger of "
+                f"{self.stream}: does {self.application} publish with the nats-ordered sink and "
+                "the --stream/--producer-id it is given?"
+            )
+        if rec.status != "complete":
+            raise RuntimeError(
+                f"run {producer_id!r} is recorded {rec.status}: {rec.error}; retrying the task "
+                "resumes it without storing anything twice"
+            )
+        self.log.info(
+            "run %r: %d rows acknowledged (%d duplicates dropped), %d refused; high-water marks %s",
+            producer_id,
+            rec.acked,
+            rec.duplicates,
+            rec.refused,
+            rec.high_water_marks,
+        )
+        return rec.to_dict()
+
+
+__all__ = ["NatsSparkPublishOperator", "nats_env"]

@@ -1,0 +1,108 @@
+"""NatsSparkPublishOperator: a real spark-submit of spark_apps/publish_flights.py in a
+``dag.test()`` run, and the settings it refuses before submitting anything."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from airflow_dags import dag_file, nats_connection, task_states
+from spark_helpers import make_stream, run_record, stored
+
+from airflow_nats_ordered.core.errors import ConfigError
+
+pytest.importorskip("pyspark")
+
+from airflow_nats_ordered.operators.spark import NatsSparkPublishOperator  # noqa: E402
+
+APP = str(Path(__file__).resolve().parent.parent / "spark_apps" / "publish_flights.py")
+LOCAL_SPARK = json.dumps({"conn_type": "spark", "host": "local[2]"})
+
+DAG = """
+import datetime as dt
+import json
+from airflow.sdk import DAG, task
+from airflow_nats_ordered.operators.spark import NatsSparkPublishOperator
+
+@task
+def keep(record):
+    with open({out!r}, "w") as f:
+        json.dump(record, f)
+
+with DAG(dag_id="{dag_id}", schedule=None, start_date=dt.datetime(2013, 1, 1)) as dag:
+    publish = NatsSparkPublishOperator(
+        task_id="publish", application={app!r}, stream="{stream}",
+        application_args=["--start", "2013-01-02", "--allow-refused"],
+        conf={{"spark.ui.enabled": "false"}},
+    )
+    keep(publish.output)
+"""
+
+
+def test_spark_publish_task_pushes_the_runs_marks_from_the_ledger(
+    nats_url, unique_name, monkeypatch, tmp_path
+):
+    monkeypatch.setenv("AIRFLOW_CONN_NATS_DEFAULT", nats_connection(nats_url))
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", LOCAL_SPARK)
+    make_stream(nats_url, unique_name, partitions=4)
+    out = tmp_path / "record.json"
+    with dag_file(DAG, app=APP, stream=unique_name, out=str(out)) as dag:
+        run = dag.test()
+    assert task_states(run) == {"publish": "success", "keep": "success"}, task_states(run)
+    pushed = json.loads(out.read_text())
+    rec = run_record(nats_url, unique_name, pushed["producer_id"])
+    assert rec is not None and rec.status == "complete"
+    assert pushed["producer_id"].startswith(f"{dag.dag_id}.publish.")
+    assert {int(p): s for p, s in pushed["high_water_marks"].items()} == rec.high_water_marks
+    got = stored(nats_url, unique_name)
+    assert len(got) == rec.acked > 800 and max(s.seq for s in got) == max(
+        rec.high_water_marks.values()
+    )
+
+
+def _operator(**kw) -> NatsSparkPublishOperator:
+    return NatsSparkPublishOperator(
+        task_id="publish", application=APP, stream="S", producer_id="run-1", **kw
+    )
+
+
+def test_nats_credentials_reach_the_driver_as_env_never_on_the_command_line(monkeypatch):
+    conn = {
+        "conn_type": "nats",
+        "extra": {"servers": "nats://127.0.0.1:4222", "token": "tok-never-shown-42"},
+    }
+    monkeypatch.setenv("AIRFLOW_CONN_NATS_DEFAULT", json.dumps(conn))
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", LOCAL_SPARK)
+    op = _operator()
+    op.prepare("run-1")
+    command = op._get_hook()._build_spark_submit_command(APP)
+    assert not any("tok-never-shown-42" in part for part in command), command
+    assert op.env_vars["NATS_TOKEN"] == "tok-never-shown-42"
+    assert op.env_vars["PYSPARK_PYTHON"] == sys.executable
+    assert op.env_vars["PATH"].startswith(str(Path(sys.executable).parent))
+    assert op.conf["spark.speculation"] == "false"
+    assert command[-4:] == ["--stream", "S", "--producer-id", "run-1"]
+
+
+@pytest.mark.parametrize(
+    ("spark_conn", "kw"),
+    [
+        ({"conn_type": "spark", "host": "yarn"}, {}),
+        ({"conn_type": "spark", "host": "k8s://https://k8s.example:6443"}, {}),
+        ({"conn_type": "spark", "host": "spark://127.0.0.1:7077"}, {"deploy_mode": "cluster"}),
+    ],
+)
+def test_modes_that_turn_env_into_conf_are_refused_before_submitting(monkeypatch, spark_conn, kw):
+    monkeypatch.setenv("AIRFLOW_CONN_NATS_DEFAULT", nats_connection("nats://127.0.0.1:4222"))
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", json.dumps(spark_conn))
+    with pytest.raises(ConfigError, match="--conf"):
+        _operator(**kw).prepare("run-1")
+
+
+def test_speculation_is_refused(monkeypatch):
+    monkeypatch.setenv("AIRFLOW_CONN_NATS_DEFAULT", nats_connection("nats://127.0.0.1:4222"))
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", LOCAL_SPARK)
+    with pytest.raises(ConfigError, match="speculation"):
+        _operator(conf={"spark.speculation": "true"}).prepare("run-1")
