@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fnmatch
 import functools
 import json
 import os
@@ -261,16 +262,27 @@ def test_every_image_is_pinned_and_the_project_image_matches_the_project():
 
 def test_every_command_and_flag_parses_with_the_real_parser():
     airflow = _airflow_parser()
+    # Spark's own argument parsers, through the spark-class the image runs (both at once)
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    helps = {
+        cls: subprocess.Popen(
+            ["spark-class", cls, "--help"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=dict(os.environ, PATH=path),
+        )
+        for cls in {
+            c[1]
+            for c in (s.get("command", [""]) for s in SERVICES.values())
+            if c[0] == "spark-class"
+        }
+    }
     spark_usage = {}
-    for cls in ("org.apache.spark.deploy.master.Master", "org.apache.spark.deploy.worker.Worker"):
-        env = dict(
-            os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
-        )
-        proc = subprocess.run(
-            ["spark-class", cls, "--help"], capture_output=True, text=True, env=env, timeout=60
-        )
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        spark_usage[cls] = proc.stderr
+    for cls, proc in helps.items():
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0 and "Usage:" in err, f"spark-class {cls}: {err[-2000:]}"
+        spark_usage[cls] = err
     scripts = set(PYPROJECT["project"]["scripts"])
     for name, svc in SERVICES.items():
         commands = [svc.get("command")]
@@ -336,6 +348,37 @@ def test_every_file_and_folder_referenced_exists():
             f"{node}: the JetStream store of {path.name} must be on a named volume"
         )
         assert cmd[:1] == ["--config"], f"{node}: the image's entrypoint takes flags only"
+
+
+def _docker_ignored(rel: str) -> bool:
+    """Whether ``.dockerignore`` keeps project path ``rel`` (or a folder above it) out of the
+    build context (its patterns: Go's filepath.Match, ``**`` for any folders, no ``!``)."""
+    patterns = [
+        ln.strip()
+        for ln in (ROOT / ".dockerignore").read_text().splitlines()
+        if ln.strip() and not ln.startswith("#")
+    ]
+    assert not any(p.startswith("!") for p in patterns), "extend _docker_ignored for '!'"
+    parts = PurePosixPath(rel).parts
+    candidates = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+    for pattern in patterns:
+        for path in candidates:
+            if fnmatch.fnmatchcase(path, pattern) or (
+                pattern.startswith("**/") and fnmatch.fnmatchcase(path.split("/")[-1], pattern[3:])
+            ):
+                return True
+    return False
+
+
+def test_the_build_context_holds_every_copy_source_and_no_secret():
+    for src in _dockerfile_copies().values():
+        rel = src.relative_to(ROOT).as_posix()
+        assert not _docker_ignored(rel), f".dockerignore excludes {rel}, which the image copies"
+    for svc in SERVICES.values():
+        for env_file in _env_files(svc):
+            rel = env_file.relative_to(ROOT).as_posix()
+            assert _docker_ignored(rel), f".dockerignore must keep the secrets of {rel} out"
+    assert _docker_ignored("airflow_nats_ordered/__pycache__/x.pyc")
 
 
 def test_nats_node_configs_differ_only_in_their_server_name():
