@@ -10,7 +10,7 @@ import nats
 import pytest
 from streamcheck import read_stream
 
-from airflow_nats_ordered.core.publisher import PublisherConfig
+from airflow_nats_ordered.core.publisher import OrderedPublisher, PublisherConfig
 from airflow_nats_ordered.core.runs import RunLedger, publish_run
 from airflow_nats_ordered.core.streams import StreamSpec, provision
 from airflow_nats_ordered.inputs import records_from_rows
@@ -155,3 +155,81 @@ def test_a_run_of_a_deleted_and_recreated_stream_is_published_again(nats_url, un
 
     again, stored = asyncio.run(go())
     assert not again.skipped and stored == 40
+
+
+@pytest.mark.parametrize(
+    "rows",
+    [
+        # keyless records take positions too (round-robin), in the same order on resume
+        [{"k": "k1"}, {"k": None, "x": 1}, {"k": "k2"}, {"k": "k3"}, {"k": "k4"}],
+        # a refused record (too large) takes no position, on the first attempt or the resume
+        [{"k": "k1"}, {"k": "k1", "big": "x" * 2_000_000}, {"k": "k2"}, {"k": "k3"}],
+    ],
+    ids=["keyless-mixed-in", "refused-mixed-in"],
+)
+def test_resume_is_exact_with_keyless_and_refused_records(nats_url, unique_name, rows):
+    keyless = any(r["k"] is None for r in rows)
+    config = PublisherConfig(ack_timeout=0.3, delivery_timeout=0.6, allow_keyless=keyless)
+
+    async def go():
+        nc = await nats.connect(nats_url)
+        await provision(nc, StreamSpec(unique_name, partitions=1, duplicate_window=2))
+        with pytest.raises(Interrupted):
+            await publish_run(
+                nc,
+                unique_name,
+                _failing_after(rows, 3),
+                producer_id="r",
+                config=config,
+                allow_refused=True,
+            )
+        await asyncio.sleep(2.5)  # past the duplicate window
+        done = await publish_run(
+            nc,
+            unique_name,
+            records_from_rows(rows, key_field="k"),
+            producer_id="r",
+            config=config,
+            allow_refused=True,
+        )
+        stored = [s.data for s in await read_stream(nc, unique_name)]
+        await nc.close()
+        return done.record, stored
+
+    rec, stored = asyncio.run(go())
+    published = [json.dumps(r, separators=(",", ":")).encode() for r in rows if "big" not in r]
+    assert stored == published, "a record was lost, duplicated or moved on resume"
+    assert rec.status == "complete" and rec.refused == sum("big" in r for r in rows)
+
+
+def test_an_attempt_killed_before_it_recorded_anything_is_resumed_from_the_stream(
+    nats_url, unique_name
+):
+    """What a SIGKILLed attempt leaves: records stored, the ledger saying 'running' with no
+    counts. Past the duplicate window, the partition's tail (this run's last position)
+    is what keeps the resume from storing them again."""
+    rows = _rows(60)
+
+    async def go():
+        nc = await nats.connect(nats_url)
+        await provision(nc, StreamSpec(unique_name, partitions=1, duplicate_window=2))
+        await (await RunLedger.open(nc, unique_name)).begin("killed")
+        cfg = PublisherConfig(ack_timeout=0.3, delivery_timeout=0.6, producer_id="killed")
+        async with OrderedPublisher(nc, unique_name, cfg) as pub:  # the attempt, unrecorded
+            for rec in list(records_from_rows(rows, key_field="k"))[:25]:
+                await pub.publish(rec.key, rec.payload)
+        await asyncio.sleep(2.5)
+        done = await publish_run(
+            nc,
+            unique_name,
+            records_from_rows(rows, key_field="k"),
+            producer_id="killed",
+            config=QUICK,
+        )
+        stored = [s.data for s in await read_stream(nc, unique_name)]
+        await nc.close()
+        return done.record, stored
+
+    rec, stored = asyncio.run(go())
+    assert stored == [json.dumps(r, separators=(",", ":")).encode() for r in rows]
+    assert rec.skipped == 25 and rec.status == "complete"

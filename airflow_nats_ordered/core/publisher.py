@@ -169,8 +169,8 @@ class PublisherConfig:
 @dataclass
 class PartitionSummary:
     partition: int
-    #: records of this partition stored by an earlier attempt of the same run (see
-    #: ``OrderedPublisher(start_after=...)``): this attempt's positions start after them
+    #: records passed over unsent because an earlier attempt of the same run stored their
+    #: positions (``OrderedPublisher(start_after=...)``); this attempt's records follow them
     offset: int = 0
     accepted: int = 0
     acked: int = 0
@@ -351,6 +351,7 @@ class _Lane:
         self.idle = asyncio.Event()
         self.idle.set()
         self.summary = PartitionSummary(partition)
+        self.resume_left = 0  # positions still to pass over on resume (start_after)
         self.error: str | None = None
         self.batch_id: str | None = None
         self.batch_seq = 0
@@ -653,8 +654,10 @@ class OrderedPublisher:
         if config is not None and knobs:
             raise TypeError("pass either config= or keyword knobs, not both")
         self.config = config or PublisherConfig(**knobs)
-        #: partition -> records a previous attempt of this run stored: the caller skips them
-        #: and this publisher numbers the rest from there (same positions, same msg-ids)
+        #: partition -> positions a previous attempt of this run stored: the records given for
+        #: them (the first n accepted of the partition, exactly as that attempt numbered them:
+        #: refused records take no position) are passed over unsent, and the rest keep their
+        #: positions and msg-ids. Exact however long ago that attempt ran.
         self.start_after = {int(p): int(n) for p, n in (start_after or {}).items() if n}
         self.nc = nc
         self.stream_name = stream
@@ -747,7 +750,7 @@ class OrderedPublisher:
                     f"start_after names partition {p} with {n} records, but stream "
                     f"{self.stream.name} has partitions 0 to {len(self._lanes) - 1}"
                 )
-            self._lanes[p].summary.offset = n
+            self._lanes[p].resume_left = n
         self._sub = await self.nc.subscribe(
             f"{self._inbox}.>",
             cb=self._on_reply,
@@ -806,6 +809,11 @@ class OrderedPublisher:
     @property
     def refused(self) -> int:
         return self._refused
+
+    def stored_positions(self) -> dict[int, int]:
+        """Per partition, how many leading positions of this run are known stored: those
+        passed over on resume plus those acknowledged so far (live: progress records)."""
+        return {lane.p: lane.summary.offset + lane.summary.acked for lane in self._lanes}
 
     async def publish(
         self,
@@ -892,6 +900,11 @@ class OrderedPublisher:
             hdr = hdr[:-2] + extra + b"\r\n"
         if len(hdr) + size > self._max_size:
             raise self._too_large(kb, len(hdr) + size)
+        if lane.resume_left:
+            # an earlier attempt of this run stored this position: pass it over, unsent
+            lane.resume_left -= 1
+            lane.summary.offset += 1
+            return part
         self._pending += 1
         self._pending_bytes += size
         lane.accept(_Rec(data, hdr))

@@ -16,22 +16,26 @@ Guarantees:
 * **A complete run is never published again**, however long after (far past the stream's
   ``duplicate_window``): :func:`publish_run` returns the recorded result and sends nothing.
 * **A partial run resumes exactly**: records are numbered per partition in input order
-  (the producer sequence); the ledger keeps how many of each partition were acknowledged,
-  and a re-run skips those and sends the rest with the same msg-ids. Exact even past the
-  duplicate window, provided the re-run reads the same input in the same order (the reason
-  producer ids must name one immutable input: a DAG run's logical date, a job's input
-  snapshot).
+  (the producer sequence); the ledger keeps how many of each partition were acknowledged
+  (recorded every :data:`PROGRESS_EVERY` seconds while the run goes, and at its end), and a
+  re-run passes those over and sends the rest with the same msg-ids. An attempt killed
+  between two progress records left more stored than recorded: when a partition's last
+  message is this run's, its position counts too; otherwise the rest of that gap is
+  covered by msg-id dedup inside the duplicate window. Provided the re-run reads the same
+  input in the same order (the reason producer ids must name one immutable input: a DAG
+  run's logical date, a job's input snapshot).
 * Drains wait for a run by name: :meth:`RunLedger.get` gives its high-water marks.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import json
 import time
 from collections import Counter
-from collections.abc import AsyncIterable, Iterable, Mapping
+from collections.abc import AsyncIterable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -56,12 +60,13 @@ from .errors import (
     RecordError,
     RecordTooLargeError,
 )
-from .partitioning import partition_for
-from .publisher import OrderedPublisher, PublisherConfig, PublishSummary
+from .publisher import HDR_PRODUCER, HDR_SEQ, OrderedPublisher, PublisherConfig, PublishSummary
 from .streams import PartitionedStream, describe
 
 RunStatus = Literal["running", "complete", "partial"]
 
+#: Seconds between progress records of a running run (see :func:`publish_run`).
+PROGRESS_EVERY = 2.0
 #: How many refused records are kept as examples (where, key, reason).
 REFUSED_EXAMPLES = 5
 
@@ -274,21 +279,13 @@ async def publish_records(
     refusals: Refusals,
     *,
     msg_id_field: str | None = None,
-    skip: Mapping[int, int] | None = None,
 ) -> int:
     """Publish every record; refused ones are counted in ``refusals`` (never dropped
-    silently). ``skip``: partition -> how many of its first keyed records to pass over
-    (stored by an earlier attempt; the publisher was started with the same ``start_after``
-    so the rest keep their positions). Returns how many records were read."""
+    silently). Returns how many records were read. (A resumed run's publisher passes over
+    what an earlier attempt stored itself: ``OrderedPublisher(start_after=...)``.)"""
     read = 0
-    left = {p: n for p, n in (skip or {}).items() if n > 0}
 
     async def one(rec: SourceRecord) -> None:
-        if left and rec.key:
-            p = partition_for(rec.key, pub.partitions)
-            if left.get(p):
-                left[p] -= 1
-                return
         await publish_record(pub, rec, refusals, msg_id_field=msg_id_field)
 
     if isinstance(records, AsyncIterable):
@@ -342,8 +339,10 @@ async def publish_run(
     rec = await ledger.begin(producer_id)
     base = config or PublisherConfig()
     knobs = {**asdict(base), "producer_id": producer_id}
-    # what earlier attempts had stored, by partition: skipped, not re-sent
-    resume = dict(previous.acked_per_partition) if previous is not None else {}
+    # what earlier attempts had stored, by partition: passed over, not re-sent
+    resume: dict[int, int] = {}
+    if previous is not None:
+        resume = await _stored_positions(nc, ledger.stream, producer_id, previous)
     pub = OrderedPublisher(
         nc,
         stream,
@@ -353,11 +352,15 @@ async def publish_run(
     )
     refusals = Refusals()
     summary: PublishSummary | None = None
+    progress: asyncio.Task[None] | None = None
     try:
         await pub.start()
-        await publish_records(pub, records, refusals, msg_id_field=msg_id_field, skip=resume)
+        progress = asyncio.ensure_future(_record_progress(ledger, rec, pub))
+        await publish_records(pub, records, refusals, msg_id_field=msg_id_field)
         summary = await pub.close(raise_on_failure=False)
     except BaseException as exc:
+        if progress is not None:
+            progress.cancel()
         rec.error = f"{type(exc).__name__}: {exc}"
         rec.status = "partial"
         rec.finished = time.time()
@@ -365,6 +368,7 @@ async def publish_run(
         _absorb(rec, pub.summary, refusals)
         await ledger.record(rec)
         raise
+    progress.cancel()
     _absorb(rec, summary, refusals)
     complete = rec.failed == 0 and (rec.refused == 0 or allow_refused)
     rec.status = "complete" if complete else "partial"
@@ -373,6 +377,42 @@ async def publish_run(
         rec.error = next((p.error for p in summary.partitions if p.error), None)
     await ledger.record(rec)
     return RunResult(rec, skipped=False, summary=summary)
+
+
+async def _stored_positions(
+    nc: NATS, stream: PartitionedStream, producer_id: str, previous: RunRecord
+) -> dict[int, int]:
+    """Per partition, how many leading positions of the run are stored: what the ledger
+    recorded, or more when the partition's last message is this run's (an attempt killed
+    between two progress records; its ``Nats-Ordered-Seq`` is the position)."""
+    out = dict(previous.acked_per_partition)
+    js = nc.jetstream()
+
+    async def tail(p: int) -> None:
+        try:
+            msg = await js.get_last_msg(stream.name, stream.subject(p), direct=True)
+        except NotFoundError:
+            return
+        h = msg.headers or {}
+        seq = h.get(HDR_SEQ, "")
+        if h.get(HDR_PRODUCER) == producer_id and seq.isdigit():
+            out[p] = max(out.get(p, 0), int(seq))
+
+    await asyncio.gather(*(tail(p) for p in range(stream.partitions)))
+    return out
+
+
+async def _record_progress(ledger: RunLedger, rec: RunRecord, pub: OrderedPublisher) -> None:
+    """Keep the ledger's per-partition counts at most PROGRESS_EVERY seconds behind, so a
+    killed attempt's successor passes over nearly everything it stored."""
+    while True:
+        await asyncio.sleep(PROGRESS_EVERY)
+        positions = pub.stored_positions()
+        if positions != rec.acked_per_partition:
+            rec.acked_per_partition.update(positions)
+            rec.acked = sum(rec.acked_per_partition.values())
+            with contextlib.suppress(Exception):  # best effort: the final record follows
+                await ledger.record(rec)
 
 
 def _absorb(rec: RunRecord, summary: PublishSummary | None, refusals: Refusals) -> None:

@@ -127,7 +127,6 @@ async def publish_task(
             _records(batches, maker, sender),
             refusals,
             msg_id_field=options.msg_id_column,
-            skip=skip,
         )
     except BaseException:
         with contextlib.suppress(Exception):
