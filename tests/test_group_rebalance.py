@@ -104,3 +104,49 @@ def test_rebalance_without_running_members_says_so(nats_url, unique_name):
         await nc.close()
 
     asyncio.run(go())
+
+
+def test_a_policy_the_leader_cannot_obey_is_reported_and_never_stops_the_group(
+    nats_url, unique_name
+):
+    """Bad weights are refused before they are written; and a policy written behind the
+    admin function's back (another version, a hand edit) is reported by the leader, which
+    keeps the plain assignment instead of crashing every member in turn."""
+    from airflow_nats_ordered.core.errors import ConfigError
+    from airflow_nats_ordered.core.group import RebalancePolicy
+    from airflow_nats_ordered.core.group_admin import live_members
+
+    async def handler(msg):
+        pass
+
+    async def go():
+        nc = await nats.connect(nats_url)
+        await provision(nc, StreamSpec(unique_name, partitions=4))
+        async with WorkerPool(nats_url, _cfg(unique_name), handler, size=2) as pool:
+            await pool.wait_assigned(20)
+            with pytest.raises(ConfigError, match="finite number >= 0"):
+                await rebalance_group(nc, unique_name, "g", weights={0: -1.0}, timeout=5)
+            with pytest.raises(ConfigError, match="cordon fewer members"):
+                await rebalance_group(nc, unique_name, "g", cordon=["w-1", "w-2"], timeout=5)
+            store = await GroupStore.attach(nc, unique_name, "g")
+            _, rev = await store.read_policy()
+            bad = RebalancePolicy(weights={0: float("inf")}, request="hand-edit")
+            await store.write_policy(bad, rev)
+            for _ in range(50):
+                policy, _ = await store.read_policy()
+                if policy.applied == "hand-edit":
+                    break
+                await asyncio.sleep(0.1)
+            alive = await live_members(nc, unique_name, "g")
+            for _ in range(30):  # the leader's next heartbeat carries its problem
+                problems = (await store.snapshot()).problems
+                if problems:
+                    break
+                await asyncio.sleep(0.1)
+        await nc.close()
+        return policy, alive, problems
+
+    policy, alive, problems = asyncio.run(go())
+    assert policy.applied == "hand-edit" and "not applied" in policy.error
+    assert alive == ["w-1", "w-2"], "a bad policy stopped members"
+    assert any("rebalance policy not applied" in p for p in problems)

@@ -219,14 +219,15 @@ class RebalancePolicy:
     load, not count); ``slack``: how far above the average load a member may stay, used once
     for the request ``request`` (an explicit rebalance), after which the leader's periodic
     recomputation uses the default (a fixed point, so nothing churns). ``applied`` is the
-    last request the leader has applied and ``generation`` the assignment it produced."""
+    last request the leader has applied, ``error`` why it could not obey it, if so."""
 
     cordon: list[str] = field(default_factory=list)
     weights: dict[int, float] = field(default_factory=dict)
     slack: float | None = None
     request: str = ""
     applied: str = ""
-    generation: int = 0
+    #: why the leader could not obey the request it applied last ("" if it did)
+    error: str = ""
 
     @property
     def pending(self) -> bool:
@@ -246,7 +247,7 @@ class RebalancePolicy:
             slack=d.get("slack"),
             request=d.get("request", ""),
             applied=d.get("applied", ""),
-            generation=int(d.get("generation", 0)),
+            error=d.get("error", ""),
         )
 
 

@@ -23,7 +23,7 @@ from nats.aio.client import Client as NATS
 from nats.js import api
 from nats.js.errors import BucketNotFoundError, NoKeysError, NotFoundError
 
-from .assignor import Assignment, imbalance, moves
+from .assignor import Assignment, assign, imbalance, moves
 from .errors import ConfigError, NatsOrderedError
 from .group import GroupConfig, GroupStore, RebalancePolicy
 from .streams import describe, partition_bounds
@@ -335,16 +335,30 @@ async def rebalance_group(
     store = await GroupStore.attach(nc, stream, group)
     data, _ = await store.read_assignment()
     before = Assignment.from_json(data) if data else None
+    wanted_weights = {int(p): float(w) for p, w in (weights or {}).items()}
+    # refuse here what the leader could not obey (bad weights, cordoning every member)
+    members_now = await live_members(nc, stream, group)
+    partitions = (await describe(nc, stream)).partitions
+    try:
+        assign(
+            partitions,
+            members_now,
+            before,
+            weights=wanted_weights or None,
+            cordon=cordon,
+            slack=slack if wanted_weights else None,
+        )
+    except ValueError as exc:
+        raise ConfigError(f"rebalance of group {group} refused: {exc}") from None
     request = uuid.uuid4().hex
     while True:
         policy, rev = await store.read_policy()
         wanted = RebalancePolicy(
             cordon=sorted(set(cordon)),
-            weights={int(p): float(w) for p, w in (weights or {}).items()},
+            weights=wanted_weights,
             slack=slack,
             request=request,
             applied=policy.applied,
-            generation=policy.generation,
         )
         if await store.write_policy(wanted, rev) is not None:
             break
@@ -352,6 +366,8 @@ async def rebalance_group(
     while True:
         policy, _ = await store.read_policy()
         if policy.applied == request:
+            if policy.error:  # membership changed in between (e.g. the last one cordoned)
+                raise NatsOrderedError(f"group {group}: {policy.error}")
             break
         if policy.request != request:
             raise NatsOrderedError(

@@ -736,11 +736,11 @@ class Worker:
                 data, rev = await self.store.read_assignment()
                 previous = Assignment.from_json(data) if data else None
                 policy, policy_rev = await self.store.read_policy()
-                new = self._assign(members, previous, policy)
+                new, refused = self._assign(members, previous, policy)
                 changed = previous is None or new.owners != previous.owners
                 written = await self.store.write_assignment(new.to_json(), rev) if changed else rev
                 if written is not None and policy.pending:
-                    policy.applied, policy.generation = policy.request, new.generation
+                    policy.applied, policy.error = policy.request, refused or ""
                     await self.store.write_policy(policy, policy_rev)
                 if changed and written is not None:
                     self._audit(
@@ -759,12 +759,13 @@ class Worker:
 
     def _assign(
         self, members: list[str], previous: Assignment | None, policy: RebalancePolicy
-    ) -> Assignment:
-        """The leader's assignment under the group's rebalance policy. The policy's slack
-        applies only to a pending request (an explicit rebalance); cordoning every live
-        member is not obeyed (nobody would process anything) and is reported."""
+    ) -> tuple[Assignment, str | None]:
+        """The leader's assignment under the group's rebalance policy, and why the policy
+        was not obeyed if it was not. Its slack applies only to a pending request (an
+        explicit rebalance). A policy that cannot be obeyed (cordoning every live member,
+        weights that are not loads) is reported, never allowed to stop the leader: the
+        group falls back to the plain sticky assignment."""
         weights = policy.weights or None
-        slack = policy.slack if policy.pending else None
         try:
             new = assign(
                 self.stream.partitions,
@@ -772,13 +773,14 @@ class Worker:
                 previous,
                 weights=weights,
                 cordon=policy.cordon,
-                slack=slack if weights else None,
+                slack=policy.slack if weights and policy.pending else None,
             )
-            self._report("policy", None)
-            return new
         except ValueError as exc:
-            self._report("policy", f"rebalance policy not applied: {exc}")
-            return assign(self.stream.partitions, members, previous, weights=weights)
+            refused = f"rebalance policy not applied: {exc}"
+            self._report("policy", refused)
+            return assign(self.stream.partitions, members, previous), refused
+        self._report("policy", None)
+        return new, None
 
     async def _reconcile_loop(self) -> None:
         while True:
