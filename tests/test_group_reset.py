@@ -12,6 +12,7 @@ import pytest
 
 from airflow_nats_ordered.core.drain import read_lag, wait_drained
 from airflow_nats_ordered.core.errors import ConfigError
+from airflow_nats_ordered.core.group import GroupStore
 from airflow_nats_ordered.core.group_admin import reset_group
 from airflow_nats_ordered.core.pool import WorkerPool
 from airflow_nats_ordered.core.publisher import OrderedPublisher
@@ -109,6 +110,15 @@ def test_reset_refuses_without_confirmation_and_names_bad_partitions(nats_url, u
             await reset_group(nc, unique_name, "g", to="earliest")
         with pytest.raises(ConfigError, match=r"partitions 0 to 1; \[5\] do not exist"):
             await reset_group(nc, unique_name, "g", to={5: 0}, confirm=True)
+        await _publish(nc, unique_name, 10)
+        await GroupStore.open(nc, _cfg(unique_name).group_config)
+        store = await GroupStore.attach(nc, unique_name, "g")
+        await store.reset(0, 3)  # partition 0 at 3 before the bad request
+        with pytest.raises(ConfigError, match="past the end would skip"):
+            await reset_group(nc, unique_name, "g", to={0: 0, 1: 10_000}, confirm=True)
+        lag = await read_lag(nc, unique_name, "g")
         await nc.close()
+        return lag
 
-    asyncio.run(go())
+    lag = asyncio.run(go())
+    assert lag.partitions[0].committed == 3, "a refused reset changed some partitions"

@@ -609,6 +609,9 @@ class GroupStore:
         how an operator skips it). Returns ``(previous position, token)``."""
         live = await self.check_stream()
         key = f"c.{partition}"
+        # the lease as it is before the new token: only that holder is taken away (a new
+        # owner claiming after the reset keeps its lease)
+        held = await _latest(self.nc, self.cfg.lease_bucket, f"p.{partition}")
         for _ in range(20):
             rec, rev = await self._read_commit(partition)
             token = next_token(rec.token if rec else 0, 0, time.time_ns() // 1_000_000)
@@ -631,10 +634,24 @@ class GroupStore:
             await self.set_blocked(partition, None)
             # take the lease away too: an idle owner would never commit, so never notice the
             # new token; its next renewal now fails and it hands the partition over
-            with contextlib.suppress(KeyNotFoundError, KeyDeletedError):
-                await self.leases.delete(f"p.{partition}")
+            if held is not None and held[0] is not None:
+                await self._take_lease_from(partition, json.loads(held[0]).get("claim"))
             return (rec.seq if rec else 0), token
         raise NatsOrderedError(f"could not reset partition {partition}: its record keeps changing")
+
+    async def _take_lease_from(self, partition: int, claim: str | None) -> None:
+        """Delete partition's lease while it is still the claim ``claim`` (renewals of it
+        change its revision, not its claim); never a newer owner's lease."""
+        key = f"p.{partition}"
+        for _ in range(5):
+            cur = await _latest(self.nc, self.cfg.lease_bucket, key)
+            if cur is None or cur[0] is None or json.loads(cur[0]).get("claim") != claim:
+                return
+            try:
+                await self.leases.delete(key, last=cur[1])
+                return
+            except KeyWrongLastSequenceError:
+                continue  # renewed meanwhile: read again
 
     async def commit(self, grant: Grant, seq: int) -> None:
         """Record ``seq`` as processed, by CAS on the grant's revision; raises Fenced if a

@@ -268,17 +268,24 @@ async def reset_group(
         raise ConfigError(
             f"stream {stream} has partitions 0 to {described.partitions - 1}; {wrong} do not exist"
         )
+    # every target is checked before the first write: a reset is all or nothing
+    targets: dict[int, int] = {}
+    for p in chosen:
+        first, last = await partition_bounds(nc, described, p)
+        if isinstance(to, str):
+            targets[p] = max(0, first - 1) if to == "earliest" else last
+            continue
+        seq = int(to[p])
+        if not 0 <= seq <= last:
+            raise ConfigError(
+                f"the position of partition {p} must be 0 to {last} (its last message), got "
+                f"{seq}: a position past the end would skip messages not yet published"
+            )
+        targets[p] = seq
     store = await GroupStore.attach(nc, stream, group)
     members = await live_members(nc, stream, group)
     done: dict[int, tuple[int, int]] = {}
-    for p in chosen:
-        if isinstance(to, str):
-            first, last = await partition_bounds(nc, described, p)
-            seq = max(0, first - 1) if to == "earliest" else last
-        else:
-            seq = int(to[p])
-            if seq < 0:
-                raise ConfigError(f"the position of partition {p} must be >= 0, got {seq}")
+    for p, seq in targets.items():
         before, _ = await store.reset(p, seq)
         done[p] = (before, seq)
     return GroupReset(stream, group, done, members)
