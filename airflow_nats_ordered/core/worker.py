@@ -60,6 +60,7 @@ from .group import (
     LeaseLost,
     MissingCommitPolicy,
     RebalancePolicy,
+    StreamRecreated,
     default_member_id,
 )
 from .partitioning import partition_subject
@@ -208,7 +209,12 @@ class _PartitionReader:
         start: int,
         batch: int,
         budget: Callable[[], int],
+        verify: Callable[[], Awaitable[Any]] | None = None,
     ) -> None:
+        #: awaited before the consumer is re-created (never before the first): raises if
+        #: the stream is no longer the one the start sequence refers to (re-created)
+        self.verify = verify
+        self._opened = False
         self.nc = nc
         self.js = nc.jetstream()
         self.stream = stream
@@ -306,6 +312,9 @@ class _PartitionReader:
 
     async def _open(self) -> None:
         await self.close()
+        if self._opened and self.verify is not None:
+            await self.verify()  # a consumer lost with its stream must not resume on a new one
+        self._opened = True
         info = await self.js.add_consumer(
             self.stream,
             config=api.ConsumerConfig(
@@ -917,6 +926,7 @@ class Worker:
             grant.committed + 1,
             self.cfg.fetch_batch,
             self._buffer_share,
+            self.store.check_stream,
         )
         last = grant.committed
         last_commit = time.monotonic()
@@ -968,6 +978,12 @@ class Worker:
             self.stats["fenced"] += 1
             given_up = True
             log.warning("member %s: %s", self.member, exc)
+        except StreamRecreated as exc:
+            # positions refer to the old stream: stop without committing; claims back off
+            # and report it until an operator resets the group
+            given_up = True
+            self._report("stream", str(exc))
+            log.error("member %s: partition %d: %s", self.member, p, exc)
         except LeaseLost as exc:
             if not o.lost:  # (already counted if the heartbeat found it lost)
                 self.stats["leases_lost"] += 1
