@@ -200,3 +200,25 @@ def test_wait_drained_refuses_a_recreated_stream(shared_nats_server, unique_name
 
     exc = asyncio.run(go())
     assert "deleted and created again" in str(exc) and "group delete" in str(exc)
+
+
+def test_a_blocked_marker_older_than_the_latest_grant_does_not_fail_the_wait(
+    shared_nats_server, unique_name
+):
+    """Between a new owner's grant (it retries the poison message with a fixed handler) and
+    its first applied message, the marker is still there: the wait must not fail on it."""
+
+    async def go():
+        nc = await nats.connect(shared_nats_server.url)
+        await _stream_with(nc, unique_name, 40, partitions=1)
+        store = await GroupStore.open(nc, _cfg(unique_name).group_config)
+        await store.grant(0, "old-owner")
+        await store.set_blocked(0, "blocked at seq 7 after 1 attempts: RuntimeError: boom")
+        with pytest.raises(PartitionBlockedError):
+            await wait_drained(nc, unique_name, "g", timeout=5)
+        await store.grant(0, "new-owner")  # the fixed handler's member claims it
+        with pytest.raises(DrainTimeoutError):
+            await wait_drained(nc, unique_name, "g", timeout=1.5)
+        await nc.close()
+
+    asyncio.run(go())

@@ -188,7 +188,8 @@ async def wait_drained(
                 f"{described.partitions - 1}; pass the marks the publisher reported for it"
             )
     committed: dict[int, int] = {}
-    blocked: dict[int, str] = {}
+    commit_rev: dict[int, int] = {}  # revision of each partition's latest commit record
+    blocked: dict[int, tuple[str, int]] = {}  # reason, revision of the marker
     members_seen = time.monotonic()  # the no-members countdown starts with the wait
     next_check = 0.0
     # the watcher first delivers each key's current value, then a None marker, then every
@@ -200,17 +201,21 @@ async def wait_drained(
             if caught_up:
                 progress = DrainProgress(marks, dict(committed), time.monotonic() - t0)
                 behind = progress.behind
-                stuck = sorted(set(blocked) & set(behind))
+                # a marker counts while no commit record came after it: a newer grant or the
+                # hand-over commit means the next owner is trying again
+                stuck = sorted(
+                    p for p in set(blocked) & set(behind) if blocked[p][1] > commit_rev.get(p, 0)
+                )
                 if stuck:
                     p = stuck[0]
                     raise PartitionBlockedError(
                         f"partition {p} of stream {stream} is blocked in group {group} before "
                         f"reaching sequence {marks[p]} (committed {committed.get(p, 0)}): "
-                        f"{blocked[p]}. Fix the handler and restart the group's workers (the "
+                        f"{blocked[p][0]}. Fix the handler and restart the group's workers (the "
                         "next owner retries the message), or run them with the dead-letter "
                         "policy to set the message aside",
                         p,
-                        blocked[p],
+                        blocked[p][0],
                     )
                 if on_progress is not None:
                     on_progress(progress)
@@ -223,6 +228,11 @@ async def wait_drained(
             if now >= next_check:
                 next_check = now + CHECK_EVERY
                 await store.check_stream()
+                if caught_up:  # do not trust one watcher forever: re-read what is behind
+                    for p in DrainProgress(marks, committed, 0.0).behind:
+                        rec, rev = await store.read_commit(p)
+                        if rec is not None and rev > commit_rev.get(p, 0):
+                            committed[p], commit_rev[p] = rec.seq, rev
                 if no_members_timeout is not None:
                     if await live_members(nc, stream, group):
                         members_seen = now
@@ -239,7 +249,10 @@ async def wait_drained(
             deleted = entry.operation in (KV_DEL, KV_PURGE)
             if entry.key.startswith("c."):
                 p = int(entry.key[2:])
+                if entry.revision and entry.revision < commit_rev.get(p, 0):
+                    continue  # older than what a re-read found
                 committed[p] = 0 if deleted else CommitRecord.from_json(entry.value).seq
+                commit_rev[p] = entry.revision or 0
             elif entry.key == "stream" and not deleted:
                 recorded = json.loads(entry.value or b"{}").get("created", "")
                 if recorded and described.created and recorded != described.created:
@@ -249,7 +262,8 @@ async def wait_drained(
                 if deleted:
                     blocked.pop(p, None)
                 else:
-                    blocked[p] = (entry.value or b"").decode(errors="replace")
+                    reason = (entry.value or b"").decode(errors="replace")
+                    blocked[p] = (reason, entry.revision or 0)
             else:
                 continue
     finally:

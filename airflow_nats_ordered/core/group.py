@@ -517,7 +517,7 @@ class GroupStore:
         return lease
 
     # -- commits and fencing ----------------------------------------------------------------------
-    async def _read_commit(self, partition: int) -> tuple[CommitRecord | None, int]:
+    async def read_commit(self, partition: int) -> tuple[CommitRecord | None, int]:
         """Partition's commit record and its revision, read from the stream leader.
         A deleted record gives ``(None, revision of the delete marker)``, a record never
         written ``(None, 0)``."""
@@ -540,7 +540,7 @@ class GroupStore:
         live = await self.check_stream()
         key = f"c.{partition}"
         for _ in range(20):
-            rec, rev = await self._read_commit(partition)
+            rec, rev = await self.read_commit(partition)
             if rec is not None and rec.stream and live.created and rec.stream != live.created:
                 raise StreamRecreated(self._recreated_message(rec.stream, live.created))
             if rec is None and (rev > 0 or floor > 0):
@@ -613,7 +613,7 @@ class GroupStore:
         # owner claiming after the reset keeps its lease)
         held = await _latest(self.nc, self.cfg.lease_bucket, f"p.{partition}")
         for _ in range(20):
-            rec, rev = await self._read_commit(partition)
+            rec, rev = await self.read_commit(partition)
             token = next_token(rec.token if rec else 0, 0, time.time_ns() // 1_000_000)
             value = _dump(
                 {
@@ -678,7 +678,7 @@ class GroupStore:
                 grant.committed = seq
                 return
             except KeyWrongLastSequenceError as exc:
-                rec, rev = await self._read_commit(grant.partition)
+                rec, rev = await self.read_commit(grant.partition)
                 if rec is None or rec.token != grant.token or rec.member != grant.member:
                     raise Fenced(
                         f"partition {grant.partition}: token {grant.token} was fenced off by a "
