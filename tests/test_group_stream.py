@@ -7,6 +7,7 @@ import asyncio
 import nats
 import pytest
 
+from airflow_nats_ordered.core.errors import ConfigError
 from airflow_nats_ordered.core.group import GroupConfig, GroupStore, StreamRecreated
 from airflow_nats_ordered.core.streams import StreamSpec, provision
 
@@ -104,9 +105,13 @@ def test_group_buckets_take_the_streams_replicas_unless_overridden(nats_cluster,
         await provision(nc, StreamSpec(unique_name, partitions=2, replicas=1))
         await GroupStore.open(nc, GroupConfig(unique_name, "h"))
         kept = (await js.stream_info(f"KV_{explicit.cfg.state_bucket}")).config.num_replicas
+        # and one member asking for fewer on purpose is refused, not obeyed for everyone
+        with pytest.raises(ConfigError, match="never lowers the group's state"):
+            await GroupStore.open(nc, GroupConfig(unique_name, "h", replicas=1))
+        still = (await js.stream_info(f"KV_{explicit.cfg.state_bucket}")).config.num_replicas
         await nc.close()
-        return default.cfg, explicit.cfg, got, raised, kept
+        return default.cfg, explicit.cfg, got, raised, kept, still
 
-    d, e, got, raised, kept = asyncio.run(go())
+    d, e, got, raised, kept, still = asyncio.run(go())
     assert got == {d.lease_bucket: 3, d.state_bucket: 3, e.lease_bucket: 1, e.state_bucket: 1}
-    assert raised == 3 and kept == 3
+    assert raised == 3 and kept == 3 and still == 3

@@ -323,6 +323,7 @@ class GroupStore:
         stream's count (a group made R1 by an earlier version becomes R3; never lowered)."""
         stream = await describe(nc, cfg.stream)
         replicas = cfg.replicas or stream.replicas
+        explicit = cfg.replicas is not None
         js = nc.jetstream()
         try:
             leases = await js.key_value(cfg.lease_bucket)
@@ -334,7 +335,7 @@ class GroupStore:
                     f"{cfg.lease_ttl:g}s was requested; every member of a group must use the "
                     f"same TTL: pass --lease-ttl {ttl:g}"
                 )
-            await _ensure_replicas(nc, cfg.lease_bucket, replicas, lower=cfg.replicas is not None)
+            await _ensure_replicas(nc, cfg.lease_bucket, replicas, explicit=explicit)
         except (BucketNotFoundError, NotFoundError):
             if not create:
                 raise NatsOrderedError(
@@ -353,7 +354,7 @@ class GroupStore:
             )
         try:
             state = await js.key_value(cfg.state_bucket)
-            await _ensure_replicas(nc, cfg.state_bucket, replicas, lower=cfg.replicas is not None)
+            await _ensure_replicas(nc, cfg.state_bucket, replicas, explicit=explicit)
         except (BucketNotFoundError, NotFoundError):
             if not create:
                 raise
@@ -729,7 +730,10 @@ class GroupStore:
     async def set_blocked(self, partition: int, reason: str | None) -> None:
         key = f"blocked.{partition}"
         if reason is None:
+            # only an existing marker is deleted: every claim clears it, and a needless
+            # delete marker would wake every drain watcher of the group
             with contextlib.suppress(KeyNotFoundError, KeyDeletedError):
+                await self.state.get(key)
                 await self.state.delete(key)
         else:
             await self.state.put(key, reason.encode())
@@ -816,12 +820,21 @@ async def _latest(nc: NATS, bucket: str, key: str) -> tuple[bytes | None, int] |
     return (None if op in ("DEL", "PURGE") else (msg.data or b"")), int(msg.seq or 0)
 
 
-async def _ensure_replicas(nc: NATS, bucket: str, replicas: int, *, lower: bool) -> None:
-    """Give an existing bucket ``replicas`` (changed in place); fewer only if ``lower``."""
+async def _ensure_replicas(nc: NATS, bucket: str, replicas: int, *, explicit: bool) -> None:
+    """Raise an existing bucket to ``replicas`` in place; never lower it. A member that
+    asks for fewer on purpose (``explicit``) is refused: one member's setting must not take
+    the whole group's state down to fewer copies."""
     js = nc.jetstream()
     info = await js.stream_info(f"KV_{bucket}")
     current = info.config.num_replicas or 1
-    if current == replicas or (current > replicas and not lower):
+    if current > replicas and explicit:
+        raise ConfigError(
+            f"the group's KV bucket {bucket} has {current} replicas but {replicas} were "
+            f"requested (state_replicas, CLI --state-replicas): a member never lowers the "
+            f"group's state for every member; drop the setting, or lower the bucket "
+            f"deliberately (`nats stream edit KV_{bucket} --replicas {replicas}`)"
+        )
+    if current >= replicas:
         return
     info.config.num_replicas = replicas
     await js.update_stream(info.config)
