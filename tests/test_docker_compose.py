@@ -8,6 +8,7 @@ R3 provision and runs the compose's worker-pool command until it is healthy."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import fnmatch
@@ -153,6 +154,17 @@ def _flag(cmd: list[str], name: str, default: Any = None) -> Any:
     return cmd[cmd.index(name) + 1] if name in cmd else default
 
 
+def _exact_flags(parser: argparse.ArgumentParser, words: list[str]) -> set[str]:
+    """The option strings of the (sub)command ``words`` names: argparse would also accept an
+    abbreviation, which a command in a deployment file should not rely on."""
+    for word in words:
+        sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+        if word.startswith("-") or sub is None or word not in sub.choices:
+            break
+        parser = sub.choices[word]
+    return set(parser._option_string_actions)
+
+
 @functools.cache
 def _airflow_parser() -> Any:
     from airflow.cli.cli_parser import get_parser
@@ -292,17 +304,18 @@ def test_every_command_and_flag_parses_with_the_real_parser():
         for cmd in filter(None, commands):
             if not _built(svc):
                 continue
-            if cmd[0] in scripts:
+            if cmd[0] in scripts or cmd[0] == "airflow":
+                parser = airflow if cmd[0] == "airflow" else build_parser()
                 try:
-                    build_parser().parse_args(cmd[1:])
+                    parser.parse_args(cmd[1:])
                 except SystemExit as exc:
                     pytest.fail(f"service {name}: `{' '.join(cmd)}` does not parse ({exc.code})")
-                assert (Path(sys.executable).parent / cmd[0]).exists()
-            elif cmd[0] == "airflow":
-                try:
-                    airflow.parse_args(cmd[1:])
-                except SystemExit as exc:
-                    pytest.fail(f"service {name}: `{' '.join(cmd)}` does not parse ({exc.code})")
+                flags = _exact_flags(parser, cmd[1:])
+                for arg in cmd[1:]:
+                    if arg.startswith("--"):
+                        assert arg in flags, f"service {name}: `{cmd[0]}` has no flag {arg}"
+                if cmd[0] in scripts:
+                    assert (Path(sys.executable).parent / cmd[0]).exists()
             elif cmd[0] == "spark-class":
                 assert cmd[1] in spark_usage, f"service {name}: unknown Spark class {cmd[1]}"
                 for arg in cmd[2:]:
@@ -310,6 +323,29 @@ def test_every_command_and_flag_parses_with_the_real_parser():
                         assert f" {arg} " in spark_usage[cmd[1]], f"service {name}: no flag {arg}"
             else:
                 pytest.fail(f"service {name} runs {cmd[0]}, which the image does not provide")
+
+
+def test_the_pool_handler_loads_from_the_image_paths(tmp_path, monkeypatch):
+    """The worker pool's --handler imports with the service's PYTHONPATH (mapped to the
+    project folder the image copies there) and opens its sink at its volume path."""
+    from airflow_nats_ordered.handlers import load_handler
+
+    for name, svc in SERVICES.items():
+        cmd = svc.get("command", [])
+        if cmd[:1] != ["nats-ordered"] or "--handler" not in cmd:
+            continue
+        for var, value in _env(svc).items():
+            if var == "PYTHONPATH":
+                for entry in value.split(":"):
+                    monkeypatch.syspath_prepend(str(_project_path(svc, entry)))
+            elif value.startswith("/") and _on_named_volume(svc, value):
+                monkeypatch.setenv(var, str(tmp_path / PurePosixPath(value).name))
+        loaded = load_handler(
+            _flag(cmd, "--handler"), stream=_flag(cmd, "--stream"), group=_flag(cmd, "--group")
+        )
+        assert callable(loaded.handler), f"service {name}"
+        if loaded.close:
+            loaded.close()
 
 
 def test_every_file_and_folder_referenced_exists():
