@@ -413,7 +413,7 @@ class _Lane:
             # other partitions wait for a batch slot
             if (
                 not self.pub._flushing
-                and not self.pub._batch_slots.locked()
+                and not self.pub._slot_waiters
                 and await self._wait_work(self.cfg.linger)
             ):
                 return True
@@ -453,7 +453,11 @@ class _Lane:
 
     async def _open(self) -> None:
         if not self.slot:
-            await self.pub._batch_slots.acquire()
+            self.pub._slot_waiters += 1
+            try:
+                await self.pub._batch_slots.acquire()
+            finally:
+                self.pub._slot_waiters -= 1
             self.slot = True
         # batch ids are per stream on the server: unique per publisher, partition and batch
         self.batch_id = f"{self.pub._run_tag}p{self.p}b{next(self._batches)}"
@@ -669,6 +673,7 @@ class OrderedPublisher:
         self._pending_bytes = 0
         self._space = asyncio.Event()
         self._batch_slots = asyncio.Semaphore(self.config.max_open_batches)
+        self._slot_waiters = 0  # partitions waiting for a batch slot (lingerers yield to them)
         self._flushing = False
         self._closing = False
         self._started = False
