@@ -16,7 +16,7 @@ import base64
 import datetime as dt
 import decimal
 import json
-from dataclasses import dataclass
+from json.encoder import encode_basestring
 from typing import TYPE_CHECKING, Any
 
 from ..core.errors import NatsOrderedError
@@ -31,15 +31,26 @@ class DisorderError(NatsOrderedError):
     """Rows of one NATS partition reached a task out of the declared order."""
 
 
-@dataclass(frozen=True, slots=True)
 class SparkRecord:
     """One row as the core's ``publish_records`` reads it (a ``SourceRecord``)."""
 
-    key: str | bytes | None
-    payload: bytes
-    msg_id: str | None
-    where: str
-    headers: dict[str, str] | None = None
+    __slots__ = ("key", "payload", "msg_id", "headers", "_task", "_row")
+
+    def __init__(
+        self,
+        key: str | bytes | None,
+        payload: bytes,
+        msg_id: str | None,
+        headers: dict[str, str] | None,
+        task: str,
+        row: int,
+    ) -> None:
+        self.key, self.payload, self.msg_id, self.headers = key, payload, msg_id, headers
+        self._task, self._row = task, row
+
+    @property
+    def where(self) -> str:
+        return f"{self._task}, row {self._row}"
 
 
 def _json_default(v: Any) -> Any:
@@ -54,9 +65,37 @@ def _json_default(v: Any) -> Any:
     raise TypeError(f"cannot encode {type(v).__name__} as JSON")
 
 
-def _sortable(v: Any) -> tuple[bool, Any]:
+_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, default=_json_default).encode
+
+
+def _column_json(column: pa.Array) -> list[str]:
+    """Each value's JSON text, as ``json.dumps`` writes it inside the row object (the same
+    text, computed a column at a time: strings and integers without a call per value)."""
+    import pyarrow as pa
+
+    t = column.type
+    values = column.to_pylist()
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return ["null" if v is None else encode_basestring(v) for v in values]
+    if pa.types.is_integer(t):
+        return ["null" if v is None else str(v) for v in values]
+    if pa.types.is_boolean(t):
+        return ["null" if v is None else ("true" if v else "false") for v in values]
+    return [_dumps(v) for v in values]
+
+
+def rows_as_json(batch: pa.RecordBatch, columns: list[str]) -> list[bytes]:
+    """Each row of ``batch`` (``columns`` only, in that order) as compact JSON: exactly
+    ``json.dumps(row, separators=(",", ":"), ensure_ascii=False)`` with ISO 8601 dates and
+    times, decimals as strings and binary as base64."""
+    template = "{" + ",".join(f"{encode_basestring(c)}:%s" for c in columns) + "}"
+    texts = [_column_json(batch.column(c)) for c in columns]
+    return [(template % row).encode() for row in zip(*texts, strict=True)]
+
+
+def _key(values: tuple[Any, ...]) -> tuple[tuple[bool, Any], ...]:
     # Spark sorts nulls first in ascending order
-    return (v is not None, v)
+    return tuple((v is not None, v) for v in values)
 
 
 class OrderCheck:
@@ -69,26 +108,65 @@ class OrderCheck:
         self.task = task
         self.last: dict[int, tuple[Any, ...]] = {}
 
-    def check(self, batch: pa.RecordBatch, parts: list[int | None], first_row: int) -> None:
-        if not self.columns:
+    def check(self, batch: pa.RecordBatch, parts: pa.Array, first_row: int) -> None:
+        """Raise :class:`DisorderError` if, within some NATS partition, a row of ``batch``
+        sorts before the row that arrived before it (in this batch or an earlier one). Rows
+        are compared as Spark sorts ascending: by each order column in turn, nulls first."""
+        if not self.columns or batch.num_rows == 0:
             return
-        values = list(zip(*(batch.column(c).to_pylist() for c in self.columns), strict=True))
-        for i, (p, v) in enumerate(zip(parts, values, strict=True)):
-            if p is None:
-                continue
-            here = tuple(_sortable(x) for x in v)
-            before = self.last.get(p)
-            if before is not None and here < before:
-                shown = ", ".join(f"{c}={x!r}" for c, x in zip(self.columns, v, strict=True))
-                was = ", ".join(f"{c}={x[1]!r}" for c, x in zip(self.columns, before, strict=True))
-                raise DisorderError(
-                    f"{self.task}, row {first_row + i}: NATS partition {p} received "
-                    f"{shown} after {was}, against orderBy {','.join(self.columns)}; nothing "
-                    "out of order was sent. Route and sort the rows with "
-                    "airflow_nats_ordered.spark.write_ordered(df, stream=..., key=..., "
-                    "order_by=..., producer_id=...) (or route()) before writing"
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        n = batch.num_rows
+        arrival = pa.array(np.arange(n))
+        # each partition's rows together, in arrival order
+        order = pc.sort_indices(
+            pa.table({"p": parts, "i": arrival}),
+            sort_keys=[("p", "ascending"), ("i", "ascending")],
+        )
+        grouped = pc.take(parts, order)
+        cols = [pc.take(batch.column(c), order) for c in self.columns]
+        if n > 1:
+            later_smaller = None
+            for c in reversed(cols):
+                a, b = c[:-1], c[1:]
+                a_null, b_null = pc.is_null(a), pc.is_null(b)
+                lt = pc.or_(pc.and_(b_null, pc.invert(a_null)), pc.fill_null(pc.less(b, a), False))
+                eq = pc.or_(pc.and_(a_null, b_null), pc.fill_null(pc.equal(b, a), False))
+                later_smaller = (
+                    lt if later_smaller is None else pc.or_(lt, pc.and_(eq, later_smaller))
                 )
-            self.last[p] = here
+            same = pc.fill_null(pc.equal(grouped[:-1], grouped[1:]), False)
+            bad = pc.and_(same, later_smaller)
+            if pc.any(bad).as_py():
+                j = pc.index(bad, True).as_py()
+                self._refuse(
+                    grouped[j].as_py(),
+                    first_row + order[j + 1].as_py(),
+                    tuple(c[j + 1].as_py() for c in cols),
+                    tuple(c[j].as_py() for c in cols),
+                )
+        runs = pc.run_end_encode(grouped)
+        start = 0
+        for p, end in zip(runs.values.to_pylist(), runs.run_ends.to_pylist(), strict=True):
+            if p is not None:
+                first = tuple(c[start].as_py() for c in cols)
+                before = self.last.get(p)
+                if before is not None and _key(first) < _key(before):
+                    self._refuse(p, first_row + order[start].as_py(), first, before)
+                self.last[p] = tuple(c[end - 1].as_py() for c in cols)
+            start = end
+
+    def _refuse(self, p: int, row: int, value: tuple[Any, ...], before: tuple[Any, ...]) -> None:
+        shown = ", ".join(f"{c}={x!r}" for c, x in zip(self.columns, value, strict=True))
+        was = ", ".join(f"{c}={x!r}" for c, x in zip(self.columns, before, strict=True))
+        raise DisorderError(
+            f"{self.task}, row {row}: NATS partition {p} received {shown} after {was}, "
+            f"against orderBy {','.join(self.columns)}; nothing of this batch was sent. "
+            "Route and sort the rows with airflow_nats_ordered.spark.write_ordered(df, "
+            "stream=..., key=..., order_by=..., producer_id=...) (or route()) before writing"
+        )
 
 
 class BatchRecords:
@@ -110,9 +188,9 @@ class BatchRecords:
         opts = self.options
         keys = batch.column(opts.key_column)
         if self.routed:
-            parts = batch.column(PARTITION_COLUMN).to_pylist()
+            parts = batch.column(PARTITION_COLUMN)
         else:
-            parts = partitions_of(keys, self.partitions).to_pylist()
+            parts = partitions_of(keys, self.partitions)
         first = self.rows
         self.check.check(batch, parts, first)
         if self.has_value:
@@ -121,10 +199,7 @@ class BatchRecords:
                 for v in batch.column(VALUE_COLUMN).to_pylist()
             ]
         else:
-            dumps = json.JSONEncoder(
-                separators=(",", ":"), ensure_ascii=False, default=_json_default
-            ).encode
-            payloads = [dumps(r).encode() for r in batch.select(self.json_columns).to_pylist()]
+            payloads = rows_as_json(batch, self.json_columns)
         ids: list[Any] = (
             batch.column(opts.msg_id_column).to_pylist()
             if opts.msg_id_column
@@ -136,14 +211,9 @@ class BatchRecords:
             else [None] * batch.num_rows
         )
         self.rows += batch.num_rows
+        task = self.task
         return [
-            SparkRecord(
-                k,
-                data,
-                None if mid is None else str(mid),
-                f"{self.task}, row {first + i}",
-                hdr,
-            )
+            SparkRecord(k, data, None if mid is None else str(mid), hdr, task, first + i)
             for i, (k, data, mid, hdr) in enumerate(
                 zip(keys.to_pylist(), payloads, ids, headers, strict=True)
             )

@@ -77,7 +77,8 @@ def route(
     tasks: int | None = None,
 ) -> DataFrame:
     """``df`` with a ``nats_partition`` column, repartitioned so each NATS partition is in
-    exactly one of ``tasks`` Spark partitions (default: one per NATS partition), and sorted
+    exactly one of ``tasks`` Spark partitions (default: the NATS partition count, at most
+    Spark's default parallelism: a task per core, each publishing whole partitions), sorted
     within them by (``nats_partition``, ``order_by``, tie-breaker).
 
     The tie-breaker makes the order of rows with equal order values deterministic, so a
@@ -98,6 +99,8 @@ def route(
     row = [F.col(c) for c in df.columns if c not in (PARTITION_COLUMN, HEADERS_COLUMN)]
     ties = [F.col(c) for c in tie_breaker] if tie_breaker else [F.col(key), F.xxhash64(*row)]
     routed = df.withColumn(PARTITION_COLUMN, partition_column(key, partitions))
-    return routed.repartition(tasks or partitions, PARTITION_COLUMN).sortWithinPartitions(
+    if tasks is None:
+        tasks = min(partitions, df.sparkSession.sparkContext.defaultParallelism)
+    return routed.repartition(tasks, PARTITION_COLUMN).sortWithinPartitions(
         F.col(PARTITION_COLUMN), *[F.col(c) for c in order_by], *ties
     )

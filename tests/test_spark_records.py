@@ -1,0 +1,107 @@
+"""Arrow batches to records, without Spark: the payload JSON and the order check."""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import json
+
+import pytest
+
+pytest.importorskip("pyarrow")
+
+import pyarrow as pa  # noqa: E402
+
+from airflow_nats_ordered.spark.options import SinkOptions  # noqa: E402
+from airflow_nats_ordered.spark.records import (  # noqa: E402
+    BatchRecords,
+    DisorderError,
+    _json_default,
+    rows_as_json,
+)
+
+
+def _options(**kw) -> SinkOptions:
+    return SinkOptions.from_spark({"stream": "S", "keyColumn": "k", "producerId": "p", **kw})
+
+
+def test_column_wise_json_is_exactly_json_dumps_of_each_row():
+    rows = [
+        {
+            "k": 'é "q" \\ \n',
+            "n": 1,
+            "b": True,
+            "f": 1.5,
+            "d": dt.date(2013, 1, 1),
+            "t": dt.datetime(2013, 1, 1, 5, 15, tzinfo=dt.UTC),
+            "m": decimal.Decimal("1.10"),
+            "raw": b"\x00\xff",
+            "l": [1, 2],
+            "s": {"x": "y"},
+        },
+        {
+            "k": None,
+            "n": None,
+            "b": None,
+            "f": float("nan"),
+            "d": None,
+            "t": None,
+            "m": None,
+            "raw": None,
+            "l": None,
+            "s": None,
+        },
+        {
+            "k": "日本",
+            "n": -(2**62),
+            "b": False,
+            "f": None,
+            "d": dt.date(2024, 2, 29),
+            "t": dt.datetime(2024, 2, 29, tzinfo=dt.UTC),
+            "m": decimal.Decimal("0"),
+            "raw": b"",
+            "l": [],
+            "s": {"x": None},
+        },
+    ]
+    batch = pa.RecordBatch.from_pylist(rows)
+    want = [
+        json.dumps(r, separators=(",", ":"), ensure_ascii=False, default=_json_default).encode()
+        for r in batch.to_pylist()
+    ]
+    assert rows_as_json(batch, batch.schema.names) == want
+
+
+def _records(maker: BatchRecords, rows: list[dict]) -> list:
+    return maker.records(pa.RecordBatch.from_pylist(rows))
+
+
+def test_order_is_checked_per_partition_nulls_first_across_batches():
+    maker = BatchRecords(_options(orderBy="a,b"), ["k", "a", "b"], 4, "task 0")
+    # interleaved keys, each in (a, b) order; nulls sort first as in Spark
+    _records(
+        maker,
+        [
+            {"k": "x", "a": None, "b": 1},
+            {"k": "y", "a": 1, "b": 5},
+            {"k": "x", "a": 1, "b": None},
+            {"k": "x", "a": 1, "b": 0},
+            {"k": "y", "a": 1, "b": 5},
+            {"k": "y", "a": 2, "b": 0},
+        ],
+    )
+    _records(maker, [{"k": "x", "a": 1, "b": 0}, {"k": "y", "a": 2, "b": 1}])
+    with pytest.raises(DisorderError, match=r"row 9: .*a=1, b=4 after a=2, b=1"):
+        _records(maker, [{"k": "x", "a": 3, "b": 0}, {"k": "y", "a": 1, "b": 4}])
+
+
+def test_disorder_inside_a_batch_names_the_row_and_values():
+    maker = BatchRecords(_options(orderBy="ts"), ["k", "ts"], 2, "task 3")
+    with pytest.raises(DisorderError, match=r"task 3, row 2: .*ts=None after ts=7.*write_ordered"):
+        _records(maker, [{"k": "x", "ts": 5}, {"k": "x", "ts": 7}, {"k": "x", "ts": None}])
+
+
+def test_keyless_rows_are_not_order_checked_and_reach_the_publisher_to_be_refused():
+    maker = BatchRecords(_options(orderBy="ts"), ["k", "ts"], 2, "t")
+    recs = _records(maker, [{"k": None, "ts": 9}, {"k": "x", "ts": 1}, {"k": None, "ts": 0}])
+    assert [r.key for r in recs] == [None, "x", None] and recs[2].where == "t, row 2"
