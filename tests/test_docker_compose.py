@@ -348,6 +348,27 @@ def test_the_pool_handler_loads_from_the_image_paths(tmp_path, monkeypatch):
             loaded.close()
 
 
+def test_the_dags_publish_to_the_stream_and_group_the_services_provision_and_run(monkeypatch):
+    """flights_ordered_pipeline reads its settings from the Airflow services' environment:
+    they name the stream, partitions and group the provision and worker-pool commands use,
+    and Spark jobs the image carries."""
+    airflow = _all_env(SERVICES["airflow-scheduler"])
+    monkeypatch.syspath_prepend(str(ROOT / "dags"))
+    for var, value in airflow.items():
+        monkeypatch.setenv(var, value)
+    from flights.settings import FlightsSettings
+
+    settings = FlightsSettings.from_env()
+    provision = SERVICES["provision"]["command"]
+    pool = SERVICES["worker-pool"]["command"]
+    assert _flag(provision, "--stream") == _flag(pool, "--stream") == settings.stream
+    assert int(_flag(provision, "--partitions")) == settings.partitions
+    assert _flag(pool, "--group") == settings.group
+    assert settings.sink_db == _env(SERVICES["worker-pool"])["AIRCRAFT_TOTALS_DB"]
+    spark_apps = _project_path(SERVICES["airflow-scheduler"], settings.spark_apps)
+    assert (spark_apps / "publish_flights.py").is_file()
+
+
 def test_every_file_and_folder_referenced_exists():
     for dest, src in _dockerfile_copies().items():
         assert src.exists(), f"the Dockerfile copies {src.relative_to(ROOT)} (to {dest})"
