@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import nats
 
@@ -45,3 +46,29 @@ def test_member_counts_handler_errors_rebalances_and_times_its_renewals(nats_url
     assert stats["handler_errors"] == 5 and stats["retries"] == 5
     assert stats["rebalances"] == 2  # its first assignment, then the join that took a share
     assert 0 < renew < 1.0 and beat > 0
+
+
+def test_stop_ends_within_stop_timeout_even_with_a_handler_stuck_in_io(nats_url, unique_name):
+    stuck = asyncio.Event()
+
+    async def handler(msg):
+        stuck.set()
+        await asyncio.sleep(3600)  # an I/O call that never returns
+
+    async def go():
+        nc = await nats.connect(nats_url)
+        await provision(nc, StreamSpec(unique_name, partitions=1))
+        cfg = WorkerConfig(unique_name, "g", member_id="x", lease_ttl=1.0, stop_timeout=1.0)
+        pool = WorkerPool(nats_url, cfg, handler, size=1)
+        await pool.start()
+        async with OrderedPublisher(nc, unique_name) as pub:
+            await pub.publish("k", b"{}")
+        await asyncio.wait_for(stuck.wait(), 10)
+        t0 = time.monotonic()
+        await asyncio.wait_for(pool.stop(), 20)
+        took = time.monotonic() - t0
+        await nc.close()
+        return took
+
+    took = asyncio.run(go())
+    assert took < 5, f"stop() took {took:.1f}s with stop_timeout 1s"

@@ -117,6 +117,9 @@ class WorkerConfig:
     poison: Literal["dead-letter", "block"] = "dead-letter"
     batch_handler: bool = False
     poll_interval: float | None = None
+    #: how long stop() waits for handlers to finish the message in hand before cancelling
+    #: them (as a crash would: nothing committed for them)
+    stop_timeout: float = 30.0
     #: append lease validity windows and assignments as JSON lines here (audits, chaos tests)
     audit_log: str | None = None
     #: replicas of the group's KV buckets; None: the stream's replica count
@@ -431,6 +434,7 @@ class _Owned:
         # renewals and the final commit + release of one lease never interleave
         self.lock = asyncio.Lock()
         self.releasing = False
+        self.finishing = False  # the partition task is in its clean-up (commit, release, revoke)
         self.lost = False
         self.processed_once = False
 
@@ -544,9 +548,20 @@ class Worker:
         await _cancel_and_wait(self._tasks[1:])
         for o in list(self.owned.values()):
             o.revoke.set()
-        await asyncio.gather(
-            *(o.task for o in self.owned.values() if o.task), return_exceptions=True
-        )
+        tasks = [o.task for o in self.owned.values() if o.task]
+        if tasks:
+            _, late = await asyncio.wait(tasks, timeout=self.cfg.stop_timeout)
+            if late:
+                # a handler stuck in I/O: stop it as a crash would (nothing committed for it;
+                # its leases are released below or expire)
+                log.warning(
+                    "member %s: %d partition(s) did not finish within stop_timeout %gs; "
+                    "cancelling them",
+                    self.member,
+                    len(late),
+                    self.cfg.stop_timeout,
+                )
+                await _cancel_and_wait(list(late))
         for o in list(self.owned.values()):  # still in on_assign: nothing was processed
             async with o.lock:  # not while a renewal changes the revision
                 o.releasing = True
@@ -707,7 +722,7 @@ class Worker:
             # still in on_assign (e.g. the process was paused there): forget the claim so the
             # partition can be claimed afresh; _try_claim sees this when on_assign returns
             del self.owned[o.partition]
-        elif not o.task.done() and not o.task.cancelling():
+        elif not o.task.done() and not o.task.cancelling() and not o.finishing:
             # once: a second cancel would interrupt the task's own clean-up
             o.task.cancel()
 
@@ -997,6 +1012,7 @@ class Worker:
         except asyncio.CancelledError:
             pass
         finally:
+            o.finishing = True  # from here on a lost lease must not cancel the clean-up
             stopped_at = time.time()  # processing has stopped: the end of this owner's window
             try:
                 await reader.close()
