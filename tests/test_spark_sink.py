@@ -200,6 +200,7 @@ def test_refused_rows_are_counted_and_fail_the_job_unless_allowed(spark, nats_ur
     strict = run_record(nats_url, unique_name, "strict")
     assert strict is not None and strict.status == "partial"
     assert strict.refused == 5 and strict.refused_reasons == {"no key": 5}
+    assert "allowRefused" in (strict.error or ""), strict.error  # commit's reason, kept
     assert strict.acked == 45
     ok = write_ordered(
         df,
