@@ -211,7 +211,9 @@ def _dump(rec: RunRecord) -> bytes:
 
 
 class SourceRecord(Protocol):
-    """What :func:`publish_run` reads: the CLI's and Airflow's input records fit."""
+    """What :func:`publish_run` reads: the CLI's, Airflow's and Spark's input records fit.
+    A record may also carry ``headers`` (a dict of extra headers, e.g. from Spark's
+    ``headers`` column)."""
 
     key: str | None
     payload: bytes
@@ -262,7 +264,9 @@ async def publish_record(
         refusals.add("no msg-id", rec, f"field {msg_id_field!r} is missing or empty")
         return False
     try:
-        await pub.publish(rec.key, rec.payload, msg_id=rec.msg_id)
+        await pub.publish(
+            rec.key, rec.payload, msg_id=rec.msg_id, headers=getattr(rec, "headers", None)
+        )
     except RecordError as exc:
         reason = next(r for t, r in _REASONS if isinstance(exc, t))
         text = str(exc)

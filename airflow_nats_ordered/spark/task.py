@@ -59,26 +59,8 @@ class TaskReport(WriterCommitMessage):
     refused_examples: list[dict[str, str]] = field(default_factory=list)
 
 
-class _HeaderPublisher:
-    """The publisher as ``publish_records`` sees it, sending each record's own headers.
-
-    ``publish_records`` calls ``publish(key, payload, msg_id=...)`` for the record it has just
-    taken from the iterator, so the headers of that record are the current ones."""
-
-    def __init__(self, pub: OrderedPublisher) -> None:
-        self.pub = pub
-        self.headers: dict[str, str] | None = None
-
-    @property
-    def partitions(self) -> int:
-        return self.pub.partitions
-
-    async def publish(self, key: Any, data: bytes, *, msg_id: str | None = None) -> int:
-        return await self.pub.publish(key, data, msg_id=msg_id, headers=self.headers)
-
-
 async def _records(
-    batches: Iterator[pa.RecordBatch], maker: BatchRecords, sender: _HeaderPublisher
+    batches: Iterator[pa.RecordBatch], maker: BatchRecords
 ) -> AsyncIterator[SparkRecord]:
     it = iter(batches)
     while True:
@@ -86,7 +68,6 @@ async def _records(
         if batch is None:
             return
         for rec in maker.records(batch):
-            sender.headers = rec.headers
             yield rec
 
 
@@ -119,12 +100,11 @@ async def publish_task(
     )
     await pub.start()
     maker = BatchRecords(options, schema_names, pub.partitions, label)
-    sender = _HeaderPublisher(pub)
     refusals = Refusals()
     try:
         await publish_records(
-            sender,  # type: ignore[arg-type]
-            _records(batches, maker, sender),
+            pub,
+            _records(batches, maker),
             refusals,
             msg_id_field=options.msg_id_column,
         )
