@@ -28,7 +28,7 @@ test: venv
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 demo: venv
-	$(BIN)/python -m airflow_nats_ordered.demo
+	$(BIN)/python -m airflow_nats_ordered.pipeline_demo
 
 bench: venv
 	$(BIN)/python bench/run.py && $(BIN)/python bench/worker_bench.py && $(BIN)/python bench/drain_bench.py && $(BIN)/python bench/spark_bench.py

@@ -12,7 +12,9 @@
 5. checks every aircraft's totals and every flight's running values against a reference
    computed directly from the data (any ordering slip or double count would show).
 
-It drives the same CLI a user would run; later issues add Airflow and Spark.
+It drives the same CLI a user would run (``python -m airflow_nats_ordered.demo``);
+``make demo`` now runs the whole pipeline through Airflow and Spark
+(:mod:`airflow_nats_ordered.pipeline_demo`).
 """
 
 from __future__ import annotations

@@ -133,6 +133,7 @@ def verify_day(day: dt.date, sink_db: str | Path, spark_apps: str | Path) -> Ver
         .config("spark.ui.enabled", "false")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .getOrCreate()
     )
     try:
