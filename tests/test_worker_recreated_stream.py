@@ -50,3 +50,31 @@ def test_a_running_member_stops_rather_than_reading_a_recreated_stream(nats_url,
     problems = asyncio.run(go())
     assert seen == list(range(10)), f"read the new stream from the old position: {seen[10:]}"
     assert any("deleted and created again" in p for p in problems)
+
+
+def test_a_deleted_stream_stops_the_partition_cleanly_and_is_reported(nats_url, unique_name):
+    async def handler(msg):
+        pass
+
+    async def go():
+        loop = asyncio.get_running_loop()
+        unhandled: list[dict] = []
+        loop.set_exception_handler(lambda _loop, ctx: unhandled.append(ctx))
+        nc = await nats.connect(nats_url)
+        await provision(nc, StreamSpec(unique_name, partitions=1))
+        await _publish(nc, unique_name, 0, 5)
+        cfg = WorkerConfig(unique_name, "g", member_id="d", lease_ttl=2.0, commit_interval=0.1)
+        async with WorkerPool(nats_url, cfg, handler, size=1) as pool:
+            await pool.wait_assigned(10)
+            await nc.jetstream().delete_stream(unique_name)
+            await asyncio.sleep(9)  # the reader notices its consumer is gone
+            problems = dict(pool.workers[0].problems)
+            # every partition task that ended, ended cleanly (none died with the error)
+            ended = [t for t in pool.workers[0]._previous.values() if t.done()]
+            crashed = [repr(t.exception()) for t in ended if t.exception() is not None]
+        await nc.close()
+        return unhandled, problems, crashed
+
+    unhandled, problems, crashed = asyncio.run(go())
+    assert not crashed and not [c for c in unhandled if "exception" in c], crashed or unhandled
+    assert any("does not exist" in p for p in problems.values()), problems

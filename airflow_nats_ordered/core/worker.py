@@ -50,7 +50,7 @@ from nats.js.errors import (
 )
 
 from .assignor import Assignment, assign
-from .errors import BatchFailed, ConfigError, NatsOrderedError
+from .errors import BatchFailed, ConfigError, NatsOrderedError, StreamNotFoundError
 from .group import (
     Fenced,
     Grant,
@@ -993,9 +993,9 @@ class Worker:
             self.stats["fenced"] += 1
             given_up = True
             log.warning("member %s: %s", self.member, exc)
-        except StreamRecreated as exc:
-            # positions refer to the old stream: stop without committing; claims back off
-            # and report it until an operator resets the group
+        except (StreamRecreated, StreamNotFoundError) as exc:
+            # positions refer to the old (or a deleted) stream: stop without committing;
+            # claims back off and report it until an operator resets the group
             given_up = True
             self._report("stream", str(exc))
             log.error("member %s: partition %d: %s", self.member, p, exc)
