@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -48,10 +50,20 @@ def test_spark_publish_task_pushes_the_runs_marks_from_the_ledger(
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", LOCAL_SPARK)
     make_stream(nats_url, unique_name, partitions=4)
     out = tmp_path / "record.json"
+    when = dt.datetime(2024, 5, 1, tzinfo=dt.UTC)
     with dag_file(DAG, app=APP, stream=unique_name, out=str(out)) as dag:
-        run = dag.test()
-    assert task_states(run) == {"publish": "success", "keep": "success"}, task_states(run)
-    pushed = json.loads(out.read_text())
+        run = dag.test(logical_date=when)
+        states = task_states(run)
+        pushed = json.loads(out.read_text())
+        # the same run cleared and run again: the ledger says complete, no job is submitted
+        t0 = time.monotonic()
+        again = task_states(dag.test(logical_date=when))
+        rerun_took = time.monotonic() - t0
+        repushed = json.loads(out.read_text())
+    assert states == {"publish": "success", "keep": "success"}, states
+    assert again == states and repushed["already_complete"] is True
+    assert repushed["high_water_marks"] == pushed["high_water_marks"]
+    assert rerun_took < 15, f"the re-run took {rerun_took:.0f}s: was the job submitted again?"
     rec = run_record(nats_url, unique_name, pushed["producer_id"])
     assert rec is not None and rec.status == "complete"
     assert pushed["producer_id"].startswith(f"{dag.dag_id}.publish.")

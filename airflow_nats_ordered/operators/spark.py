@@ -135,11 +135,22 @@ class NatsSparkPublishOperator(SparkSubmitOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         producer_id = self.producer_id or default_producer_id(context)
         hook = self.prepare(producer_id)
-        super().execute(context)
 
         async def read(nc: Any) -> RunRecord | None:
-            return await (await RunLedger.open(nc, self.stream, create=False)).get(producer_id)
+            return await (await RunLedger.open(nc, self.stream)).get(producer_id)
 
+        done = hook.run(read)
+        if done is not None and done.status == "complete":
+            # a cleared or backfilled run that already published: no job, nothing stored
+            self.log.info(
+                "run %r is complete in the ledger of %s (%d rows acknowledged): not "
+                "submitting the job again",
+                producer_id,
+                self.stream,
+                done.acked,
+            )
+            return {**done.to_dict(), "already_complete": True}
+        super().execute(context)
         rec = hook.run(read)
         if rec is None:
             raise RuntimeError(
