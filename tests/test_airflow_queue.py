@@ -518,16 +518,25 @@ def test_dead_letter_trigger_receives_what_a_real_worker_dead_lettered(
     assert json.loads(payload["headers"]["Nats-Ordered-Origin"])["group"] == "billing"
 
 
-def test_example_dead_letter_dag_imports_without_a_server() -> None:
+def test_example_dead_letter_dag_imports_without_a_server(monkeypatch) -> None:
     import importlib.util
+    import sys
     from pathlib import Path
 
-    path = Path(__file__).parents[1] / "dags" / "nats_dead_letter_watch.py"
-    spec = importlib.util.spec_from_file_location("nats_dead_letter_watch", path)
+    dags = Path(__file__).parents[1] / "dags"
+    monkeypatch.syspath_prepend(str(dags))  # the DAG imports its helpers beside it
+    monkeypatch.delitem(sys.modules, "flights", raising=False)
+    spec = importlib.util.spec_from_file_location(
+        "dead_letter_triage", dags / "dead_letter_triage.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    [watcher] = module.dead_letters.watchers
+    from flights.operations import dead_letter_asset
+    from flights.settings import FlightsSettings
+
+    asset = dead_letter_asset(FlightsSettings.from_env())
+    [watcher] = asset.watchers
     classpath, kwargs = watcher.trigger.serialize()
     assert classpath == CLASSPATH
-    assert (kwargs["stream"], kwargs["subject"]) == ("ORDERS_DLQ", "orders.dlq.billing.*")
-    assert module.dag.dag_id == "nats_dead_letter_triage"
+    assert (kwargs["stream"], kwargs["subject"]) == ("FLIGHTS_DLQ", "flights.dlq.aircraft-totals.*")
+    assert module.dag.dag_id == "dead_letter_triage"
