@@ -350,7 +350,7 @@ def test_the_pool_handler_loads_from_the_image_paths(tmp_path, monkeypatch):
 
 def test_the_dags_publish_to_the_stream_and_group_the_services_provision_and_run(monkeypatch):
     """flights_ordered_pipeline reads its settings from the Airflow services' environment:
-    they name the stream, partitions and group the provision and worker-pool commands use,
+    they name the stream, partitions, replicas and group the provision and worker-pool use,
     and Spark jobs the image carries."""
     airflow = _all_env(SERVICES["airflow-scheduler"])
     monkeypatch.syspath_prepend(str(ROOT / "dags"))
@@ -363,6 +363,8 @@ def test_the_dags_publish_to_the_stream_and_group_the_services_provision_and_run
     pool = SERVICES["worker-pool"]["command"]
     assert _flag(provision, "--stream") == _flag(pool, "--stream") == settings.stream
     assert int(_flag(provision, "--partitions")) == settings.partitions
+    # the DAG's provision task applies its replicas on every run: it must not undo R3
+    assert int(_flag(provision, "--replicas")) == settings.replicas
     assert _flag(pool, "--group") == settings.group
     assert settings.sink_db == _env(SERVICES["worker-pool"])["AIRCRAFT_TOTALS_DB"]
     spark_apps = _project_path(SERVICES["airflow-scheduler"], settings.spark_apps)

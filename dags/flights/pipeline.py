@@ -113,6 +113,7 @@ def pipeline_dag(
             task_id="provision",
             stream=s.stream,
             partitions=s.partitions,
+            replicas=s.replicas,
             duplicate_window=duplicate_window,
             nats_conn_id=s.nats_conn_id,
         )

@@ -24,6 +24,9 @@ class FlightsSettings:
 
     stream: str = "FLIGHTS"
     partitions: int = 16
+    #: the stream's replicas (3 on a 3-node cluster): provision applies it on every run,
+    #: so it must say what the deployment wants, or each run would change it back
+    replicas: int = 1
     group: str = "aircraft-totals"
     sink_db: str = ""
     nats_conn_id: str = "nats_default"
@@ -33,7 +36,7 @@ class FlightsSettings:
 
     @classmethod
     def from_env(cls) -> FlightsSettings:
-        """``FLIGHTS_STREAM``, ``FLIGHTS_PARTITIONS``, ``FLIGHTS_GROUP``,
+        """``FLIGHTS_STREAM``, ``FLIGHTS_PARTITIONS``, ``FLIGHTS_REPLICAS``, ``FLIGHTS_GROUP``,
         ``AIRCRAFT_TOTALS_DB``, ``FLIGHTS_NATS_CONN_ID``, ``FLIGHTS_SPARK_CONN_ID``,
         ``FLIGHTS_SPARK_APPS``, ``FLIGHTS_LAST_DAY`` (the schedule's end, YYYY-MM-DD)."""
         d = cls()
@@ -41,6 +44,7 @@ class FlightsSettings:
         return cls(
             stream=env("FLIGHTS_STREAM", d.stream),
             partitions=int(env("FLIGHTS_PARTITIONS", str(d.partitions))),
+            replicas=int(env("FLIGHTS_REPLICAS", str(d.replicas))),
             group=env("FLIGHTS_GROUP", d.group),
             sink_db=env("AIRCRAFT_TOTALS_DB", d.sink_db),
             nats_conn_id=env("FLIGHTS_NATS_CONN_ID", d.nats_conn_id),
