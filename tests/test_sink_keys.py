@@ -188,3 +188,28 @@ def test_a_sink_without_a_valid_scope_is_refused(db, kw, problem) -> None:
         FencedSqliteSink(db, **{"stream": "S", "group": "g", **kw})
     with open_sink(db) as sink, pytest.raises(ValueError, match="msg_id for seq 1 must be a str"):
         sink.apply(0, 1, 1, msg_id=5)  # type: ignore[arg-type]
+
+
+def test_rewind_forgets_applied_sequences_with_the_users_rows_and_keeps_the_fence(tmp_path):
+    """A deliberate replay: after rewind, sequences past the kept position are applied again
+    (not taken for re-deliveries), together with the user's own undo, in one transaction;
+    the fence stays where it was."""
+    with FencedSqliteSink(tmp_path / "s.db", stream="S", group="g") as sink:
+        sink.fence(0, 7)
+
+        def insert(seq: int):
+            def fn(c):
+                c.execute("CREATE TABLE IF NOT EXISTS t (seq INTEGER)")
+                c.execute("INSERT INTO t VALUES (?)", (seq,))
+
+            return fn
+
+        for seq in (1, 2, 3, 4):
+            sink.apply(0, 7, seq, insert(seq))
+        sink.rewind({0: 2}, lambda c: c.execute("DELETE FROM t WHERE seq > 2"))
+        assert sink.state(0).last_seq == 2 and sink.fencing_floor(0) == 7
+        again = sink.apply(0, 7, 3, insert(3))
+        assert again is Verdict.APPLY
+        assert sink.apply(0, 7, 2) is Verdict.DUPLICATE  # still remembered as applied
+        rows = sink.read(lambda c: [r[0] for r in c.execute("SELECT seq FROM t ORDER BY seq")])
+    assert rows == [1, 2, 3]

@@ -46,7 +46,7 @@ import re
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -495,6 +495,36 @@ class FencedSqliteSink:
                 "highest_token, at, pid) VALUES ('fence', ?, ?, ?, ?, ?, ?, ?)",
                 (*self._scope, partition, token, state.highest_token, time.time(), os.getpid()),
             )
+
+    def rewind(self, to: Mapping[int, int], fn: ApplyFn | None = None) -> None:
+        """Take partitions back for a deliberate replay (after the group was reset to the
+        same positions): in ONE transaction with ``fn(conn)``, which must undo the user's own
+        effects of the forgotten messages, each partition ``p``'s last applied sequence
+        becomes ``to[p]`` and the applied sequences it remembers above it are forgotten, so
+        they are applied again instead of being taken for re-deliveries. The fence (highest
+        token) is kept: tokens never go back. Call it while the group is idle."""
+        for p, seq in to.items():
+            _check_int("partition", p, 0)
+            _check_int("sequence", seq, 0)
+        with self._write_txn() as conn:
+            if fn is not None:
+                self._run_user_fn(conn, fn, min(to.values(), default=0))
+            for p, seq in to.items():
+                stored = self._load(conn, p)
+                if seq >= stored.state.last_seq:
+                    continue  # nothing after it was applied
+                conn.execute(
+                    f"DELETE FROM {APPLIED_TABLE} WHERE stream = ? AND grp = ? AND partition = ? "
+                    "AND seq > ?",
+                    (*self._scope, p, seq),
+                )
+                kept = conn.execute(
+                    f"SELECT COUNT(*) FROM {APPLIED_TABLE} WHERE stream = ? AND grp = ? "
+                    "AND partition = ?",
+                    (*self._scope, p),
+                ).fetchone()[0]
+                state = FenceState(stored.state.highest_token, seq)
+                self._store(conn, p, _Stored(state, min(stored.remembered_from, seq + 1), kept))
 
     def fencing_floor(self, partition: int) -> int:
         """The highest fencing token this sink has seen for ``partition`` (0 if none).

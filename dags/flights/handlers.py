@@ -30,8 +30,6 @@ import sqlite3
 from pathlib import Path
 
 from airflow_nats_ordered.core.fenced_sink import (
-    APPLIED_TABLE,
-    STATE_TABLE,
     BatchItem,
     FencedSqliteSink,
 )
@@ -178,60 +176,45 @@ def rewind_sink(path: str | Path, *, stream: str, group: str, day: str) -> dict[
     re-delivers exactly what was forgotten. Call it only while nothing is published and the
     group is idle (pause the DAG, let the drain finish), and reset the group right after.
     """
-    FencedSqliteSink(path, stream=stream, group=group).close()  # its tables exist
     create_tables(path)
-    conn = sqlite3.connect(path, timeout=30, isolation_level=None)
+    conn = sqlite3.connect(path, timeout=30)  # an idle group: nothing changes meanwhile
     try:
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            firsts = dict(
-                conn.execute(
-                    "SELECT partition, MIN(seq) FROM flight_running WHERE sched_dep >= ? "
-                    "GROUP BY partition",
-                    (day,),
-                ).fetchall()
-            )
-            tails = [
-                r[0]
-                for r in conn.execute(
-                    "SELECT DISTINCT tailnum FROM flight_running WHERE sched_dep >= ?", (day,)
-                )
-            ]
-            conn.execute("DELETE FROM flight_running WHERE sched_dep >= ?", (day,))
-            for tail in tails:
-                last = conn.execute(
-                    "SELECT n, distance, air_time FROM flight_running WHERE tailnum = ? "
-                    "ORDER BY n DESC LIMIT 1",
-                    (tail,),
-                ).fetchone()
-                if last is None:
-                    conn.execute("DELETE FROM aircraft WHERE tailnum = ?", (tail,))
-                else:
-                    conn.execute(
-                        "UPDATE aircraft SET flights = ?, distance = ?, air_time = ? "
-                        "WHERE tailnum = ?",
-                        (*last, tail),
-                    )
-            scope = (stream, group)
-            for partition, first in firsts.items():
-                conn.execute(
-                    f"DELETE FROM {APPLIED_TABLE} WHERE stream = ? AND grp = ? AND partition = ? "
-                    "AND seq >= ?",
-                    (*scope, partition, first),
-                )
-                conn.execute(
-                    f"UPDATE {STATE_TABLE} SET last_seq = ?, remembered = (SELECT COUNT(*) FROM "
-                    f"{APPLIED_TABLE} WHERE stream = ? AND grp = ? AND partition = ?) "
-                    "WHERE stream = ? AND grp = ? AND partition = ?",
-                    (first - 1, *scope, partition, *scope, partition),
-                )
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
+        firsts = dict(
+            conn.execute(
+                "SELECT partition, MIN(seq) FROM flight_running WHERE sched_dep >= ? "
+                "GROUP BY partition",
+                (day,),
+            ).fetchall()
+        )
     finally:
         conn.close()
-    return {int(p): int(s) - 1 for p, s in firsts.items()}
+    kept = {int(p): int(first) - 1 for p, first in firsts.items()}
+
+    def forget(conn: sqlite3.Connection) -> None:
+        tails = [
+            r[0]
+            for r in conn.execute(
+                "SELECT DISTINCT tailnum FROM flight_running WHERE sched_dep >= ?", (day,)
+            )
+        ]
+        conn.execute("DELETE FROM flight_running WHERE sched_dep >= ?", (day,))
+        for tail in tails:
+            last = conn.execute(
+                "SELECT n, distance, air_time FROM flight_running WHERE tailnum = ? "
+                "ORDER BY n DESC LIMIT 1",
+                (tail,),
+            ).fetchone()
+            if last is None:
+                conn.execute("DELETE FROM aircraft WHERE tailnum = ?", (tail,))
+            else:
+                conn.execute(
+                    "UPDATE aircraft SET flights = ?, distance = ?, air_time = ? WHERE tailnum = ?",
+                    (*last, tail),
+                )
+
+    with FencedSqliteSink(path, stream=stream, group=group) as sink:
+        sink.rewind(kept, forget)  # the user's rows and the fences, in one transaction
+    return kept
 
 
 __all__ = ["DDL", "AircraftTotals", "create_tables", "rewind_sink"]
