@@ -15,6 +15,7 @@ pytest-asyncio. Every process is stopped at fixture teardown (and killed at exit
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import shutil
 import sys
@@ -100,3 +101,6 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     register(session)
     yield session
     session.stop()
+    # py4j logs "Closing down clientserver connection" from __del__ at interpreter exit,
+    # after pytest closed the streams ("--- Logging error ---"): nothing to report
+    logging.getLogger("py4j").setLevel(logging.WARNING)
