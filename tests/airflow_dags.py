@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import nats
 from airflow_processes import airflow_home, metadata_db
 
 from airflow_nats_ordered.core.pool import WorkerPool
@@ -100,3 +101,16 @@ class BackgroundPool:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def on_server(url: str, fn: Any) -> Any:
+    """``await fn(nc)`` on a fresh connection to ``url``, from synchronous test code."""
+
+    async def go() -> Any:
+        nc = await nats.connect(url)
+        try:
+            return await fn(nc)
+        finally:
+            await nc.close()
+
+    return asyncio.run(go())

@@ -9,8 +9,7 @@ import json
 import threading
 import time
 
-import nats
-from airflow_dags import BackgroundPool, dag_file, nats_connection, task_states
+from airflow_dags import BackgroundPool, dag_file, nats_connection, on_server, task_states
 
 from airflow_nats_ordered.core.group import GroupStore
 from airflow_nats_ordered.core.runs import RunLedger
@@ -45,22 +44,11 @@ def _config(stream: str, **kw) -> WorkerConfig:
     return WorkerConfig(stream, "g", member_id="af", lease_ttl=2.0, commit_interval=0.2, **kw)
 
 
-def _on_server(url: str, fn):
-    async def go():
-        nc = await nats.connect(url)
-        try:
-            return await fn(nc)
-        finally:
-            await nc.close()
-
-    return asyncio.run(go())
-
-
 def _count(url: str, stream: str) -> int:
     async def count(nc) -> int:
         return (await nc.jetstream().stream_info(stream)).state.messages
 
-    return _on_server(url, count)
+    return on_server(url, count)
 
 
 def _stream_and_group(url: str, stream: str) -> None:
@@ -70,7 +58,7 @@ def _stream_and_group(url: str, stream: str) -> None:
         await provision(nc, StreamSpec(stream, partitions=4))
         await GroupStore.open(nc, _config(stream).group_config)
 
-    _on_server(url, make)
+    on_server(url, make)
 
 
 def test_drain_sensor_waits_for_paused_workers_and_succeeds_after_they_commit(
@@ -132,7 +120,7 @@ def test_rerunning_a_complete_publish_stores_nothing_and_the_ledger_says_why(
         runs = await RunLedger.open(nc, unique_name)
         return await runs.get(f"{dag.dag_id}.publish.{when.isoformat()}")
 
-    rec = _on_server(nats_url, ledger)
+    rec = on_server(nats_url, ledger)
     assert first["drained"] == "success" and again["drained"] == "success", (first, again)
     assert stored == 100 and _count(nats_url, unique_name) == 100
     assert rec is not None and rec.status == "complete" and rec.acked == 100
@@ -186,7 +174,7 @@ def test_rebalance_and_reset_operators_in_a_dag(nats_url, unique_name, monkeypat
                 await pub.publish("hot" if i % 4 else f"k{i}", json.dumps({"i": i}).encode())
 
     _stream_and_group(nats_url, unique_name)
-    _on_server(nats_url, publish)
+    on_server(nats_url, publish)
     with (
         dag_file(OPERATE, stream=unique_name) as dag,
         BackgroundPool(nats_url, _config(unique_name), handler, size=2),

@@ -5,7 +5,6 @@ one SparkSession)."""
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import json
 import os
@@ -17,9 +16,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import nats
 import pytest
-from airflow_dags import dag_file, nats_connection, task_states
+from airflow_dags import dag_file, nats_connection, on_server, task_states
 
 from airflow_nats_ordered.core.runs import RunLedger
 from airflow_nats_ordered.core.streams import StreamSpec, provision
@@ -57,24 +55,13 @@ def day(d: int) -> dt.datetime:
     return dt.datetime(2013, 1, d, tzinfo=dt.UTC)
 
 
-def _on_server(url: str, fn):
-    async def go():
-        nc = await nats.connect(url)
-        try:
-            return await fn(nc)
-        finally:
-            await nc.close()
-
-    return asyncio.run(go())
-
-
 def _stored(url: str, stream: str) -> int:
     async def count(nc) -> int:
         state = (await nc.jetstream().stream_info(stream)).state
         assert state.messages == state.last_seq, "the stream was only ever appended to"
         return state.last_seq
 
-    return _on_server(url, count)
+    return on_server(url, count)
 
 
 def _sink(db: Path) -> tuple[list[tuple], list[tuple]]:
@@ -136,7 +123,7 @@ def pipeline(nats_url, unique_name, tmp_path, monkeypatch, spark):
     async def make(nc) -> None:
         await provision(nc, StreamSpec(unique_name, partitions=16, duplicate_window=WINDOW))
 
-    _on_server(nats_url, make)
+    on_server(nats_url, make)
     source = dict(dags=str(DAGS), stream=unique_name, group=GROUP, db=str(db), window=WINDOW)
     with (
         worker_pool(nats_url, unique_name, db, tmp_path / "pool.log"),
@@ -203,7 +190,7 @@ def test_days_in_order_rerun_applies_nothing_twice_and_reprocessing_gives_the_sa
         rec = await (await RunLedger.open(nc, stream)).get(publish_producer_id(dag.dag_id, day(1)))
         return rec.attempts
 
-    assert _on_server(nats_url, attempts) == 1, "the complete day was published again"
+    assert on_server(nats_url, attempts) == 1, "the complete day was published again"
 
     # a day whose previous day never ran is refused before anything is published
     states, _ = _run(dag, 4)

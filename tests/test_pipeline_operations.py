@@ -11,7 +11,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import nats
-from airflow_dags import BackgroundPool, dag_file, nats_connection, task_states
+from airflow_dags import BackgroundPool, dag_file, nats_connection, on_server, task_states
 
 from airflow_nats_ordered.core.assignor import Assignment
 from airflow_nats_ordered.core.group import GroupStore
@@ -54,17 +54,6 @@ dag = rebalance_dag("{dag_id}", FlightsSettings(stream="{stream}", group="g"), s
 """
 
 
-def _on_server(url: str, fn):
-    async def go():
-        nc = await nats.connect(url)
-        try:
-            return await fn(nc)
-        finally:
-            await nc.close()
-
-    return asyncio.run(go())
-
-
 def test_group_rebalance_balances_by_load_then_skips_a_small_gain(
     nats_url, unique_name, monkeypatch
 ):
@@ -91,12 +80,12 @@ def test_group_rebalance_balances_by_load_then_skips_a_small_gain(
     async def handler(msg) -> None:
         pass
 
-    _on_server(nats_url, setup)
+    on_server(nats_url, setup)
     with (
         BackgroundPool(nats_url, config, handler, size=2),
         dag_file(REBALANCE, dags=str(DAGS), stream=unique_name) as dag,
     ):
-        _on_server(nats_url, load_one_member)
+        on_server(nats_url, load_one_member)
         first = dag.test()
         moved = first.get_task_instance("rebalance_by_load").xcom_pull(task_ids="rebalance_by_load")
         second = dag.test()
