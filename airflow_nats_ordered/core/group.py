@@ -270,6 +270,13 @@ def _dump(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode()
 
 
+def _commit_value(seq: int, token: int, member: str, stream: str) -> bytes:
+    """A partition's commit record (see :class:`CommitRecord`)."""
+    return _dump(
+        {"seq": seq, "token": token, "member": member, "ts": time.time(), "stream": stream}
+    )
+
+
 class GroupStore:
     """The two buckets of one group and the operations on them.
 
@@ -549,24 +556,19 @@ class GroupStore:
             else:
                 seq = rec.seq if rec else 0
             token = next_token(rec.token if rec else 0, floor, time.time_ns() // 1_000_000)
-            value = _dump(
-                {
-                    "seq": seq,
-                    "token": token,
-                    "member": member,
-                    "ts": time.time(),
-                    "stream": live.created,
-                }
-            )
+            value = _commit_value(seq, token, member, live.created)
             try:
-                if rev == 0:
-                    new_rev = await self.state.create(key, value)
-                else:
-                    new_rev = await self.state.update(key, value, last=rev)
+                new_rev = await self._put_commit(key, value, rev)
             except KeyWrongLastSequenceError:
                 continue  # a previous owner committed meanwhile: read again
             return Grant(partition, token, seq, new_rev, member, live.created)
         raise NatsOrderedError(f"could not bump the fencing token of partition {partition}")
+
+    async def _put_commit(self, key: str, value: bytes, rev: int) -> int:
+        """Create the commit record (``rev`` 0) or replace it by CAS on ``rev``."""
+        if rev == 0:
+            return await self.state.create(key, value)
+        return await self.state.update(key, value, last=rev)
 
     async def _resume_without_record(
         self, live: PartitionedStream, partition: int, marker_rev: int, floor: int
@@ -616,20 +618,8 @@ class GroupStore:
         for _ in range(20):
             rec, rev = await self.read_commit(partition)
             token = next_token(rec.token if rec else 0, 0, time.time_ns() // 1_000_000)
-            value = _dump(
-                {
-                    "seq": seq,
-                    "token": token,
-                    "member": by,
-                    "ts": time.time(),
-                    "stream": live.created,
-                }
-            )
             try:
-                if rev == 0:
-                    await self.state.create(key, value)
-                else:
-                    await self.state.update(key, value, last=rev)
+                await self._put_commit(key, _commit_value(seq, token, by, live.created), rev)
             except KeyWrongLastSequenceError:
                 continue  # the owner committed meanwhile: read again
             await self.set_blocked(partition, None)
@@ -664,15 +654,7 @@ class GroupStore:
         if seq <= grant.committed:
             return
         key = f"c.{grant.partition}"
-        value = _dump(
-            {
-                "seq": seq,
-                "token": grant.token,
-                "member": grant.member,
-                "ts": time.time(),
-                "stream": grant.stream,
-            }
-        )
+        value = _commit_value(seq, grant.token, grant.member, grant.stream)
         for _ in range(5):
             try:
                 grant.revision = await self.state.update(key, value, last=grant.revision)
