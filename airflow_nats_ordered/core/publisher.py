@@ -976,9 +976,14 @@ class OrderedPublisher:
                 s.duplicates = max(0, s.acked - s.stored)
                 expected = self._expect_duplicates or lane.caller_ids or not exact
                 s.unexpected_duplicates = 0 if expected else max(0, s.duplicates - s.resent)
-            # a partition whose records were all duplicates got no stream sequence back:
-            # its high-water mark is the partition's last message
-            missing = [ln for ln in self._lanes if ln.summary.acked and not ln.summary.last_seq]
+            # a partition whose records were all duplicates, or all passed over on resume
+            # (an earlier attempt stored them), got no stream sequence back: its high-water
+            # mark is the partition's last message
+            missing = [
+                ln
+                for ln in self._lanes
+                if (ln.summary.acked or ln.summary.offset) and not ln.summary.last_seq
+            ]
             js = self.nc.jetstream()
 
             async def last(lane: _Lane) -> None:
