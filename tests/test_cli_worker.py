@@ -132,8 +132,8 @@ def test_a_second_sigterm_exits_at_once_even_if_the_handler_close_hangs(
         assert "close() is stuck" in proc.stdout.readline()
         t0 = time.monotonic()
         proc.send_signal(signal.SIGTERM)
-        code = proc.wait(10)
-        assert time.monotonic() - t0 < 5
+        code = proc.wait(60)  # close() is stuck for 120 s: exiting before shows it was not awaited
+        assert time.monotonic() - t0 < 60
     finally:
         proc.kill()
         proc.communicate()

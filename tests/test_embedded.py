@@ -122,7 +122,7 @@ def test_stop_of_paused_server_does_not_hang(tmp_path: Path) -> None:
     server.pause()
     started = time.monotonic()
     server.stop()
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 60  # a hang bound, not a speed check
     assert server.pid is None
 
 
