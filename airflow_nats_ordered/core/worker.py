@@ -36,7 +36,7 @@ import os
 import socket
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -64,6 +64,7 @@ from .group import (
     default_member_id,
 )
 from .partitioning import partition_subject
+from .routing_check import route_key
 from .streams import PartitionedStream
 
 log = logging.getLogger(__name__)
@@ -493,6 +494,9 @@ class Worker:
             "fenced": 0,
             "leases_lost": 0,
             "rebalances": 0,
+            #: records never handed to the handler: misrouted, keyless on a keyed stream,
+            #: malformed key (each also dead-lettered or blocked on)
+            "rejected": 0,
         }
         #: seconds the last round of renewals took (member heartbeat + every lease)
         self.renew_seconds = 0.0
@@ -954,18 +958,7 @@ class Worker:
                 if not o.lease.valid:
                     raise LeaseLost(f"lease of partition {p} expired locally")
                 wait = max(0.05, min(0.5, o.lease.valid_until - time.monotonic()))
-                msgs = [
-                    Message(
-                        (m.headers or {}).get("Nats-Ordered-Key", ""),
-                        m.data,
-                        m.headers or {},
-                        p,
-                        seq,
-                        grant.token,
-                        m.subject,
-                    )
-                    for seq, m in await reader.fetch(timeout=wait)
-                ]
+                msgs, rejected = self._messages(o, await reader.fetch(timeout=wait))
                 step = max(1, len(msgs)) if self.cfg.batch_handler else 1
                 for i in range(0, len(msgs), step):
                     if o.revoke.is_set():
@@ -973,7 +966,7 @@ class Worker:
                     if time.monotonic() >= o.lease.valid_until:
                         raise LeaseLost(f"lease of partition {p} expired locally")
                     chunk = msgs[i : i + step]
-                    done = await self._deliver(o, chunk)
+                    done = await self._deliver(o, chunk, rejected)
                     if done:
                         last = chunk[done - 1].stream_seq
                         since_commit += done
@@ -1050,6 +1043,24 @@ class Worker:
                         await r
             log.info("member %s released partition %d at seq %d", self.member, p, last)
 
+    def _messages(
+        self, o: _Owned, fetched: list[tuple[int, Any]]
+    ) -> tuple[list[Message], dict[int, str]]:
+        """The handler's view of fetched deliveries, and why those that must not reach it
+        are rejected (by stream sequence): a key that does not hash to this partition, a
+        missing key where the stream requires one, an undecodable key header."""
+        p, token, partitions = o.partition, o.grant.token, self.stream.partitions
+        keys_required = bool(getattr(self.stream, "keys_required", False))
+        msgs: list[Message] = []
+        rejected: dict[int, str] = {}
+        for seq, m in fetched:
+            headers = m.headers or {}
+            key, why = route_key(headers, p, partitions, keys_required=keys_required)
+            if why is not None:
+                rejected[seq] = why
+            msgs.append(Message(key or "", m.data, headers, p, seq, token, m.subject))
+        return msgs, rejected
+
     def _buffer_share(self) -> int:
         """One partition's share of ``max_buffer_bytes``."""
         return self.cfg.max_buffer_bytes // max(1, len(self.owned))
@@ -1086,23 +1097,43 @@ class Worker:
             self._last_yield = time.monotonic()
             await asyncio.sleep(0)
 
-    async def _deliver(self, o: _Owned, msgs: list[Message]) -> int:
+    async def _deliver(
+        self, o: _Owned, msgs: list[Message], rejected: Mapping[int, str] | None = None
+    ) -> int:
         """Hand ``msgs`` (one message, or one batch in batch mode) to the handler, with
         retries and the poison policy. Returns how many of ``msgs``, from the first, are
         done (applied, or dead-lettered); fewer than all when the partition must stop
         before the next one: blocked and then revoked, or revoked while retrying (the next
         owner tries it again).
 
+        A message in ``rejected`` (its stream sequence -> why: misrouted, keyless on a
+        keyed stream, malformed key) is never handed to the handler: it goes straight to
+        the poison policy, and a batch is cut before it.
+
         A batch handler reports partial progress by raising :class:`BatchFailed`
         (``applied=n``): retries resume at message n, and only a message that keeps failing
         is dead-lettered. Any other exception means nothing of the batch was applied; once
         its retries are spent, the batch's messages are retried one at a time, so only the
         ones that fail on their own are dead-lettered."""
+        rejected = rejected or {}
         batch_mode = self.cfg.batch_handler
         one_by_one = not batch_mode
         done = attempt = 0
         while done < len(msgs):
-            chunk = msgs[done : done + 1] if one_by_one else msgs[done:]
+            why = rejected.get(msgs[done].stream_seq)
+            if why is not None:
+                self.stats["rejected"] += 1
+                if not await self._poison(
+                    o, msgs[done], f"{why} (not handed to the handler)", None
+                ):
+                    return done
+                done, attempt = done + 1, 0
+                continue
+            end = next(
+                (i for i in range(done + 1, len(msgs)) if msgs[i].stream_seq in rejected),
+                len(msgs),
+            )
+            chunk = msgs[done : done + 1] if one_by_one else msgs[done:end]
             try:
                 await self._call(chunk if batch_mode else chunk[0])
                 applied, error = len(chunk), None
@@ -1134,23 +1165,36 @@ class Worker:
                 # an all-or-nothing batch keeps failing: find the culprit(s) one by one
                 one_by_one, attempt = True, 0
                 continue
-            poison = msgs[done]
-            reason = f"{type(error).__name__}: {error}"
-            if self.cfg.poison == "block":
-                o.blocked = (
-                    f"blocked at seq {poison.stream_seq} after {attempt + 1} attempts: {reason}"
-                )
-                log.error("member %s: partition %d %s", self.member, o.partition, o.blocked)
-                await self.store.set_blocked(o.partition, o.blocked)
-                # keep the lease (nobody may skip the message), stop processing
-                await o.revoke.wait()
-                return done
-            if not o.lease.valid:
-                raise LeaseLost(f"lease of partition {o.partition} expired") from error
-            if not await self._dead_letter(o, poison, reason):
+            if not await self._poison(
+                o, msgs[done], f"{type(error).__name__}: {error}", attempt + 1, error
+            ):
                 return done
             done, attempt = done + 1, 0
         return done
+
+    async def _poison(
+        self,
+        o: _Owned,
+        m: Message,
+        reason: str,
+        attempts: int | None,
+        error: BaseException | None = None,
+    ) -> bool:
+        """Apply the poison policy to ``m`` (failed ``attempts`` times, or None: rejected
+        without a handler call). True once it is dead-lettered (processing moves on); False
+        if the partition must stop before it: blocked (the lease is kept, nobody may skip
+        it, until the partition is revoked), or revoked while dead-lettering."""
+        if self.cfg.poison == "block":
+            tried = f" after {attempts} attempts" if attempts is not None else ""
+            o.blocked = f"blocked at seq {m.stream_seq}{tried}: {reason}"
+            log.error("member %s: partition %d %s", self.member, o.partition, o.blocked)
+            await self.store.set_blocked(o.partition, o.blocked)
+            # keep the lease (nobody may skip the message), stop processing
+            await o.revoke.wait()
+            return False
+        if not o.lease.valid:
+            raise LeaseLost(f"lease of partition {o.partition} expired") from error
+        return await self._dead_letter(o, m, reason)
 
     async def _first_applied(self, o: _Owned) -> None:
         o.processed_once = True
