@@ -83,3 +83,11 @@ class BatchFailed(NatsOrderedError):
         self.applied = applied
         self.cause = cause
         super().__init__(f"batch failed after {applied} applied message(s): {cause}")
+
+
+class OrderConflict(NatsOrderedError):
+    """Raised (by a sink, through the handler) for a message that can be neither applied nor
+    skipped: applying it would break its partition's order and skipping it would lose it
+    (e.g. the sink already applied another message under its sequence, because the
+    servers' stored state went back). The worker neither retries nor dead-letters it: it
+    stops the partition with a blocked marker saying why, until an operator resets it."""

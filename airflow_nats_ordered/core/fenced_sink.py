@@ -52,7 +52,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .errors import NatsOrderedError
+from .continuity import delivered_id
+from .errors import NatsOrderedError, OrderConflict
 from .fencing import FenceState, Verdict, advance, judge, raise_fence
 
 T = TypeVar("T")
@@ -108,7 +109,7 @@ class SinkUsageError(NatsOrderedError):
     """The sink was used in a way that would break its guarantees (see the message)."""
 
 
-class SinkOrderError(NatsOrderedError):
+class SinkOrderError(OrderConflict):
     """A message at or below the last applied sequence that is not a re-delivery of it.
 
     Applying it would break the partition's order and acknowledging it would lose it, so
@@ -534,6 +535,29 @@ class FencedSqliteSink:
         """
         return self.state(partition).highest_token
 
+    def applied_position(self, partition: int) -> tuple[int, str | None] | None:
+        """``(last applied sequence, its msg_id)`` of ``partition``, or None if nothing was
+        applied (the msg_id is None if ``apply`` was not given one, or it is forgotten).
+
+        A worker checks it when it is granted the partition: if the stream no longer holds
+        that message there (its stored state went back and the sequence was given to a new
+        record), it stops the partition and reports it instead of having this sink take
+        the new records for re-deliveries or refuse them."""
+        _check_int("partition", partition, 0)
+
+        def read(conn: sqlite3.Connection) -> tuple[int, str | None] | None:
+            last = self._load(conn, partition).state.last_seq
+            if last == 0:
+                return None
+            row = conn.execute(
+                f"SELECT msg_id FROM {APPLIED_TABLE} "
+                "WHERE stream = ? AND grp = ? AND partition = ? AND seq = ?",
+                (*self._scope, partition, last),
+            ).fetchone()
+            return last, (row[0] if row else None)
+
+        return self.read(read)
+
     def apply(
         self,
         partition: int,
@@ -550,8 +574,10 @@ class FencedSqliteSink:
         partition). Raises :class:`SinkOrderError` for a ``seq`` at or below the last applied
         one that is not a re-delivery. ``msg_id`` is the message's identity (its
         ``Nats-Msg-Id`` header): given, a different message under an applied ``seq`` is
-        refused too. If ``fn`` raises, everything is rolled back and the exception
-        propagates. ``fn`` must only write through ``conn`` and must not commit or roll back.
+        refused too; without one, the id of the message a worker is handing to the calling
+        handler under ``seq`` is used (:data:`~.continuity.delivering`), if any. If ``fn``
+        raises, everything is rolled back and the exception propagates. ``fn`` must only write
+        through ``conn`` and must not commit or roll back.
         """
         return self.apply_batch(partition, token, [(seq, fn, msg_id)])[0]
 
@@ -572,6 +598,8 @@ class FencedSqliteSink:
                 raise ValueError(f"fn for seq {seq} must be callable(conn) or None, got {fn!r}")
             if msg_id is not None and not isinstance(msg_id, str):
                 raise ValueError(f"msg_id for seq {seq} must be a str or None, got {msg_id!r}")
+        # without a msg_id: the id of the message the worker is handing over under this seq
+        writes = [(s, f, i or delivered_id(partition, s)) for s, f, i in writes]
         try:
             with self._write_txn() as conn:
                 return self._judge_batch(conn, partition, token, writes)

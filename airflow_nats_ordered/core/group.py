@@ -11,7 +11,9 @@ so the group's state is as durable as the stream it reads.
 ``<state bucket>`` (no TTL):
     ``stream``      the identity (creation time) of the stream the positions refer to
     ``c.<n>``       partition n's committed position and fencing token:
-                    ``{"seq", "token", "member", "ts", "stream"}``
+                    ``{"seq", "token", "member", "ts", "stream", "id"}`` (``id``: the
+                    ``Nats-Msg-Id`` of the message at ``seq``, if it had one; records
+                    written by earlier versions have none)
     ``assignment``  the current assignment (generation, partition -> member)
     ``blocked.<n>`` why partition n is blocked (poison policy ``block``)
 
@@ -60,6 +62,7 @@ from nats.js.errors import (
 )
 from nats.js.kv import KeyValue
 
+from .continuity import AtSeq
 from .errors import ConfigError, NatsOrderedError, StreamNotFoundError
 from .streams import PartitionedStream, describe, partition_bounds
 
@@ -82,6 +85,17 @@ class Fenced(NatsOrderedError):
 class StreamRecreated(NatsOrderedError):
     """The stream was deleted and created again since the group recorded its positions:
     they (and the sink's last sequences) refer to the old stream's sequence numbers."""
+
+
+class StateWentBack(NatsOrderedError):
+    """A recorded position (the group's commit, the sink's applied position, the reader's
+    position) is not part of the stream's history any more: the servers' stored state went
+    back and the stream hands out its sequences again (see :mod:`.continuity`).
+    ``last_seq`` is the stream's last sequence when it was found."""
+
+    def __init__(self, message: str, last_seq: int = 0) -> None:
+        super().__init__(message)
+        self.last_seq = last_seq
 
 
 class CommitRecordMissing(NatsOrderedError):
@@ -189,6 +203,8 @@ class Grant:
     revision: int
     member: str
     stream: str = ""  # identity of the stream the position refers to (its creation time)
+    #: the Nats-Msg-Id of the message at ``committed`` ("" if unknown)
+    committed_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -198,6 +214,8 @@ class CommitRecord:
     member: str
     ts: float
     stream: str = ""
+    #: the Nats-Msg-Id of the message at ``seq`` ("" if unknown, or an older record)
+    msg_id: str = ""
 
     @classmethod
     def from_json(cls, data: bytes | None) -> CommitRecord:
@@ -208,6 +226,7 @@ class CommitRecord:
             d.get("member", ""),
             d.get("ts", 0),
             d.get("stream", ""),
+            d.get("id") or "",
         )
 
 
@@ -270,11 +289,18 @@ def _dump(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode()
 
 
-def _commit_value(seq: int, token: int, member: str, stream: str) -> bytes:
+def _commit_value(seq: int, token: int, member: str, stream: str, msg_id: str = "") -> bytes:
     """A partition's commit record (see :class:`CommitRecord`)."""
-    return _dump(
-        {"seq": seq, "token": token, "member": member, "ts": time.time(), "stream": stream}
-    )
+    d: dict[str, Any] = {
+        "seq": seq,
+        "token": token,
+        "member": member,
+        "ts": time.time(),
+        "stream": stream,
+    }
+    if msg_id:
+        d["id"] = msg_id
+    return _dump(d)
 
 
 class GroupStore:
@@ -551,17 +577,18 @@ class GroupStore:
             rec, rev = await self.read_commit(partition)
             if rec is not None and rec.stream and live.created and rec.stream != live.created:
                 raise StreamRecreated(self._recreated_message(rec.stream, live.created))
+            msg_id = ""
             if rec is None and (rev > 0 or floor > 0):
                 seq = await self._resume_without_record(live, partition, rev, floor)
             else:
-                seq = rec.seq if rec else 0
+                seq, msg_id = (rec.seq, rec.msg_id) if rec else (0, "")
             token = next_token(rec.token if rec else 0, floor, time.time_ns() // 1_000_000)
-            value = _commit_value(seq, token, member, live.created)
+            value = _commit_value(seq, token, member, live.created, msg_id)
             try:
                 new_rev = await self._put_commit(key, value, rev)
             except KeyWrongLastSequenceError:
                 continue  # a previous owner committed meanwhile: read again
-            return Grant(partition, token, seq, new_rev, member, live.created)
+            return Grant(partition, token, seq, new_rev, member, live.created, msg_id)
         raise NatsOrderedError(f"could not bump the fencing token of partition {partition}")
 
     async def _put_commit(self, key: str, value: bytes, rev: int) -> int:
@@ -615,11 +642,15 @@ class GroupStore:
         # the lease as it is before the new token: only that holder is taken away (a new
         # owner claiming after the reset keeps its lease)
         held = await _latest(self.nc, self.cfg.lease_bucket, f"p.{partition}")
+        # the msg-id of the message at seq, so the position can be checked (continuity)
+        at = await self.stored_at(seq) if seq > 0 else None
+        msg_id = (at.msg_id or "") if at and at.subject == live.subject(partition) else ""
         for _ in range(20):
             rec, rev = await self.read_commit(partition)
             token = next_token(rec.token if rec else 0, 0, time.time_ns() // 1_000_000)
+            value = _commit_value(seq, token, by, live.created, msg_id)
             try:
-                await self._put_commit(key, _commit_value(seq, token, by, live.created), rev)
+                await self._put_commit(key, value, rev)
             except KeyWrongLastSequenceError:
                 continue  # the owner committed meanwhile: read again
             await self.set_blocked(partition, None)
@@ -644,9 +675,24 @@ class GroupStore:
             except KeyWrongLastSequenceError:
                 continue  # renewed meanwhile: read again
 
-    async def commit(self, grant: Grant, seq: int) -> None:
-        """Record ``seq`` as processed, by CAS on the grant's revision; raises Fenced if a
-        newer owner has bumped the token since.
+    async def stored_at(self, seq: int) -> AtSeq:
+        """What the stream holds at ``seq`` now, read from its leader: its last sequence,
+        and the subject and Nats-Msg-Id of the message stored at ``seq`` (if one is)."""
+        assert self.stream is not None
+        js = self.nc.jetstream()
+        info = await js.stream_info(self.stream.name)
+        last = int(info.state.last_seq or 0)
+        if seq <= 0 or seq > last:
+            return AtSeq(last)
+        try:
+            msg = await js.get_msg(self.stream.name, seq=seq)
+        except NotFoundError:
+            return AtSeq(last)  # deleted, aged out or purged
+        return AtSeq(last, msg.subject or "", (msg.headers or {}).get("Nats-Msg-Id"))
+
+    async def commit(self, grant: Grant, seq: int, msg_id: str | None = None) -> None:
+        """Record ``seq`` (the message whose Nats-Msg-Id is ``msg_id``) as processed, by CAS
+        on the grant's revision; raises Fenced if a newer owner has bumped the token since.
 
         A failed CAS is checked against the record: if it still carries this grant's token
         and member, nobody fenced us (the reply of one of our own writes was lost): its
@@ -654,11 +700,11 @@ class GroupStore:
         if seq <= grant.committed:
             return
         key = f"c.{grant.partition}"
-        value = _commit_value(seq, grant.token, grant.member, grant.stream)
+        value = _commit_value(seq, grant.token, grant.member, grant.stream, msg_id or "")
         for _ in range(5):
             try:
                 grant.revision = await self.state.update(key, value, last=grant.revision)
-                grant.committed = seq
+                grant.committed, grant.committed_id = seq, msg_id or ""
                 return
             except KeyWrongLastSequenceError as exc:
                 rec, rev = await self.read_commit(grant.partition)
@@ -669,7 +715,7 @@ class GroupStore:
                     ) from exc
                 grant.revision = rev
                 if rec.seq >= seq:  # this very write was applied; only its reply was lost
-                    grant.committed = rec.seq
+                    grant.committed, grant.committed_id = rec.seq, rec.msg_id
                     return
         raise Fenced(
             f"partition {grant.partition}: the commit record keeps changing under token "

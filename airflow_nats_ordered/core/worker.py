@@ -50,7 +50,14 @@ from nats.js.errors import (
 )
 
 from .assignor import Assignment, assign
-from .errors import BatchFailed, ConfigError, NatsOrderedError, StreamNotFoundError
+from .continuity import Position, delivering, divergence, stopped_reason
+from .errors import (
+    BatchFailed,
+    ConfigError,
+    NatsOrderedError,
+    OrderConflict,
+    StreamNotFoundError,
+)
 from .group import (
     Fenced,
     Grant,
@@ -60,6 +67,7 @@ from .group import (
     LeaseLost,
     MissingCommitPolicy,
     RebalancePolicy,
+    StateWentBack,
     StreamRecreated,
     default_member_id,
 )
@@ -70,6 +78,7 @@ from .streams import PartitionedStream
 log = logging.getLogger(__name__)
 
 HDR_ERROR = "Nats-Ordered-Error"
+HDR_MSG_ID = "Nats-Msg-Id"
 HDR_ORIGIN = "Nats-Ordered-Origin"
 
 #: the longest wait between two attempts of something that keeps failing (a claim whose
@@ -97,6 +106,8 @@ class Message:
 
 Handler = Callable[[Message], Any]
 BatchHandler = Callable[[list[Message]], Any]
+#: ``applied_position(partition) -> (seq, msg_id) | None``, sync or async
+AppliedPosition = Callable[[int], Any]
 
 
 @dataclass(frozen=True)
@@ -213,10 +224,12 @@ class _PartitionReader:
         start: int,
         batch: int,
         budget: Callable[[], int],
-        verify: Callable[[], Awaitable[Any]] | None = None,
+        verify: Callable[[int, str | None], Awaitable[Any]] | None = None,
+        start_id: str | None = None,
     ) -> None:
-        #: awaited before the consumer is re-created (never before the first): raises if
-        #: the stream is no longer the one the start sequence refers to (re-created)
+        #: awaited with (the last sequence handed out, its Nats-Msg-Id) before the consumer
+        #: is re-created (never before the first): raises if that position is no longer
+        #: part of the stream (a re-created stream, or stored state that went back)
         self.verify = verify
         self._opened = False
         self.nc = nc
@@ -224,6 +237,8 @@ class _PartitionReader:
         self.stream = stream
         self.subject = subject
         self.next_seq = max(1, start)
+        #: the Nats-Msg-Id of the message at next_seq - 1 (None if unknown)
+        self.last_id = start_id
         self.batch = batch
         self.budget = budget
         self.sub: Any = None
@@ -317,7 +332,9 @@ class _PartitionReader:
     async def _open(self) -> None:
         await self.close()
         if self._opened and self.verify is not None:
-            await self.verify()  # a consumer lost with its stream must not resume on a new one
+            # a consumer lost with its stream (or with the servers' stored state) must not
+            # resume on a stream that hands out the sequences after next_seq again
+            await self.verify(self.next_seq - 1, self.last_id)
         self._opened = True
         info = await self.js.add_consumer(
             self.stream,
@@ -405,6 +422,8 @@ class _PartitionReader:
                 continue  # re-delivered after the consumer was re-created
             out.append((seq, m))
             self.next_seq = seq + 1
+        if out:
+            self.last_id = (out[-1][1].headers or {}).get(HDR_MSG_ID)
         return out
 
     async def close(self) -> None:
@@ -452,6 +471,7 @@ class Worker:
         on_assign: Callable[[int, int], Any] | None = None,
         on_revoke: Callable[[int], Any] | None = None,
         fencing_floor: Callable[[int], int | Awaitable[int]] | None = None,
+        applied_position: AppliedPosition | None = None,
     ) -> None:
         self.nc = nc
         self.cfg = config
@@ -459,6 +479,9 @@ class Worker:
         self.on_assign = on_assign
         self.on_revoke = on_revoke
         self.fencing_floor = fencing_floor
+        #: the sink's last applied (seq, msg id) of a partition: checked against the stream
+        #: at every grant (a handler object's own ``applied_position`` if not given)
+        self.applied_position = applied_position or getattr(handler, "applied_position", None)
         self.member = config.member_id
         self.store: GroupStore
         self.stream: PartitionedStream
@@ -497,6 +520,10 @@ class Worker:
             #: records never handed to the handler: misrouted, keyless on a keyed stream,
             #: malformed key (each also dead-lettered or blocked on)
             "rejected": 0,
+            #: partitions stopped for an operator: a position no longer in the stream's
+            #: history (its stored state went back), a message the sink can neither apply
+            #: nor skip
+            "stopped": 0,
         }
         #: seconds the last round of renewals took (member heartbeat + every lease)
         self.renew_seconds = 0.0
@@ -945,20 +972,30 @@ class Worker:
             grant.committed + 1,
             self.cfg.fetch_batch,
             self._buffer_share,
-            self.store.check_stream,
+            lambda seq, msg_id: self._verify_position(p, seq, msg_id),
+            grant.committed_id or None,
         )
-        last = grant.committed
+        last, last_id = grant.committed, grant.committed_id or None
         last_commit = time.monotonic()
         since_commit = 0
         graceful = False
         given_up = False  # fenced or lease lost: stop without committing, free what is held
         halted = False  # the handler could not finish a message: stop here, commit before it
+        #: why the partition must stop and wait for an operator (positions that are not in
+        #: the stream's history any more, a message the sink can neither apply nor skip)
+        stopped: str | None = None
         try:
-            while not o.revoke.is_set() and not halted:
+            stopped = await self._continuity(o)
+            while stopped is None and not o.revoke.is_set() and not halted:
                 if not o.lease.valid:
                     raise LeaseLost(f"lease of partition {p} expired locally")
                 wait = max(0.05, min(0.5, o.lease.valid_until - time.monotonic()))
-                msgs, rejected = self._messages(o, await reader.fetch(timeout=wait))
+                try:
+                    fetched = await reader.fetch(timeout=wait)
+                except StateWentBack as exc:
+                    stopped = self._went_back(p, str(exc), None, exc.last_seq)
+                    break
+                msgs, rejected = self._messages(o, fetched)
                 step = max(1, len(msgs)) if self.cfg.batch_handler else 1
                 for i in range(0, len(msgs), step):
                     if o.revoke.is_set():
@@ -966,22 +1003,35 @@ class Worker:
                     if time.monotonic() >= o.lease.valid_until:
                         raise LeaseLost(f"lease of partition {p} expired locally")
                     chunk = msgs[i : i + step]
-                    done = await self._deliver(o, chunk, rejected)
+                    try:
+                        done = await self._deliver(o, chunk, rejected)
+                    except OrderConflict as exc:
+                        stopped = self._refused(chunk[0], exc)
+                        break
                     if done:
                         last = chunk[done - 1].stream_seq
+                        last_id = chunk[done - 1].headers.get(HDR_MSG_ID)
                         since_commit += done
                     if done < len(chunk):
                         halted = True
                         break
                     if self._commit_due(since_commit, last_commit) and await self._commit(
-                        grant, last
+                        grant, last, last_id
                     ):
                         since_commit, last_commit = 0, time.monotonic()
                 # handled: let go of them before fetching more (the byte bound counts on it)
                 msgs = chunk = []
-                if self._commit_due(since_commit, last_commit) and await self._commit(grant, last):
+                if stopped is None and (
+                    self._commit_due(since_commit, last_commit)
+                    and await self._commit(grant, last, last_id)
+                ):
                     since_commit, last_commit = 0, time.monotonic()
-            graceful = True
+            if stopped is not None:
+                # no commit: what was handled since the last one may be past the stream's end
+                given_up = True
+                await self._hold(o, stopped)
+            else:
+                graceful = True
         except Fenced as exc:
             self.stats["fenced"] += 1
             given_up = True
@@ -997,6 +1047,12 @@ class Worker:
                 self.stats["leases_lost"] += 1
             given_up = True
             log.warning("member %s: %s", self.member, exc)
+        except NatsOrderedError as exc:
+            # the handler's applied_position hook failed (its sink is unavailable): give the
+            # partition back and claim it again later, as when on_assign fails
+            given_up = True
+            log.warning("member %s: partition %d: %s", self.member, p, exc)
+            self._back_off(p, str(exc))
         except (NatsError, TimeoutError) as exc:
             # e.g. dead-lettering failed during a server blip: hand the partition back with
             # what was done committed; it is claimed again on the next tick
@@ -1013,7 +1069,7 @@ class Worker:
                     o.releasing = True
                     if graceful and o.lease.valid:
                         with contextlib.suppress(Fenced, NatsError, asyncio.TimeoutError):
-                            await self.store.commit(grant, last)
+                            await self.store.commit(grant, last, last_id)
                         with contextlib.suppress(NatsError, asyncio.TimeoutError):
                             await self.store.release(o.lease)
                     elif given_up:
@@ -1043,6 +1099,94 @@ class Worker:
                         await r
             log.info("member %s released partition %d at seq %d", self.member, p, last)
 
+    async def _sink_position(self, p: int) -> tuple[int, str | None] | None:
+        """The sink's applied position of ``p`` from the handler's ``applied_position``
+        hook (None without a hook, or if the sink applied nothing)."""
+        if self.applied_position is None:
+            return None
+        try:
+            r = self.applied_position(p)
+            r = await r if inspect.isawaitable(r) else r
+            if r is None:
+                return None
+            seq, msg_id = r
+            return int(seq), (str(msg_id) if msg_id else None)
+        except Exception as exc:
+            raise NatsOrderedError(
+                f"applied_position({p}) failed: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    async def _continuity(self, o: _Owned) -> str | None:
+        """Check, before anything of a newly granted partition is handled, that the group's
+        committed position and the sink's applied position are still part of the stream's
+        history. The blocked reason (with the operator action) if not, else None."""
+        p, grant = o.partition, o.grant
+        subject = self.stream.subject(p)
+        positions = [
+            Position(
+                grant.committed, grant.committed_id or None, f"the group's commit record c.{p}"
+            )
+        ]
+        sink = await self._sink_position(p)
+        if sink is not None:
+            positions.append(Position(sink[0], sink[1], "the sink's applied position"))
+        problems: list[str] = []
+        anchor: int | None = None
+        last_seq = 0
+        for pos in positions:
+            found = await self.store.stored_at(pos.seq)
+            last_seq = found.last_seq
+            why = divergence(pos, subject, found)
+            if why is not None:
+                problems.append(why)
+            elif pos is positions[0]:
+                anchor = pos.seq
+        if not problems:
+            self._report(f"continuity.{p}", None)
+            return None
+        return self._went_back(p, "; ".join(problems), anchor, last_seq)
+
+    def _went_back(self, p: int, problem: str, anchor: int | None, last_seq: int) -> str:
+        return stopped_reason(self.stream.name, self.cfg.group, p, problem, anchor, last_seq)
+
+    async def _verify_position(self, p: int, seq: int, msg_id: str | None) -> None:
+        """Before the reader of ``p`` re-creates its consumer: the stream is the one the
+        group's positions refer to, and still holds the last message handed out."""
+        await self.store.check_stream()
+        found = await self.store.stored_at(seq)
+        why = divergence(
+            Position(seq, msg_id, "the reader's position"), self.stream.subject(p), found
+        )
+        if why is not None:
+            raise StateWentBack(why, found.last_seq)
+
+    def _refused(self, m: Message, exc: OrderConflict) -> str:
+        return (
+            f"stopped at seq {m.stream_seq}: the handler's sink can neither apply nor skip it "
+            f"({type(exc).__name__}: {exc}), so it is not retried or dead-lettered. If the "
+            "stream's stored state went back, the operator action is to rewind the sink and "
+            "reset the group to the last sequence both still agree on"
+        )
+
+    async def _hold(self, o: _Owned, reason: str) -> None:
+        """Stop handling ``o`` and say why (blocked marker, problems) until it is revoked
+        (e.g. by an operator's reset, which takes the lease): the lease is kept, so no other
+        member resumes it meanwhile, and nothing is committed."""
+        p = o.partition
+        o.blocked = reason
+        self.stats["stopped"] += 1
+        log.error("member %s: partition %d %s", self.member, p, reason)
+        self._report(f"continuity.{p}", f"partition {p}: {reason}")
+        written = False
+        while not o.revoke.is_set():
+            if not written:
+                with contextlib.suppress(NatsError, TimeoutError):
+                    await self.store.set_blocked(p, reason)
+                    written = True
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(1.0):
+                    await o.revoke.wait()
+
     def _messages(
         self, o: _Owned, fetched: list[tuple[int, Any]]
     ) -> tuple[list[Message], dict[int, str]]:
@@ -1071,11 +1215,11 @@ class Worker:
             or time.monotonic() - last_commit >= self.cfg.commit_interval
         )
 
-    async def _commit(self, grant: Grant, seq: int) -> bool:
+    async def _commit(self, grant: Grant, seq: int, msg_id: str | None) -> bool:
         """Commit; a transient failure (server restart) is retried at the next commit point.
         Fenced propagates: a newer owner exists."""
         try:
-            await self.store.commit(grant, seq)
+            await self.store.commit(grant, seq, msg_id)
             return True
         except (NatsError, TimeoutError) as exc:
             log.warning(
@@ -1088,10 +1232,17 @@ class Worker:
             return False
 
     async def _call(self, arg: Any) -> None:
-        r = self.handler(arg)
-        if self._is_async or inspect.isawaitable(r):
-            await r
-        elif time.monotonic() - self._last_yield > 0.005:
+        # the msg-ids of what is handed over, for a sink the handler gives no msg_id
+        batch = arg if isinstance(arg, list) else [arg]
+        ids = {(m.partition, m.stream_seq): i for m in batch if (i := m.headers.get(HDR_MSG_ID))}
+        token = delivering.set(ids)
+        try:
+            r = self.handler(arg)
+            if self._is_async or inspect.isawaitable(r):
+                await r
+        finally:
+            delivering.reset(token)
+        if not self._is_async and time.monotonic() - self._last_yield > 0.005:
             # a synchronous handler never yields: give the heartbeat and the other partitions
             # a turn at least every 5 ms, or leases would starve and expire
             self._last_yield = time.monotonic()
@@ -1137,8 +1288,10 @@ class Worker:
             try:
                 await self._call(chunk if batch_mode else chunk[0])
                 applied, error = len(chunk), None
-            except (asyncio.CancelledError, Fenced):
-                raise  # a fenced sink told the handler a newer owner exists: stop, no retry
+            except (asyncio.CancelledError, Fenced, OrderConflict):
+                # a fenced sink told the handler a newer owner exists, or it can neither
+                # apply nor skip the message: stop, no retry, no dead letter
+                raise
             except BatchFailed as exc:
                 applied, error = (min(exc.applied, len(chunk) - 1) if batch_mode else 0), exc
             except Exception as exc:
