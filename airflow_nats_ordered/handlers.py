@@ -6,9 +6,12 @@ given the worker's ``stream`` and ``group`` as keyword arguments if its ``__init
 parameters of those names (so it can open a fenced sink for its (stream, group)), and no
 arguments otherwise. An object may also define ``on_assign(partition, fencing_token)``
 (called when this member is granted a partition, before any of its messages, which is where
-a fenced sink raises its fence), ``on_revoke(partition)``, ``close()`` and
+a fenced sink raises its fence), ``on_revoke(partition)``, ``close()``,
 ``fencing_floor(partition) -> int`` (the highest token its sink has seen for the partition:
-the worker grants the partition only with a larger token).
+the worker grants the partition only with a larger token) and
+``applied_position(partition) -> (seq, msg_id) | None`` (the last message its sink applied:
+the worker checks it is still in the stream before handling the partition, and stops the
+partition if the servers' stored state went back). Each may be a coroutine function.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ class LoadedHandler:
     on_revoke: Any = None
     close: Any = None
     fencing_floor: Any = None
+    applied_position: Any = None
 
 
 _SCOPE = ("stream", "group")
@@ -86,4 +90,5 @@ def load_handler(
         getattr(obj, "on_revoke", None),
         getattr(obj, "close", None),
         getattr(obj, "fencing_floor", None),
+        getattr(obj, "applied_position", None),
     )

@@ -262,3 +262,64 @@ def test_a_commit_record_ahead_of_a_rolled_back_stream_stops_the_partition(nats_
     asyncio.run(_reset(url, 10))
     asyncio.run(_until_handled(url, handler, "d", new))
     assert [i for i in handler.calls if i >= 100] == new
+
+
+def test_a_running_member_stops_when_the_state_goes_back_under_it(nats_server, tmp_path):
+    """The member keeps running (and keeps its lease) while the server is stopped, its store
+    restored and started again: its reader, re-creating its consumer, finds that the last
+    message it handed out is no longer in the stream, and the partition stops. The handler
+    passes no msg_id to the sink (the sink records the delivered message's id itself)."""
+    url = nats_server.url
+    handler = SinkHandler(tmp_path / "sink.db", with_msg_id=False)
+    copy = tmp_path / "copy"
+    new = list(range(100, 110))
+
+    async def go():
+        await _publish(url, range(10))
+        nc = await nats.connect(url, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
+        cfg = WorkerConfig(STREAM, GROUP, member_id="w", lease_ttl=30.0, commit_interval=0.1)
+        w = Worker(nc, cfg, handler)
+        await w.start()
+
+        async def committed(seq: int) -> bool:
+            rec, _ = await w.store.read_commit(0)
+            return rec is not None and rec.seq >= seq
+
+        assert await _until(lambda: committed(10))
+        await asyncio.to_thread(nats_server.stop)
+        await asyncio.to_thread(shutil.copytree, nats_server.jetstream_dir, copy)
+        await asyncio.to_thread(nats_server.start)
+        await _publish(url, range(10, 20))
+        assert await _until(lambda: committed(20))
+        await asyncio.to_thread(_restore, nats_server, copy)
+        await _publish(url, new)  # sequences 11-20 again
+
+        async def stopped() -> bool:
+            return any(o.blocked for o in w.owned.values()) or w.stats["dead_lettered"] > 0
+
+        await _until(stopped)
+        await asyncio.sleep(1.0)
+        reason = next((o.blocked for o in w.owned.values() if o.blocked), None)
+        dead = w.stats["dead_lettered"]
+        calls = list(handler.calls)
+
+        # the operator action; the same member then resumes with the first new record
+        handler.sink.rewind({0: 10})
+        admin = await nats.connect(url)
+        await reset_group(admin, STREAM, GROUP, to={0: 10}, confirm=True)
+        await admin.close()
+
+        async def all_new() -> bool:
+            return all(v in handler.calls for v in new)
+
+        resumed = await _until(all_new)
+        await w.stop()
+        await nc.close()
+        return reason, dead, calls, resumed
+
+    reason, dead, calls, resumed = asyncio.run(go())
+    assert dead == 0
+    assert [i for i in calls if i >= 100] == [], "the handler was called for the new records"
+    assert reason is not None and "stored state went back" in reason, reason
+    assert resumed, "the new records were not applied after the reset"
+    assert handler.applied() == list(range(20)) + new

@@ -13,12 +13,12 @@ different message. Resuming from it would skip the new records that took its seq
 and says why it is not part of the stream's history any more, or None when it may be:
 
 * the sequence is above the stream's last sequence;
-* the stream holds a message of another partition at it;
-* the stream holds a message with another ``Nats-Msg-Id`` at it.
+* (a position with a msg-id) the stream holds a message of another partition at it, or
+  one with another ``Nats-Msg-Id`` (or none).
 
 A message no longer stored (deleted, aged out, purged) cannot be compared and passes; a
-position without a msg-id (an old commit record, a sink not given ``msg_id``, a record
-published without one) is checked by its sequence and subject only.
+position without a msg-id (an old commit record, a reset, a sink given no ``msg_id``
+outside a worker, a record published without one) is checked by its sequence only.
 """
 
 from __future__ import annotations
@@ -57,14 +57,17 @@ def divergence(position: Position, subject: str, found: AtSeq) -> str | None:
         return None
     if seq > found.last_seq:
         return f"{source} is at seq {seq}, above the stream's last sequence {found.last_seq}"
-    if found.subject is None:
-        return None  # no longer stored: nothing to compare
+    if found.subject is None or not position.msg_id:
+        # no longer stored, or a position known by its sequence only (a reset to
+        # "earliest" may point just before the partition's first message, at another
+        # partition's): nothing to compare
+        return None
     if found.subject != subject:
         return (
             f"{source} is at seq {seq}, but the stream now holds a message of {found.subject} "
             f"there, not of {subject}"
         )
-    if position.msg_id and found.msg_id and position.msg_id != found.msg_id:
+    if found.msg_id != position.msg_id:
         return (
             f"{source} is at seq {seq} (message {position.msg_id!r}), but the stream now holds "
             f"message {found.msg_id!r} there"

@@ -13,9 +13,10 @@ transaction: the fence check, the aircraft's running totals and one row per flig
 running values right after it (and where it came from: partition, stream sequence). A
 re-delivered message is a DUPLICATE (skipped), a message arriving out of order is refused
 (an error, never skipped), a stale owner is refused and stops. ``fencing_floor`` lets the
-worker grant only tokens above what the sink has seen. Any ordering slip or double count
-would change the per-flight running values, which the pipeline's ``verify`` task compares
-with the Spark window-function reference.
+worker grant only tokens above what the sink has seen; ``applied_position`` lets it check
+that the stream still holds the last flight applied (see ``continuity``). Any ordering slip
+or double count would change the per-flight running values, which the pipeline's ``verify``
+task compares with the Spark window-function reference.
 
 :func:`rewind_sink` takes the sink back to the start of a day, the first step of a
 deliberate re-processing (see :mod:`flights.reprocess`).
@@ -147,6 +148,11 @@ class AircraftTotals:
         # the highest token the sink has seen: the worker grants only above it. In a thread:
         # a sink waiting on another writer's lock must not block the event loop (leases)
         return await asyncio.to_thread(self.sink.fencing_floor, partition)
+
+    async def applied_position(self, partition: int) -> tuple[int, str | None] | None:
+        # the last flight the sink applied: the worker checks that the stream still holds it
+        # before handling the partition (a stream whose stored state went back is caught)
+        return await asyncio.to_thread(self.sink.applied_position, partition)
 
     async def on_assign(self, partition: int, token: int) -> None:
         # raise the partition's fence before processing: older owners are refused from now
