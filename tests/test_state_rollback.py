@@ -323,3 +323,44 @@ def test_a_running_member_stops_when_the_state_goes_back_under_it(nats_server, t
     assert reason is not None and "stored state went back" in reason, reason
     assert resumed, "the new records were not applied after the reset"
     assert handler.applied() == list(range(20)) + new
+
+
+def test_a_message_the_sink_can_neither_apply_nor_skip_stops_the_partition(
+    nats_url, unique_name, tmp_path
+):
+    """A sink refusal (SinkOrderError: another message was applied under this sequence) is
+    not a poison message: it is neither retried nor dead-lettered; the partition stops and
+    says why (before the fix: dead-lettered after the retries)."""
+    sink = FencedSqliteSink(tmp_path / "s.db", stream=unique_name, group=GROUP)
+    sink.apply(0, 1, 5, msg_id="from-another-history")
+    calls: list[int] = []
+
+    def handler(msg):  # a plain function: no applied_position hook, the sink refuses
+        calls.append(msg.stream_seq)
+        sink.apply(0, msg.fencing_token, msg.stream_seq, msg_id=msg.headers["Nats-Msg-Id"])
+
+    async def go():
+        nc = await nats.connect(nats_url)
+        await provision(nc, StreamSpec(unique_name, partitions=1))
+        async with OrderedPublisher(nc, unique_name) as pub:
+            for i in range(3):
+                await pub.publish("k", json.dumps({"i": i}).encode())
+        cfg = WorkerConfig(unique_name, GROUP, member_id="m", lease_ttl=2.0, retry_backoff=0.01)
+        w = Worker(nc, cfg, handler)
+        await w.start()
+        await _until(_async(lambda: any(o.blocked for o in w.owned.values())))
+        snap = await w.store.snapshot()
+        await w.stop()
+        await nc.close()
+        return snap, w.stats
+
+    snap, stats = asyncio.run(go())
+    assert calls == [1] and stats["dead_lettered"] == 0 and stats["retries"] == 0
+    assert "can neither apply nor skip it (SinkOrderError" in snap.blocked[0], snap.blocked
+
+
+def _async(cond):
+    async def check() -> bool:
+        return cond()
+
+    return check

@@ -104,3 +104,35 @@ def test_a_misrouted_record_blocks_the_partition_under_the_block_policy(nats_url
     reason = snap.blocked[3]
     assert f"misrouted: key {k!r} hashes to partition 2, found on partition 3" in reason, reason
     assert "not handed to the handler" in reason
+
+
+def test_a_batch_is_cut_before_a_misrouted_record(nats_url, unique_name):
+    """Batch mode: the records before and after the misrouted one reach the batch handler,
+    the misrouted one never does."""
+    k, other = _key_of(2, "k"), _key_of(3, "l")
+    batches: list[list[tuple[str, int]]] = []
+
+    def handler(batch):
+        batches.append([(m.key, json.loads(m.data)["i"]) for m in batch])
+
+    async def go():
+        nc = await nats.connect(nats_url)
+        await provision(nc, StreamSpec(unique_name, partitions=P))
+        subject = partition_subject(unique_name.lower(), 3)
+        async with OrderedPublisher(nc, unique_name) as pub:
+            await pub.publish(other, json.dumps({"i": 1}).encode())
+            await pub.flush()
+            await nc.jetstream().publish(
+                subject, json.dumps({"i": 2}).encode(), headers={"Nats-Ordered-Key": k}
+            )
+            await pub.publish(other, json.dumps({"i": 3}).encode())
+        cfg = WorkerConfig(unique_name, "g", member_id="m1", lease_ttl=2.0, batch_handler=True)
+        w = Worker(nc, cfg, handler)
+        await w.start()
+        await _until(lambda: w.stats["dead_lettered"] >= 1 and w.stats["processed"] >= 2)
+        await w.stop()
+        await nc.close()
+
+    asyncio.run(go())
+    handled = [r for b in batches for r in b]
+    assert handled == [(other, 1), (other, 3)], batches
