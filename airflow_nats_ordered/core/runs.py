@@ -24,6 +24,12 @@ Guarantees:
   covered by msg-id dedup inside the duplicate window. Provided the re-run reads the same
   input in the same order (the reason producer ids must name one immutable input: a DAG
   run's logical date, a job's input snapshot).
+* **The marks cover every partition the run stored, whatever attempt stored it**, and
+  only go up: each attempt starts from the previous attempt's marks, a partition an
+  earlier attempt stored (passed over on resume) is marked at its last message, progress
+  records carry the marks reached so far, and a finished run whose mark of a stored
+  partition cannot be read is recorded ``partial`` (a retry reads it again), never
+  ``complete`` with a hole a drain would walk through.
 * Drains wait for a run by name: :meth:`RunLedger.get` gives its high-water marks.
 """
 
@@ -40,6 +46,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol
 
 from nats.aio.client import Client as NATS
+from nats.errors import Error as NatsError
 from nats.js import api
 from nats.js.errors import (
     BucketNotFoundError,
@@ -343,10 +350,15 @@ async def publish_run(
     rec = await ledger.begin(producer_id)
     base = config or PublisherConfig()
     knobs = {**asdict(base), "producer_id": producer_id}
-    # what earlier attempts had stored, by partition: passed over, not re-sent
+    # what earlier attempts had stored, by partition: passed over, not re-sent; such a
+    # partition's mark is at least its last message now (the earlier attempt's records
+    # are at or before it), recorded at once so that even a progress record has it
     resume: dict[int, int] = {}
     if previous is not None:
-        resume = await _stored_positions(nc, ledger.stream, producer_id, previous)
+        resume, tails = await _stored_positions(nc, ledger.stream, producer_id, previous)
+        raise_marks(rec, {p: tails[p] for p, n in resume.items() if n and p in tails})
+        with contextlib.suppress(Exception):  # best effort: the final record follows
+            await ledger.record(rec)
     pub = OrderedPublisher(
         nc,
         stream,
@@ -368,28 +380,37 @@ async def publish_run(
         rec.error = f"{type(exc).__name__}: {exc}"
         rec.status = "partial"
         rec.finished = time.time()
-        await pub.close(raise_on_failure=False)
+        with contextlib.suppress(Exception):
+            await pub.close(raise_on_failure=False)
         _absorb(rec, pub.summary, refusals)
+        raise_marks(rec, _live_marks(pub))
+        with contextlib.suppress(Exception):
+            await fill_marks(nc, ledger.stream, rec)
         await ledger.record(rec)
         raise
     progress.cancel()
     _absorb(rec, summary, refusals)
-    complete = rec.failed == 0 and (rec.refused == 0 or allow_refused)
+    unmarked = await fill_marks(nc, ledger.stream, rec)
+    complete = rec.failed == 0 and (rec.refused == 0 or allow_refused) and not unmarked
     rec.status = "complete" if complete else "partial"
     rec.finished = time.time()
     if summary is not None and summary.failed:
         rec.error = next((p.error for p in summary.partitions if p.error), None)
+    elif unmarked:
+        rec.error = unmarked_error(unmarked)
     await ledger.record(rec)
     return RunResult(rec, skipped=False, summary=summary)
 
 
 async def _stored_positions(
     nc: NATS, stream: PartitionedStream, producer_id: str, previous: RunRecord
-) -> dict[int, int]:
+) -> tuple[dict[int, int], dict[int, int]]:
     """Per partition, how many leading positions of the run are stored: what the ledger
     recorded, or more when the partition's last message is this run's (an attempt killed
-    between two progress records; its ``Nats-Ordered-Seq`` is the position)."""
+    between two progress records; its ``Nats-Ordered-Seq`` is the position). Also each
+    partition's last stream sequence (partitions without messages are left out)."""
     out = dict(previous.acked_per_partition)
+    tails: dict[int, int] = {}
     js = nc.jetstream()
 
     async def tail(p: int) -> None:
@@ -397,13 +418,63 @@ async def _stored_positions(
             msg = await js.get_last_msg(stream.name, stream.subject(p), direct=True)
         except NotFoundError:
             return
+        if msg.seq:
+            tails[p] = int(msg.seq)
         h = msg.headers or {}
         seq = h.get(HDR_SEQ, "")
         if h.get(HDR_PRODUCER) == producer_id and seq.isdigit():
             out[p] = max(out.get(p, 0), int(seq))
 
     await asyncio.gather(*(tail(p) for p in range(stream.partitions)))
-    return out
+    return out, tails
+
+
+def raise_marks(rec: RunRecord, marks: dict[int, int]) -> None:
+    """Raise ``rec``'s high-water marks to ``marks`` where higher: marks never go down
+    (a mark is a stream sequence the drain waits for; a later attempt only adds records)."""
+    for p, seq in marks.items():
+        if seq and seq > rec.high_water_marks.get(p, 0):
+            rec.high_water_marks[p] = int(seq)
+
+
+def _live_marks(pub: OrderedPublisher) -> dict[int, int]:
+    """Per partition, the last stream sequence the publisher has been acknowledged so far
+    (0 until its first acknowledgement with a sequence)."""
+    return {lane.p: lane.summary.last_seq for lane in pub._lanes}
+
+
+async def fill_marks(nc: NATS, stream: PartitionedStream, rec: RunRecord) -> list[int]:
+    """Mark every partition the run stored records on (``acked_per_partition``) that has no
+    high-water mark yet at its last message (the run's records are at or before it).
+    Returns the partitions whose mark still could not be read (the run must not be
+    called complete: a drain would not wait for them)."""
+    missing = [
+        p for p, n in rec.acked_per_partition.items() if n and not rec.high_water_marks.get(p)
+    ]
+    if not missing:
+        return []
+    js = nc.jetstream()
+
+    async def last(p: int) -> None:
+        with contextlib.suppress(NotFoundError, TimeoutError, NatsError):
+            msg = await js.get_last_msg(stream.name, stream.subject(p), direct=True)
+            raise_marks(rec, {p: int(msg.seq or 0)})
+
+    for _ in range(3):
+        await asyncio.gather(*(last(p) for p in missing))
+        missing = [p for p in missing if not rec.high_water_marks.get(p)]
+        if not missing:
+            break
+        await asyncio.sleep(0.5)
+    return sorted(missing)
+
+
+def unmarked_error(partitions: list[int]) -> str:
+    return (
+        f"the high-water mark of partition(s) {partitions} (records of this run are stored "
+        "there) could not be read from the stream, so a drain could not wait for them; the "
+        "run is left partial: run it again (it sends nothing twice) once the stream answers"
+    )
 
 
 async def _record_progress(ledger: RunLedger, rec: RunRecord, pub: OrderedPublisher) -> None:
@@ -412,7 +483,9 @@ async def _record_progress(ledger: RunLedger, rec: RunRecord, pub: OrderedPublis
     while True:
         await asyncio.sleep(PROGRESS_EVERY)
         positions = pub.stored_positions()
-        if positions != rec.acked_per_partition:
+        marks = dict(rec.high_water_marks)
+        raise_marks(rec, _live_marks(pub))
+        if positions != rec.acked_per_partition or marks != rec.high_water_marks:
             rec.acked_per_partition.update(positions)
             rec.acked = sum(rec.acked_per_partition.values())
             with contextlib.suppress(Exception):  # best effort: the final record follows
@@ -431,7 +504,7 @@ def _absorb(rec: RunRecord, summary: PublishSummary | None, refusals: Refusals) 
     for p in summary.partitions:
         # records skipped on resume were stored by an earlier attempt: they count as stored
         rec.acked_per_partition[p.partition] = p.offset + p.acked
-        if p.last_seq:
-            rec.high_water_marks[p.partition] = p.last_seq
+    # marks only go up: an earlier attempt's mark stays unless this attempt's is higher
+    raise_marks(rec, summary.high_water_marks)
     rec.acked = sum(rec.acked_per_partition.values())
     rec.skipped = sum(p.offset for p in summary.partitions)
