@@ -219,3 +219,93 @@ def test_a_killed_attempts_progress_records_carry_its_marks_and_a_drain_by_run_w
         task_id="drained", stream=unique_name, group="g", run=pid, deferrable=False
     )
     assert sensor.poke({}) is False, "drained by run name while nothing was committed"
+
+
+RETRIED = """
+import datetime as dt
+from airflow.sdk import DAG
+from airflow_nats_ordered.core.partitioning import partition_for
+from airflow_nats_ordered.operators.publish import NatsPublishOperator
+from airflow_nats_ordered.sensors.drain import NatsGroupDrainSensor
+
+def keys_of(partition, n):
+    out, i = [], 0
+    while len(out) < n:
+        if partition_for(f"key{{i}}", 2) == partition:
+            out.append(f"key{{i}}")
+        i += 1
+    return out
+
+def rows():
+    k0, k1 = keys_of(0, 7), keys_of(1, 11)
+    first = [{{"k": k0[i % 7], "p": 0, "i": i}} for i in range({p0})]
+    return first + [{{"k": k1[i % 11], "p": 1, "i": {p0} + i}} for i in range({p1})]
+
+with DAG(dag_id="{dag_id}", schedule=None, start_date=dt.datetime(2024, 1, 1)) as dag:
+    publish = NatsPublishOperator(
+        task_id="publish", stream="{stream}", key_field="k", records_callable=rows,
+        producer_id="{pid}",
+    )
+    drained = NatsGroupDrainSensor(
+        task_id="drained", stream="{stream}", group="g", high_water_marks=publish.output,
+        no_members_timeout=30, timeout=120,
+    )
+    publish >> drained
+"""
+
+
+def test_a_drain_on_a_retried_publish_waits_for_what_the_killed_try_stored(
+    nats_url, unique_name, monkeypatch
+):
+    """The issue's case end to end: try 1 of the publish task is SIGKILLed after partition
+    0 is stored; the retry (NatsPublishOperator in a DAG run) resumes; the drain sensor on
+    its XCom must wait until the workers committed partition 0 too."""
+    import threading
+
+    from airflow_dags import BackgroundPool, dag_file, nats_connection, task_states
+
+    from airflow_nats_ordered.core.group import GroupStore
+    from airflow_nats_ordered.core.worker import WorkerConfig
+
+    monkeypatch.setenv("AIRFLOW_CONN_NATS_DEFAULT", nats_connection(nats_url))
+    pid = f"{unique_name}.publish.dag"
+    config = WorkerConfig(unique_name, "g", member_id="af", lease_ttl=2.0, commit_interval=0.2)
+
+    async def setup():
+        nc = await nats.connect(nats_url)
+        await provision(nc, StreamSpec(unique_name, partitions=2))
+        await GroupStore.open(nc, config.group_config)
+        await nc.close()
+
+    asyncio.run(setup())
+    kill_after_partition_0(nats_url, unique_name, pid)
+
+    gate = threading.Event()
+    released: list[float] = []
+    handled = {0: 0, 1: 0}
+
+    async def handler(msg):
+        if msg.partition == 0:
+            while not gate.is_set():  # partition 0's worker is alive but has not caught up
+                await asyncio.sleep(0.05)
+        handled[msg.partition] += 1
+
+    def release_later() -> None:
+        time.sleep(10)
+        released.append(time.monotonic())
+        gate.set()
+
+    source = RETRIED.replace("{p0}", str(P0)).replace("{p1}", str(P1))
+    with (
+        dag_file(source, stream=unique_name, pid=pid) as dag,
+        BackgroundPool(nats_url, config, handler, size=1),
+    ):
+        threading.Thread(target=release_later, daemon=True).start()
+        run = dag.test()
+        finished = time.monotonic()
+        handled_at_end = dict(handled)
+        marks = run.get_task_instance("publish").xcom_pull(task_ids="publish")
+    assert task_states(run) == {"publish": "success", "drained": "success"}, task_states(run)
+    assert released and finished > released[0], "the sensor succeeded before partition 0 ran"
+    assert handled_at_end[0] == P0, "the sensor succeeded before partition 0 was committed"
+    assert set(marks["high_water_marks"]) == {"0", "1"}, marks["high_water_marks"]

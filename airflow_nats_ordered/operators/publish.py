@@ -59,8 +59,11 @@ class NatsPublishOperator(BaseOperator):
     task id and the run's logical date), so a task retry resumes after what was stored and a
     cleared-and-rerun task of a complete run publishes nothing, even long after the
     stream's duplicate window. Returns the run record (counts, per-partition high-water
-    marks for :class:`~airflow_nats_ordered.sensors.drain.NatsGroupDrainSensor`). Failed
-    records fail the task; refused ones (no key, too large) too unless ``allow_refused``.
+    marks for :class:`~airflow_nats_ordered.sensors.drain.NatsGroupDrainSensor`). The marks
+    cover every partition the run stored, including what an earlier (failed or killed)
+    try stored: a drain on a retried run's XCom waits for all of it. Failed records fail
+    the task; refused ones (no key, too large) too unless ``allow_refused``; so does a run
+    whose mark of a stored partition could not be read (the next try reads it again).
     """
 
     template_fields: Sequence[str] = (
@@ -204,6 +207,13 @@ class NatsPublishOperator(BaseOperator):
                 f"run {producer_id!r}: {rec.refused} records were refused before sending "
                 f"({examples}); fix the input (key_field={self.key_field!r}) or pass "
                 "allow_refused=True to publish the rest and succeed"
+            )
+        if rec.status != "complete":
+            # e.g. the mark of a stored partition could not be read: a drain on this XCom
+            # would not wait for that partition, so the task must not succeed with it
+            raise RuntimeError(
+                f"run {producer_id!r} is {rec.status}: {rec.error}; retrying the task resumes "
+                "the run without storing anything twice"
             )
         return out
 
