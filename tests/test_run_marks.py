@@ -309,3 +309,68 @@ def test_a_drain_on_a_retried_publish_waits_for_what_the_killed_try_stored(
     assert released and finished > released[0], "the sensor succeeded before partition 0 ran"
     assert handled_at_end[0] == P0, "the sensor succeeded before partition 0 was committed"
     assert set(marks["high_water_marks"]) == {"0", "1"}, marks["high_water_marks"]
+
+
+def test_a_spark_run_records_a_mark_for_every_partition_its_tasks_stored(nats_url, unique_name):
+    """The Spark driver's record of a run: a task report whose publisher could not read a
+    partition's last sequence (0: the server did not answer in time) still yields that
+    partition's mark, and a partition only an earlier attempt stored keeps its mark."""
+    from airflow_nats_ordered.core.publisher import OrderedPublisher, PublisherConfig
+    from airflow_nats_ordered.spark.options import SinkOptions
+    from airflow_nats_ordered.spark.runs import record_run
+    from airflow_nats_ordered.spark.task import TaskReport
+
+    pid = f"{unique_name}.spark"
+    options = SinkOptions(stream=unique_name, key_column="k", producer_id=pid)
+
+    async def go():
+        nc = await nats.connect(nats_url)
+        await provision(nc, StreamSpec(unique_name, partitions=2))
+        ps = await describe(nc, unique_name)
+        async with OrderedPublisher(nc, unique_name, PublisherConfig(producer_id=pid)) as pub:
+            for rec in records_from_rows(rows()[: P0 + 100], key_field="k"):
+                await pub.publish(rec.key, rec.payload)
+        js = nc.jetstream()
+        last = {p: (await js.get_last_msg(unique_name, ps.subject(p))).seq for p in (0, 1)}
+        report = TaskReport(
+            task=0,
+            attempt=0,
+            producer_id=pid,
+            routed=True,
+            rows=P0 + 100,
+            partitions={
+                0: {
+                    "offset": 0,
+                    "accepted": P0,
+                    "acked": P0,
+                    "failed": 0,
+                    "duplicates": 0,
+                    "last_seq": 0,
+                },
+                1: {
+                    "offset": 0,
+                    "accepted": 100,
+                    "acked": 100,
+                    "failed": 0,
+                    "duplicates": 0,
+                    "last_seq": last[1],
+                },
+            },
+        )
+        first = await record_run(nc, options, pid, [report])
+        # a later attempt whose task only re-ran partition 1 (partition 0 passed over)
+        again = TaskReport(
+            task=0,
+            attempt=1,
+            producer_id=pid,
+            routed=True,
+            rows=100,
+            partitions={1: report.partitions[1]},
+        )
+        second = await record_run(nc, options, pid, [again])
+        await nc.close()
+        return last, first, second
+
+    last, first, second = asyncio.run(go())
+    assert first.status == "complete" and first.high_water_marks == last, first
+    assert second.high_water_marks == last, "a later attempt lost partition 0's mark"

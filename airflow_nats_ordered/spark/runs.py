@@ -6,7 +6,9 @@ as ``complete`` is not published again (tasks read their input and send nothing)
 is begun (``running``, one more attempt) and the tasks resume after what it had stored. The
 driver's ``commit()`` records the result from the tasks' reports (per-partition high-water
 marks and counts, refusals; ``complete`` or ``partial``), ``abort()`` records the failure, so
-the drain sensor and backfills read a run's outcome by its name.
+the drain sensor and backfills read a run's outcome by its name. Marks only go up across
+attempts and cover every partition any attempt stored (as for every run, see
+:mod:`airflow_nats_ordered.core.runs`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from dataclasses import dataclass, field
 from nats.aio.client import Client as NATS
 
 from ..core.errors import NatsOrderedError
-from ..core.runs import REFUSED_EXAMPLES, RunLedger, RunRecord
+from ..core.runs import REFUSED_EXAMPLES, RunLedger, RunRecord, fill_marks, unmarked_error
 from .options import SinkOptions
 from .task import TaskReport
 
@@ -139,5 +141,11 @@ async def record_run(
     elif rec.status != "running":
         rec.attempts += 1  # a micro-batch replayed (not begun by the driver)
     absorb_reports(rec, reports, allow_refused=options.allow_refused, error=error)
+    # every partition the run stored on has a mark (one whose task was not re-run, or whose
+    # task's publisher could not read its last sequence, is marked at its last message),
+    # else the run is not complete: a drain on its marks would not wait for that partition
+    unmarked = await fill_marks(nc, ledger.stream, rec)
+    if unmarked and rec.status == "complete":
+        rec.status, rec.error = "partial", unmarked_error(unmarked)
     await ledger.record(rec)
     return rec
