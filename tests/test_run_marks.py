@@ -5,6 +5,7 @@ ever go up across attempts (real nats-server, a real killed process)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -374,3 +375,75 @@ def test_a_spark_run_records_a_mark_for_every_partition_its_tasks_stored(nats_ur
     last, first, second = asyncio.run(go())
     assert first.status == "complete" and first.high_water_marks == last, first
     assert second.high_water_marks == last, "a later attempt lost partition 0's mark"
+
+
+def test_a_cli_publish_rerun_after_a_kill_reports_marks_for_every_partition(
+    nats_url, unique_name, tmp_path
+):
+    """`nats-ordered publish` SIGKILLed after partition 0 is stored, then run again on the
+    same input with the same --producer-id (inside the duplicate window): its report's
+    marks cover partition 0, which the rerun stored nothing new on."""
+    pid = f"{unique_name}.cli"
+    lines = [json.dumps(r) + "\n" for r in rows()]
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(lines))
+
+    async def setup():
+        nc = await nats.connect(nats_url)
+        await provision(nc, StreamSpec(unique_name, partitions=2))
+        await nc.close()
+
+    asyncio.run(setup())
+    cli = [
+        sys.executable,
+        "-m",
+        "airflow_nats_ordered.cli",
+        "publish",
+        "--stream",
+        unique_name,
+        "--key-field",
+        "k",
+        "--producer-id",
+        pid,
+        "--server",
+        nats_url,
+        "--json",
+    ]
+    # attempt 1 reads stdin: partition 0 and part of partition 1, then the pipe stays open
+    proc = subprocess.Popen([*cli, "-"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+    assert proc.stdin is not None
+    proc.stdin.write("".join(lines[: P0 + 1000]).encode())
+    proc.stdin.flush()
+
+    async def wait_stored() -> None:
+        nc = await nats.connect(nats_url)
+        ps = await describe(nc, unique_name)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            counts = await subject_counts(nc, unique_name)
+            if counts.get(ps.subject(0), 0) >= P0 and counts.get(ps.subject(1), 0) >= 1000:
+                break
+            await asyncio.sleep(0.05)
+        await nc.close()
+
+    try:
+        asyncio.run(wait_stored())
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    done = subprocess.run([*cli, str(path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+
+    async def lasts():
+        nc = await nats.connect(nats_url)
+        ps = await describe(nc, unique_name)
+        js = nc.jetstream()
+        out = {str(p): (await js.get_last_msg(unique_name, ps.subject(p))).seq for p in (0, 1)}
+        counts = await subject_counts(nc, unique_name)
+        await nc.close()
+        return out, [counts.get(ps.subject(p), 0) for p in (0, 1)]
+
+    last, counts = asyncio.run(lasts())
+    assert counts == [P0, P1], counts
+    assert report["high_water_marks"] == last, report["high_water_marks"]
