@@ -44,7 +44,27 @@ class RecordTooLargeError(RecordError):
 
 
 class InvalidKeyError(RecordError):
-    """A record's key cannot be sent (not UTF-8, or contains a line break)."""
+    """A record's key cannot be sent: not text (invalid UTF-8, a lone surrogate), or longer
+    than :data:`~.keys.MAX_KEY_BYTES` bytes in UTF-8. Nothing was sent.
+
+    ``str(exc)`` names the Python parameter (``key ...``); an adapter words the same refusal
+    in its terms with ``exc.message_for("--key-field 'tailnum' value")``.
+    """
+
+    def __init__(self, detail: str, name: str = "key") -> None:
+        #: the quoted key and what is wrong with it, without the name of the field
+        self.detail = detail
+        super().__init__(self.message_for(name))
+
+    def message_for(self, name: str) -> str:
+        """The refusal, naming ``name`` (a parameter, flag or column) as what to fix."""
+        return f"{name} {self.detail}"
+
+
+class KeyEncodingError(NatsOrderedError, ValueError):
+    """A received record's key headers cannot be decoded (invalid base64 or UTF-8 in
+    ``Nats-Ordered-Key-B64``, or both key headers set). A worker treats the record as a
+    poison record with reason ``malformed key``; it is never handed to a handler."""
 
 
 class InvalidMsgIdError(RecordError):
