@@ -15,6 +15,7 @@ from airflow_nats_ordered.core.keys import (
     KeyEncodingError,
     is_header_safe,
     key_header,
+    key_header_line,
     key_utf8,
     message_key,
 )
@@ -119,3 +120,16 @@ def test_both_key_headers_at_once_are_malformed():
 
 def test_a_foreign_writer_may_encode_a_safe_key_too():
     assert message_key({HDR_KEY_B64: base64.b64encode(b"plain-key").decode()}) == "plain-key"
+
+
+@pytest.mark.parametrize("length", [1, 64, 65, 300])
+def test_every_ascii_character_is_judged_the_same_in_short_and_long_keys(length):
+    for code in range(128):
+        key = "k" * length + chr(code) + "k"
+        safe = 0x20 <= code <= 0x7E
+        assert is_header_safe(key) is safe, (length, code)
+        assert key_header(key)[0] == (HDR_KEY if safe else HDR_KEY_B64), (length, code)
+        assert key_header_line(key) == (
+            key.encode(),
+            b"%s: %s\r\n" % (key_header(key)[0].encode(), key_header(key)[1]),
+        )

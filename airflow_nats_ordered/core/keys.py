@@ -42,6 +42,7 @@ __all__ = [
     "KeyEncodingError",
     "is_header_safe",
     "key_header",
+    "key_header_line",
     "key_utf8",
     "message_key",
     "quote_key",
@@ -67,10 +68,29 @@ def quote_key(key: str | bytes) -> str:
     return f"{text[:_QUOTE]}... ({len(key)} {'characters' if isinstance(key, str) else 'bytes'})"
 
 
+#: the ASCII characters a plain key header cannot carry (controls, DEL)
+_NOT_PRINTABLE = bytes(range(0x20)) + b"\x7f"
+#: up to this length str.isprintable() is the faster check; beyond, bytes.translate()
+_SHORT = 64
+
+
+def _printable(ascii_key: str, kb: bytes) -> bool:
+    """All of an ASCII key is U+0020..U+007E (``kb`` is its encoding)."""
+    if len(ascii_key) <= _SHORT:
+        return ascii_key.isprintable()
+    return len(kb.translate(None, _NOT_PRINTABLE)) == len(kb)
+
+
 def is_header_safe(key: str) -> bool:
     """True if ``key`` travels unchanged in the plain ``Nats-Ordered-Key`` header: non-empty,
     printable ASCII only (U+0020..U+007E), no leading or trailing blank."""
-    return key.isascii() and key.isprintable() and key != "" and key[0] != " " and key[-1] != " "
+    return (
+        key != ""
+        and key.isascii()
+        and key[0] != " "
+        and key[-1] != " "
+        and _printable(key, key.encode("ascii"))
+    )
 
 
 def key_utf8(key: str | bytes) -> bytes:
@@ -119,6 +139,33 @@ def key_header(key: str | bytes) -> tuple[str, bytes]:
     if is_header_safe(text):
         return HDR_KEY, kb
     return HDR_KEY_B64, base64.b64encode(kb)
+
+
+_PLAIN_LINE = HDR_KEY.encode() + b": %s\r\n"
+_B64_LINE = HDR_KEY_B64.encode() + b": %s\r\n"
+
+
+def key_header_line(key: str | bytes) -> tuple[bytes, bytes]:
+    """``(utf8(key), header line)``: the key's exact UTF-8 bytes (to hash and to derive a
+    msg-id from) and its one header as a ready ``b"Name: value\\r\\n"`` line of a NATS/1.0
+    block, as :func:`key_header` decides. Raises :class:`InvalidKeyError` as
+    :func:`key_utf8` does. (The publisher's per-record path: a header-safe ``str`` key
+    costs one check and one encode.)"""
+    if (
+        key.__class__ is str
+        and 0 < len(key) <= MAX_KEY_BYTES
+        and key.isascii()
+        and key[0] != " "
+        and key[-1] != " "
+    ):
+        kb = key.encode()
+        if _printable(key, kb):
+            return kb, _PLAIN_LINE % kb
+        return kb, _B64_LINE % base64.b64encode(kb)
+    kb = key_utf8(key)
+    if is_header_safe(key if isinstance(key, str) else kb.decode("utf-8")):
+        return kb, _PLAIN_LINE % kb
+    return kb, _B64_LINE % base64.b64encode(kb)
 
 
 def message_key(headers: Mapping[str, str] | None) -> str | None:

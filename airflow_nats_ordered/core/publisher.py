@@ -77,16 +77,18 @@ from .errors import (
     RecordError,
     RecordTooLargeError,
 )
+from .keys import HDR_KEY, HDR_KEY_B64, key_header_line
 from .partitioning import HASH_SEED, partition_wildcard
 from .streams import PartitionedStream, describe
 
 log = logging.getLogger(__name__)
 
 HDR_MSG_ID = "Nats-Msg-Id"
-HDR_KEY = "Nats-Ordered-Key"
 HDR_SEQ = "Nats-Ordered-Seq"
 HDR_PRODUCER = "Nats-Ordered-Producer"
-RESERVED_HEADERS = frozenset(h.lower() for h in (HDR_MSG_ID, HDR_KEY, HDR_SEQ, HDR_PRODUCER))
+RESERVED_HEADERS = frozenset(
+    h.lower() for h in (HDR_MSG_ID, HDR_KEY, HDR_KEY_B64, HDR_SEQ, HDR_PRODUCER)
+)
 
 # Server error codes (nats-server errors.json).
 _ERR_BATCH_UNKNOWN = 10208  # the batch is gone (abandoned, leader change): start another
@@ -697,7 +699,7 @@ class OrderedPublisher:
         prod = b"%s: %s\r\n" % (HDR_PRODUCER.encode(), self._producer_b)
         head = b"NATS/1.0\r\n%s: %%s\r\n" % HDR_MSG_ID.encode()
         tail = b"%s: %%d\r\n%s\r\n" % (HDR_SEQ.encode(), prod)
-        self._hdr_fmt = head + HDR_KEY.encode() + b": %s\r\n" + tail
+        self._hdr_fmt = head + b"%s" + tail  # the key's header line (core/keys.py) goes in
         self._hdr_fmt_keyless = head + tail
 
     async def __aenter__(self) -> OrderedPublisher:
@@ -830,7 +832,10 @@ class OrderedPublisher:
     ) -> int:
         """Queue one record; returns its partition.
 
-        Raises :class:`MissingKeyError` (:class:`KeylessRecordError`) or
+        ``key`` reaches the worker's handler byte-exact (``Message.key``), in the header
+        form :mod:`.keys` chooses; it is refused with :class:`InvalidKeyError` when it is
+        not text (invalid UTF-8) or longer than 4096 UTF-8 bytes. Raises
+        :class:`MissingKeyError` (:class:`KeylessRecordError`) or
         :class:`RecordTooLargeError` for a bad record (nothing is sent and the publisher goes
         on). Waits while ``max_pending`` records or ``max_pending_bytes`` payload bytes are
         held. Concurrent calls (``asyncio.gather``) are safe: a record's position in its
@@ -847,20 +852,13 @@ class OrderedPublisher:
                 self._refused += 1
                 raise KeylessRecordError()
             part = -1  # round-robin: chosen when accepted
-            kb = b""
+            kb = key_line = b""
         else:
-            if isinstance(key, str):
-                kb = key.encode()
-            else:
-                kb = bytes(key)
-                try:
-                    kb.decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    self._refused += 1
-                    raise InvalidKeyError(f"key {key!r} is not valid UTF-8") from exc
-            if b"\r" in kb or b"\n" in kb:
+            try:
+                kb, key_line = key_header_line(key)
+            except InvalidKeyError:
                 self._refused += 1
-                raise InvalidKeyError(f"key {key!r} contains a line break, which headers forbid")
+                raise
             part = mmh3.hash(kb, HASH_SEED, signed=False) % self._nparts
         if msg_id is not None:
             mid = msg_id.encode()
@@ -900,7 +898,7 @@ class OrderedPublisher:
             mid = _msg_id(self._producer_b, part, seq, kb, data)
         else:
             lane.caller_ids = True
-        hdr = self._hdr_fmt % (mid, kb, seq) if kb else self._hdr_fmt_keyless % (mid, seq)
+        hdr = self._hdr_fmt % (mid, key_line, seq) if kb else self._hdr_fmt_keyless % (mid, seq)
         if extra:
             hdr = hdr[:-2] + extra + b"\r\n"
         if len(hdr) + size > self._max_size:

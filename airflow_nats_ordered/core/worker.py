@@ -88,7 +88,11 @@ BACKOFF_MAX = 10.0
 
 @dataclass(frozen=True, slots=True)
 class Message:
-    """What a handler receives."""
+    """What a handler receives.
+
+    ``key`` is the key the record was published with, byte-exact whichever header form
+    carried it (:func:`~.keys.message_key`), and it hashes to ``partition`` (records that
+    do not are never handed over); ``""`` for a keyless record."""
 
     key: str
     data: bytes
