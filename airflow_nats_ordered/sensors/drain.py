@@ -4,16 +4,23 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from airflow.sdk import BaseSensorOperator
+from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSensorTimeout
 
 from ..core.drain import read_lag
 from ..core.runs import RunLedger
 from ..hooks.nats import NatsHook
 from ..triggers.drain import NatsGroupDrainTrigger
+
+#: task state store key under which a try keeps the marks it resolved at its first poke
+MARKS_KEY = "nats_ordered_drain_marks"
+
+#: a kept record outlives the sensor's ``timeout`` by this much (task state store retention)
+KEEP_MARGIN = timedelta(days=1)
 
 
 def resolve_marks(value: Any) -> dict[str, int] | None:
@@ -36,11 +43,84 @@ def resolve_marks(value: Any) -> dict[str, int] | None:
         ) from None
 
 
+@dataclass(frozen=True)
+class TryMarks:
+    """The marks one try of the sensor resolved from NATS at its first poke, kept in the
+    try's Airflow task state store so every later poke of the same try uses them.
+
+    Why the task state store (Airflow 3.3, ``context["task_state_store"]``), checked in
+    Airflow 3.3's own code:
+
+    * ``self`` does not survive a reschedule: every poke in ``mode="reschedule"`` is a new
+      task process running a fresh copy of the operator.
+    * XCom does not survive either: the execution API's ``ti_run`` hands the worker every
+      XCom key of the task instance to delete whenever it starts running other than a
+      resume from deferral (``xcom_keys_to_clear``), so a reschedule wipes what an earlier
+      poke pushed.
+    * "marks as of the first poke's time" (``get_first_reschedule_date``) is not exact: it
+      is the time the task process started, on Airflow's clock, while a message's time is
+      the NATS server's; no reading by time can promise to leave out every record stored
+      after the first poke read the stream.
+    * the task state store lives in the metadata DB (or the configured state backend),
+      scoped to dag/run/task/map index, is not cleared by reschedules, retries or clears,
+      and survives any process restart. It is not scoped to a try, so the record carries
+      the task instance id: Airflow gives a task instance a new id for each try (a retry or
+      a clear runs ``prepare_db_for_next_try``) and keeps it across the reschedules of one
+      try. A record of another id is another try's and is never used.
+
+    Guarantees: the marks come from one read of the stream at the try's first poke, so
+    they never include a record stored after that read; every later poke of the try (same
+    process or not) waits for exactly those marks; a new try (retry, clear, a new DAG run)
+    resolves fresh ones. The record is written before the first poke checks the group, so
+    a try that was rescheduled always has one; if it is gone (deleted through the API or
+    expired) the poke fails instead of quietly taking newer marks.
+    """
+
+    store: Any  # TaskStateStoreAccessor
+    ti_id: str
+    try_number: int
+    rescheduled: bool  # an earlier poke of this try ended in a reschedule
+
+    @classmethod
+    def of(cls, context: Mapping[str, Any]) -> TryMarks | None:
+        """The running try's keeper, or None outside a task run (no task state store)."""
+        store, ti = context.get("task_state_store"), context.get("ti")
+        if store is None or ti is None or getattr(ti, "id", None) is None:
+            return None
+        return cls(
+            store,
+            str(ti.id),
+            int(ti.try_number),
+            int(context.get("task_reschedule_count") or 0) > 0,
+        )
+
+    def load(self) -> dict[str, Any] | None:
+        """This try's record, or None if the store holds none for this try."""
+        rec = self.store.get(MARKS_KEY)
+        if isinstance(rec, Mapping) and rec.get("ti_id") == self.ti_id:
+            return dict(rec)
+        return None
+
+    def save(self, rec: dict[str, Any], keep: timedelta | None) -> None:
+        self.store.set(
+            MARKS_KEY,
+            {"ti_id": self.ti_id, "try_number": self.try_number, **rec},
+            retention=keep,
+        )
+
+
 class NatsGroupDrainSensor(BaseSensorOperator):
     """Succeeds when group ``group`` has committed, on every partition, at least up to the
     marks: ``high_water_marks`` (the publish task's XCom, e.g. ``publish.output``, or a
     ``{partition: seq}`` mapping), or the run recorded under ``run`` (a producer id) in the
-    stream's run ledger, or "now" (everything in the stream when the sensor starts).
+    stream's run ledger, or "now" (every partition's last sequence at the try's first poke).
+
+    Marks read from NATS ("now", ``run``) are resolved once per try and kept for the whole
+    try in every mode: in poke mode on the operator, in reschedule mode in the try's task
+    state store (see :class:`TryMarks`), in deferrable mode in the trigger's arguments. A
+    later poke never moves them, so messages published while the sensor waits are not
+    waited for; a new try (retry, clear) resolves fresh marks. The XCom in every mode is
+    ``{"stream", "group", "marks", "waited"}``.
 
     Deferrable by default: it checks once, then waits in the triggerer on the group's commit
     records (no worker slot held). It fails fast, saying what to do, when a partition is
@@ -73,30 +153,116 @@ class NatsGroupDrainSensor(BaseSensorOperator):
         self.nats_conn_id = nats_conn_id
         self.deferrable = deferrable
         self._marks: dict[str, int] | None = None
+        self._resolved_at: float | None = None
 
-    def _resolve(self, hook: NatsHook) -> dict[str, int]:
+    def _timeout_seconds(self) -> float:
+        t = self.timeout
+        return t.total_seconds() if isinstance(t, timedelta) else float(t)
+
+    def _keep_for(self) -> timedelta | None:
+        """How long the task state store keeps a try's marks: past the sensor's timeout
+        (whatever ``[state_store] default_retention_days`` says), None = never expire."""
+        from airflow.sdk.execution_time.context import NEVER_EXPIRE
+
+        seconds = self._timeout_seconds()
+        if seconds > 3650 * 86400:  # no real deadline: keep them as long as the try runs
+            return NEVER_EXPIRE
+        return timedelta(seconds=seconds) + KEEP_MARGIN
+
+    def _source(self) -> str:
+        return f"run {self.run}" if self.run is not None else "now"
+
+    def _resolve(self, hook: NatsHook, context: Mapping[str, Any]) -> dict[str, int]:
         if self._marks is not None:
             return self._marks
-        marks = resolve_marks(self.high_water_marks) if self.run is None else None
+        if self.run is None:
+            given = resolve_marks(self.high_water_marks)
+            if given is not None:
+                self._marks, self._resolved_at = given, time.time()
+                return given
+        keeper = TryMarks.of(context)
+        if keeper is not None:
+            kept = keeper.load()
+            if kept is not None:
+                self._check_kept(kept)
+                self._marks = {str(p): int(m) for p, m in kept["marks"].items()}
+                self._resolved_at = float(kept.get("resolved_at") or time.time())
+                self.log.info(
+                    "waiting for the marks try %d resolved at its first poke (%s): %s",
+                    keeper.try_number,
+                    self._source(),
+                    self._marks,
+                )
+                return self._marks
+            if keeper.rescheduled:
+                raise AirflowException(
+                    f"the marks try {keeper.try_number} of this sensor resolved at its first "
+                    f"poke are gone from its task state store (key {MARKS_KEY!r}: deleted, or "
+                    "expired under [state_store] default_retention_days); resolving them "
+                    "again would also wait for messages published since. A retry or a clear "
+                    "of the task starts a new try, which resolves fresh marks"
+                )
+        marks = hook.run(self._read_marks)
+        resolved_at = time.time()
+        if keeper is not None:
+            keeper.save(
+                {
+                    "stream": self.stream,
+                    "group": self.group,
+                    "source": self._source(),
+                    "marks": marks,
+                    "resolved_at": resolved_at,
+                },
+                self._keep_for(),
+            )
+        self.log.info(
+            "marks for group %s of %s (%s), resolved at the first poke of this try and kept "
+            "until it ends: %s",
+            self.group,
+            self.stream,
+            self._source(),
+            marks,
+        )
+        self._marks, self._resolved_at = marks, resolved_at
+        return marks
 
-        async def read(nc: Any) -> dict[str, int]:
-            if self.run is not None:
-                rec = await (await RunLedger.open(nc, self.stream, create=False)).get(self.run)
-                if rec is None:
-                    raise AirflowFailException(
-                        f"run {self.run!r} is not in the run ledger of stream {self.stream}: "
-                        "check the producer id (it is in the publish task's XCom)"
-                    )
-                return {str(p): m for p, m in rec.high_water_marks.items()}
-            lag = await read_lag(nc, self.stream, self.group)
-            return {str(p.partition): p.last for p in lag.partitions}
+    def _check_kept(self, kept: Mapping[str, Any]) -> None:
+        was = (kept.get("stream"), kept.get("group"), kept.get("source"))
+        now = (self.stream, self.group, self._source())
+        if was != now:
+            raise AirflowFailException(
+                f"this try resolved its marks for stream {was[0]}, group {was[1]} ({was[2]}) "
+                f"but the sensor now names stream {now[0]}, group {now[1]} ({now[2]}): the "
+                "DAG changed during the try. Clear the task so a new try resolves marks for "
+                "the new settings"
+            )
 
-        self._marks = marks if marks is not None else hook.run(read)
-        return self._marks
+    async def _read_marks(self, nc: Any) -> dict[str, int]:
+        if self.run is not None:
+            rec = await (await RunLedger.open(nc, self.stream, create=False)).get(self.run)
+            if rec is None:
+                raise AirflowFailException(
+                    f"run {self.run!r} is not in the run ledger of stream {self.stream}: "
+                    "check the producer id (it is in the publish task's XCom)"
+                )
+            return {str(p): m for p, m in rec.high_water_marks.items()}
+        lag = await read_lag(nc, self.stream, self.group)
+        return {str(p.partition): p.last for p in lag.partitions}
 
-    def poke(self, context: Any) -> bool:
+    def _result(self) -> dict[str, Any]:
+        waited = 0.0 if self._resolved_at is None else max(0.0, time.time() - self._resolved_at)
+        return {
+            "stream": self.stream,
+            "group": self.group,
+            "marks": self._marks,
+            "waited": round(waited, 3),
+        }
+
+    def poke(self, context: Any) -> bool | PokeReturnValue:
+        """False while a partition is behind its mark; once none is, True carrying the
+        XCom (``stream``, ``group``, ``marks``, ``waited``)."""
         hook = NatsHook(self.nats_conn_id)
-        marks = self._resolve(hook)
+        marks = self._resolve(hook, context or {})
 
         async def check(nc: Any) -> dict[int, tuple[int, int]]:
             lag = await read_lag(nc, self.stream, self.group)
@@ -118,25 +284,24 @@ class NatsGroupDrainSensor(BaseSensorOperator):
         behind = hook.run(check)
         if behind:
             self.log.info("group %s: %d partition(s) behind: %s", self.group, len(behind), behind)
-        return not behind
+            return False
+        return PokeReturnValue(True, self._result())
 
     def execute(self, context: Any) -> Any:
         if not self.deferrable:
             return super().execute(context)
         started = time.time()
-        if self.poke(context):
+        done = self.poke(context)
+        if done:
             self.log.info("group %s of %s has drained already", self.group, self.stream)
-            return {"stream": self.stream, "group": self.group, "marks": self._marks, "waited": 0}
-        timeout = (
-            self.timeout.total_seconds() if isinstance(self.timeout, timedelta) else self.timeout
-        )
+            return done.xcom_value if isinstance(done, PokeReturnValue) else self._result()
         self.defer(
             trigger=NatsGroupDrainTrigger(
                 stream=self.stream,
                 group=self.group,
                 marks=self._marks or {},
                 nats_conn_id=self.nats_conn_id,
-                timeout=timeout,
+                timeout=self._timeout_seconds(),
                 started=started,
                 no_members_timeout=self.no_members_timeout,
             ),
