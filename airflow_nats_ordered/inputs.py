@@ -6,11 +6,17 @@ Every input row becomes an :class:`InputRecord`:
   row is the object of its header names to their (string) values; a Parquet row has its
   values made JSON-safe (see :func:`json_safe`: timestamps and dates become ISO 8601
   strings, decimals strings, binary base64, NaN/inf null).
-* ``key``: the text of the row's ``key_field`` value (see :func:`key_text`), or ``None``
-  when the field is missing, null or empty; the publisher refuses such a record with
-  ``MissingKeyError`` (unless keyless round-robin was asked for), and the CLI counts it.
+* ``key``: the canonical text of the row's ``key_field`` value (see :func:`key_text`:
+  strings as they are, integers as exact decimal digits, UTF-8 binary as its text), or
+  ``None`` when the field is missing, null or empty; the publisher refuses such a record
+  with ``MissingKeyError`` (unless keyless round-robin was asked for), and the CLI counts
+  it. A value with no canonical text (a float, decimal, boolean, object, array, date or
+  timestamp), invalid text, or a key over 4096 UTF-8 bytes is an :class:`InputError`
+  naming the row, the field and the value (for Parquet, a key column of such a type is
+  refused when the file is opened, before anything is published).
 * ``msg_id``: the text of the row's ``msg_id_field`` value when that field was given
-  (``None`` if the row has none), else ``None`` (the publisher derives one).
+  (``None`` if the row has none), by the same rule, else ``None`` (the publisher derives
+  one).
 * ``where``: ``"line N"`` (JSON lines, CSV: the physical line the row ends on) or
   ``"row N"`` (Parquet, 1-based), for reporting refused records.
 
@@ -44,6 +50,7 @@ from pathlib import Path
 from typing import IO, Any, NamedTuple
 
 from .core.errors import ConfigError
+from .core.keys import KeyTextError, key_field_text, key_text
 
 __all__ = [
     "FORMATS",
@@ -87,26 +94,6 @@ class InputRecord(NamedTuple):
 
 
 # ---------------------------------------------------------------------------- values
-
-
-def key_text(value: Any) -> str | None:
-    """The key (or msg-id) text of a row value; ``None`` for missing, null or empty.
-
-    Strings are used as they are; booleans are ``"true"``/``"false"`` (their JSON and Spark
-    spelling); other scalars use ``str()`` (``42`` -> ``"42"``, ``1.5`` -> ``"1.5"``);
-    lists and objects use their compact JSON text.
-    """
-    if value is None:
-        return None
-    if isinstance(value, str):
-        return value or None
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict | list):
-        return _dumps(value).decode()
-    return str(value)
 
 
 def json_safe(value: Any) -> Any:
@@ -261,18 +248,26 @@ class RecordReader:
         msg_id_field: str | None = None,
         order_by: Sequence[str] = (),
         stdin: IO[bytes] | None = None,
+        python_terms: bool = False,
     ) -> None:
+        #: how errors name the fields: CLI flags, or (``python_terms``) parameter names
+        self.flags = dict(_PYTHON_NAMES if python_terms else _CLI_NAMES)
         self.path = path
         self.name = "stdin" if path == "-" else path
         self.format = detect_format(path, fmt)
         self.key_field = key_field or None
         self.msg_id_field = msg_id_field or None
         self.order_by = tuple(order_by)
-        for what, value in (("--key-field", key_field), ("--msg-id-field", msg_id_field)):
+        for what, value in (
+            (self.flags["key_field"], key_field),
+            (self.flags["msg_id_field"], msg_id_field),
+        ):
             if value is not None and not value:
                 raise InputError(f"{what} is empty; give the name of a column of {self.name}")
         if any(not c for c in self.order_by):
-            raise InputError("--order-by has an empty column name; give COL[,COL...]")
+            raise InputError(
+                f"{self.flags['order_by']} has an empty column name; give COL[,COL...]"
+            )
         #: rows taken from the input so far (refused ones included)
         self.rows_read = 0
         self.columns: list[str] = []
@@ -330,8 +325,11 @@ class RecordReader:
 
     def _check_columns(self, columns: Sequence[str], *, complete: bool, scope: str) -> None:
         """Raise InputError for a named field that is not among ``columns``."""
-        wanted = [("--key-field", self.key_field), ("--msg-id-field", self.msg_id_field)]
-        wanted += [("--order-by", c) for c in self.order_by]
+        wanted = [
+            (self.flags["key_field"], self.key_field),
+            (self.flags["msg_id_field"], self.msg_id_field),
+        ]
+        wanted += [(self.flags["order_by"], c) for c in self.order_by]
         have = set(columns)
         for flag, name in wanted:
             if name is None or name in have:
@@ -485,10 +483,38 @@ class RecordReader:
         self._closers.insert(0, source.close)
         self.columns = list(source.schema_arrow.names)
         self._check_columns(self.columns, complete=True, scope="Its schema has")
+        self._check_key_types(source.schema_arrow)
         rows = self._parquet_rows(source)
         if self.order_by:
             return iter(_sorted_rows(list(rows), self.order_by, set()))
         return rows
+
+    def _check_key_types(self, schema: Any) -> None:
+        """Refuse, before anything is published, a key or msg-id column whose type has no
+        canonical key text (see :func:`key_text`)."""
+        import pyarrow.types as pat
+
+        for what, name in (("key_field", self.key_field), ("msg_id_field", self.msg_id_field)):
+            if name is None:
+                continue
+            typ = schema.field(name).type
+            if pat.is_dictionary(typ):
+                typ = typ.value_type
+            if not (
+                pat.is_string(typ)
+                or pat.is_large_string(typ)
+                or pat.is_binary(typ)
+                or pat.is_large_binary(typ)
+                or pat.is_integer(typ)
+                or pat.is_null(typ)
+                or getattr(pat, "is_string_view", lambda _: False)(typ)
+                or getattr(pat, "is_binary_view", lambda _: False)(typ)
+            ):
+                raise InputError(
+                    f"{self.flags[what]} {name!r} is a Parquet {typ} column of {self.name}; "
+                    "key text must be the same in every language, so only string, integer "
+                    "and UTF-8 binary columns are keys: write the column as a string"
+                )
 
     def _parquet_rows(self, source: Any) -> Iterator[tuple[str, dict[str, Any]]]:
         n = 0
@@ -509,10 +535,9 @@ class RecordReader:
         parquet = self.format == "parquet"
         for where, row in self._guarded(self._rows):
             self.rows_read += 1
+            key, msg_id = _texts(row, key_field, id_field, f"{self.name} {where}", self.flags)
             if parquet:
                 row = json_safe(row)
-            key = key_text(row.get(key_field)) if key_field is not None else None
-            msg_id = key_text(row.get(id_field)) if id_field is not None else None
             try:
                 payload = _dumps(row)
             except (TypeError, ValueError) as exc:
@@ -578,10 +603,40 @@ def records_from_rows(
     for where, row in numbered:
         if not isinstance(row, Mapping):
             raise InputError(f"{where} is a {type(row).__name__}, not an object")
-        safe = json_safe(dict(row))
-        key = key_text(safe.get(key_field)) if key_field is not None else None
-        msg_id = key_text(safe.get(msg_id_field)) if msg_id_field is not None else None
-        yield InputRecord(key, _dumps(safe), msg_id, where)
+        key, msg_id = _texts(row, key_field, msg_id_field, where, _PYTHON_NAMES)
+        yield InputRecord(key, _dumps(json_safe(dict(row))), msg_id, where)
+
+
+_CLI_NAMES = {
+    "key_field": "--key-field",
+    "msg_id_field": "--msg-id-field",
+    "order_by": "--order-by",
+}
+_PYTHON_NAMES = {"key_field": "key_field", "msg_id_field": "msg_id_field", "order_by": "order_by"}
+
+
+def _texts(
+    row: Mapping[str, Any],
+    key_field: str | None,
+    id_field: str | None,
+    where: str,
+    names: Mapping[str, str],
+) -> tuple[str | None, str | None]:
+    """The key and msg-id text of one row (from its values as read, before they are made
+    JSON-safe), or :class:`InputError` naming the row, the field and the value."""
+    try:
+        key = key_field_text(row.get(key_field)) if key_field is not None else None
+    except KeyTextError as exc:
+        raise InputError(
+            exc.message_for(f"{where}: {names['key_field']} {key_field!r} value")
+        ) from None
+    try:
+        msg_id = key_text(row.get(id_field)) if id_field is not None else None
+    except KeyTextError as exc:
+        raise InputError(
+            exc.message_for(f"{where}: {names['msg_id_field']} {id_field!r} value")
+        ) from None
+    return key, msg_id
 
 
 def content_digest(path: str | Path, *, size: int = 10) -> str:
@@ -615,13 +670,16 @@ def open_records(
     msg_id_field: str | None = None,
     order_by: Sequence[str] | str | None = None,
     stdin: IO[bytes] | None = None,
+    python_terms: bool = False,
 ) -> RecordReader:
     """Open ``path`` (``"-"`` for stdin) and check it can give the records asked for.
 
     ``fmt`` is ``"jsonl"``, ``"csv"`` or ``"parquet"`` (default: from the extension; stdin
     is JSON lines). ``order_by`` is a list of column names or a ``"COL,COL"`` string.
     Raises :class:`InputError` naming the problem (unreadable file, unknown format, a field
-    that is not in the input and the columns that are, pyarrow missing for Parquet).
+    that is not in the input and the columns that are, a Parquet key column of a type that
+    has no canonical key text, pyarrow missing for Parquet). Errors name the fields as CLI
+    flags (``--key-field``), or with ``python_terms`` as parameters (``key_field``).
     """
     if isinstance(order_by, str):
         order_by = [c.strip() for c in order_by.split(",")]
@@ -632,4 +690,5 @@ def open_records(
         msg_id_field=msg_id_field,
         order_by=order_by or (),
         stdin=stdin,
+        python_terms=python_terms,
     )

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from streamcheck import write_jsonl
 
+from airflow_nats_ordered.core.keys import KeyTextError
 from airflow_nats_ordered.inputs import (
     PROBE_ROWS,
     InputError,
@@ -88,22 +89,20 @@ def test_jsonl_rows_become_compact_json_with_key_and_msg_id(tmp_path: Path) -> N
         '{"id": "a", "k": "x", "v": 1}\n'
         "\n"  # blank lines are skipped, line numbers stay physical
         '{"id": 7, "k": 42, "v": "é"}\n'
-        '{"id": "c", "k": true}\n'
+        '{"id": "c", "k": -10000000000000000000000}\n'
         '{"id": "d", "k": null}\n'
         '{"id": "e", "k": ""}\n'
         '{"id": "", "v": 2}\n'
     )
     recs = _read(path, key_field="k", msg_id_field="id")
-    assert [r.key for r in recs] == ["x", "42", "true", None, None, None]
+    assert [r.key for r in recs] == ["x", "42", "-10000000000000000000000", None, None, None]
     assert [r.msg_id for r in recs] == ["a", "7", "c", "d", "e", None]
     assert [r.where for r in recs] == ["line 1", "line 3", "line 4", "line 5", "line 6", "line 7"]
     assert recs[0].payload == b'{"id":"a","k":"x","v":1}'
     assert recs[1].payload == '{"id":7,"k":42,"v":"é"}'.encode()
 
 
-def test_key_text_and_json_safe_values() -> None:
-    assert key_text(1.5) == "1.5" and key_text(False) == "false" and key_text(float("nan")) is None
-    assert key_text({"b": 1}) == '{"b":1}'
+def test_json_safe_values() -> None:
     ts = dt.datetime(2024, 1, 2, 3, 4, 5, 678000, tzinfo=dt.UTC)
     assert json_safe(
         {
@@ -360,3 +359,176 @@ def test_rows_in_memory_become_records_exactly_as_from_a_file():
         list(records_from_rows([{"a": 1}, 5], key_field="a"))
     with pytest.raises(InputError, match="must be a list of objects"):
         list(records_from_rows({"a": 1}, key_field="a"))
+
+
+# ---------------------------------------------------------------------------- key text
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        ("N123", "N123"),
+        (" lead", " lead"),  # strings are themselves, blanks included
+        ("", None),
+        (None, None),
+        (0, "0"),
+        (42, "42"),
+        (-7, "-7"),
+        (10**22, "10000000000000000000000"),
+        (-(10**22), "-10000000000000000000000"),
+        ("Zürich".encode(), "Zürich"),
+        (b"", None),
+    ],
+)
+def test_key_text_is_the_canonical_rule(value: Any, text: str | None) -> None:
+    assert key_text(value) == text
+
+
+@pytest.mark.parametrize(
+    ("value", "kind"),
+    [
+        (1.0, "is a floating-point number"),
+        (3e-07, "is a floating-point number"),
+        (float("nan"), "is a floating-point number"),
+        (True, "is a boolean"),
+        (False, "is a boolean"),
+        (decimal.Decimal("1.10"), "is a decimal number"),
+        ({"b": 1}, "is an object"),
+        ([1], "is an array"),
+        (dt.date(2024, 1, 2), "is a date"),
+        (dt.datetime(2024, 1, 2, 3), "is a timestamp"),
+        (b"caf\xe9", "is binary that is not UTF-8"),
+        ("x\ud800", "is not valid text"),
+    ],
+)
+def test_key_text_refuses_values_without_one_spelling(value: Any, kind: str) -> None:
+    with pytest.raises(KeyTextError) as e:
+        key_text(value)
+    assert kind in str(e.value) and str(e.value).startswith("key_field value ")
+
+
+def _jsonl_with_key(tmp_path: Path, raw_key: str) -> Path:
+    path = tmp_path / "in.jsonl"
+    path.write_text('{"k": "a", "v": 1}\n' + f'{{"k": {raw_key}, "v": 2}}\n')
+    return path
+
+
+@pytest.mark.parametrize(
+    ("raw_key", "key"),
+    [
+        ("10000000000000000000000", "10000000000000000000000"),
+        ("-5", "-5"),
+        ("null", None),
+        ('"1.0"', "1.0"),
+        ('" lead"', " lead"),
+    ],
+)
+def test_jsonl_keys_follow_the_canonical_rule(tmp_path: Path, raw_key: str, key: Any) -> None:
+    assert [r.key for r in _read(_jsonl_with_key(tmp_path, raw_key), key_field="k")] == [
+        "a",
+        key,
+    ]
+
+
+@pytest.mark.parametrize(
+    ("raw_key", "why"),
+    [
+        ("1.0", "value 1.0 is a floating-point number"),
+        ("3e-07", "value 3e-07 is a floating-point number"),
+        ("1e22", "value 1e+22 is a floating-point number"),
+        ("true", "value True is a boolean"),
+        ('{"a": 1}', "value {'a': 1} is an object"),
+        ('"' + "k" * 4097 + '"', "is 4097 bytes in UTF-8; at most 4096"),
+        ('"\\ud800"', "is not valid text"),
+    ],
+)
+def test_a_jsonl_key_without_canonical_text_is_refused_naming_the_flag_and_line(
+    tmp_path: Path, raw_key: str, why: str
+) -> None:
+    with pytest.raises(InputError) as e:
+        _read(_jsonl_with_key(tmp_path, raw_key), key_field="k")
+    msg = str(e.value)
+    assert "in.jsonl line 2: --key-field 'k' value " in msg and why in msg, msg
+    assert "make the field a string" in msg or "shorten" in msg or "fix the value" in msg
+
+
+def test_a_jsonl_msg_id_follows_the_same_rule(tmp_path: Path) -> None:
+    path = tmp_path / "in.jsonl"
+    path.write_text('{"k": "a", "id": 10000000000000000000001}\n{"k": "a", "id": 2.5}\n')
+    with open_records(path, key_field="k", msg_id_field="id") as reader:
+        it = iter(reader)
+        assert next(it).msg_id == "10000000000000000000001"
+        with pytest.raises(InputError, match=r"line 2: --msg-id-field 'id' value 2.5 is a float"):
+            next(it)
+
+
+def test_csv_keys_are_the_text_as_written(tmp_path: Path) -> None:
+    path = _csv(tmp_path / "in.csv", ["k"], [["1.0"], ["007"], [" lead"], [""]])
+    assert [r.key for r in _read(path, key_field="k")] == ["1.0", "007", " lead", None]
+
+
+def test_parquet_integer_and_binary_keys_are_canonical_text(tmp_path: Path) -> None:
+    path = tmp_path / "k.parquet"
+    pq.write_table(
+        pa.table(
+            {
+                "i": pa.array([10**18, -3, None], pa.int64()),
+                "u": pa.array([2**64 - 1, 0, 1], pa.uint64()),
+                "b": pa.array(["Zürich".encode(), b"", None], pa.binary()),
+                "s": pa.array(["x", "y", "z"]).dictionary_encode(),
+            }
+        ),
+        path,
+    )
+    assert [r.key for r in _read(path, key_field="i")] == ["1000000000000000000", "-3", None]
+    assert [r.key for r in _read(path, key_field="u")] == ["18446744073709551615", "0", "1"]
+    assert [r.key for r in _read(path, key_field="b")] == ["Zürich", None, None]
+    assert [r.key for r in _read(path, key_field="s")] == ["x", "y", "z"]
+    # the payload keeps binary as base64, as before
+    assert _payloads(_read(path, key_field="i"))[0]["b"] == "WsO8cmljaA=="
+
+
+@pytest.mark.parametrize(
+    ("column", "typ"),
+    [("dep_delay", "double"), ("price", "decimal128(5, 2)"), ("day", "date32[day]")],
+)
+def test_a_parquet_key_column_without_canonical_text_is_refused_before_publishing(
+    tmp_path: Path, column: str, typ: str
+) -> None:
+    with pytest.raises(InputError) as e:
+        open_records(_parquet(tmp_path / "f.parquet"), key_field=column)
+    msg = str(e.value)
+    assert f"--key-field {column!r} is a Parquet {typ} column" in msg, msg
+    assert "write the column as a string" in msg
+    with pytest.raises(InputError, match=r"^key_field 'day' is a Parquet"):
+        open_records(tmp_path / "f.parquet", key_field="day", python_terms=True)
+
+
+def test_a_parquet_binary_key_that_is_not_utf8_is_refused_naming_the_row(tmp_path: Path) -> None:
+    path = tmp_path / "k.parquet"
+    pq.write_table(pa.table({"b": pa.array([b"ok", b"caf\xe9"], pa.binary())}), path)
+    with pytest.raises(InputError, match=r"row 2: --key-field 'b' value b'caf\\xe9' is binary"):
+        _read(path, key_field="b")
+
+
+def test_rows_in_memory_follow_the_same_rule_in_python_terms():
+    from airflow_nats_ordered.inputs import records_from_rows
+
+    rows = [{"k": 10**22}, {"k": b"caf\xc3\xa9"}, {"k": -1}, {"k": None}]
+    assert [r.key for r in records_from_rows(rows, key_field="k")] == [
+        "10000000000000000000000",
+        "café",
+        "-1",
+        None,
+    ]
+    for bad, why in [
+        (1.0, "1.0 is a floating-point number"),
+        (True, "True is a boolean"),
+        (decimal.Decimal("1"), "is a decimal number"),
+        (dt.datetime(2024, 1, 1), "is a timestamp"),
+        ("k" * 4097, "is 4097 bytes in UTF-8; at most 4096"),
+    ]:
+        with pytest.raises(InputError) as e:
+            list(records_from_rows([{"k": "a"}, {"k": bad}], key_field="k"))
+        assert str(e.value).startswith("record 2: key_field 'k' value "), str(e.value)
+        assert why in str(e.value), str(e.value)

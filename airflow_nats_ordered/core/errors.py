@@ -61,6 +61,24 @@ class InvalidKeyError(RecordError):
         return f"{name} {self.detail}"
 
 
+class KeyTextError(ConfigError):
+    """A record field's value has no canonical key text (a float, decimal, boolean,
+    object, array, date or timestamp), or its text cannot be a key (invalid UTF-8, a lone
+    surrogate, over 4096 UTF-8 bytes): see :func:`~.keys.key_text`.
+
+    ``str(exc)`` names a Python parameter (``key_field value ...``); an adapter words it in
+    its terms with ``exc.message_for("line 3: --key-field 'k' value")``."""
+
+    def __init__(self, detail: str, name: str = "key_field value") -> None:
+        #: the quoted value and what is wrong with it, without the name of the field
+        self.detail = detail
+        super().__init__(self.message_for(name))
+
+    def message_for(self, name: str) -> str:
+        """The refusal, naming ``name`` (a flag, parameter or column) as what to fix."""
+        return f"{name} {self.detail}"
+
+
 class KeyEncodingError(NatsOrderedError, ValueError):
     """A received record's key headers cannot be decoded (invalid base64 or UTF-8 in
     ``Nats-Ordered-Key-B64``, or both key headers set). A worker treats the record as a

@@ -23,6 +23,11 @@ The contract (``docs/protocol.md`` has the worked examples and golden vectors):
 * The partition and the derived msg-id use the key's exact UTF-8 bytes, whichever form
   carried it.
 
+**Key text of a record field** (:func:`key_text`, the same in the CLI, the operator and
+Spark): a string is itself; an integer is its exact decimal digits; UTF-8 binary is its
+text; null, missing or empty is keyless; everything else (floats, decimals, booleans,
+objects, arrays, dates, timestamps) is refused, because its text differs between languages.
+
 This module is the one place that builds or reads the key headers.
 """
 
@@ -30,9 +35,12 @@ from __future__ import annotations
 
 import base64
 import binascii
+import datetime as dt
+import decimal
 from collections.abc import Mapping
+from typing import Any
 
-from .errors import InvalidKeyError, KeyEncodingError
+from .errors import InvalidKeyError, KeyEncodingError, KeyTextError
 
 __all__ = [
     "HDR_KEY",
@@ -40,9 +48,12 @@ __all__ = [
     "MAX_KEY_BYTES",
     "InvalidKeyError",
     "KeyEncodingError",
+    "KeyTextError",
     "is_header_safe",
     "key_header",
+    "key_field_text",
     "key_header_line",
+    "key_text",
     "key_utf8",
     "message_key",
     "quote_key",
@@ -204,3 +215,94 @@ def message_key(headers: Mapping[str, str] | None) -> str | None:
             f"{HDR_KEY_B64} {quote_key(encoded)} decodes to bytes that are not valid UTF-8 "
             f"(byte {exc.start}); a key is text"
         ) from exc
+
+
+# ------------------------------------------------------------------ key text of a field
+
+_TYPE_NAMES: tuple[tuple[type, str], ...] = (
+    (bool, "a boolean"),
+    (float, "a floating-point number"),
+    (decimal.Decimal, "a decimal number"),
+    (dict, "an object"),
+    (list, "an array"),
+    (tuple, "an array"),
+    (dt.datetime, "a timestamp"),
+    (dt.date, "a date"),
+    (dt.time, "a time of day"),
+    (dt.timedelta, "a duration"),
+)
+
+
+def key_text(value: Any) -> str | None:
+    """The canonical key (or msg-id) text of a record field's value; ``None`` (keyless)
+    for a null, missing (None) or empty value. The same rule as Spark's ``write_ordered``,
+    the CLI and the operator, reproducible in any language:
+
+    * a string is itself;
+    * an integer (a JSON number without fraction or exponent, a Parquet/Arrow/Spark
+      integral value, a Python ``int`` but not ``bool``) is its decimal digits, ``-`` for
+      negatives, no ``+``, no leading zeros, exact at any size
+      (``10**22`` -> ``"10000000000000000000000"``);
+    * binary (Parquet/Spark binary, Python ``bytes``) is its bytes, which must be UTF-8;
+    * everything else is refused with :class:`KeyTextError` saying to make the field a
+      string: floating-point and decimal numbers (``1.0``, ``3e-07``: their text differs
+      between languages), booleans, objects, arrays, dates, timestamps.
+
+    Text that cannot be sent (a lone surrogate, invalid UTF-8) is refused the same way;
+    :func:`key_field_text` also refuses keys over :data:`MAX_KEY_BYTES`.
+    """
+    if value is None:
+        return None
+    if isinstance(value, str):
+        if not value:
+            return None
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise KeyTextError(
+                f"{quote_key(value)} is not valid text: it holds a lone surrogate at "
+                f"position {exc.start}; fix the value"
+            ) from None
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        try:
+            return str(value)
+        except ValueError:  # over Python's int-to-text digit limit, far over a key's length
+            raise KeyTextError(
+                f"is an integer of {value.bit_length()} bits, longer than a key may be "
+                f"({MAX_KEY_BYTES} bytes): use a shorter key"
+            ) from None
+    if isinstance(value, bytes | bytearray | memoryview):
+        raw = bytes(value)
+        if not raw:
+            return None
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise KeyTextError(
+                f"{quote_key(raw)} is binary that is not UTF-8 (byte {exc.start}); a key is "
+                "text: make the field a UTF-8 string"
+            ) from None
+    kind = next((n for t, n in _TYPE_NAMES if isinstance(value, t)), None)
+    kind = kind or f"a {type(value).__name__}"
+    shown = repr(value)
+    if len(shown) > _QUOTE:
+        shown = shown[:_QUOTE] + "..."
+    raise KeyTextError(
+        f"{shown} is {kind}; key text must be the same in every language, so only strings, "
+        "integers and UTF-8 binary are keys: make the field a string"
+    )
+
+
+def key_field_text(value: Any) -> str | None:
+    """:func:`key_text` of a key field's value, refusing also text longer than a key may
+    be (:data:`MAX_KEY_BYTES` bytes in UTF-8) with :class:`KeyTextError`."""
+    text = key_text(value)
+    if text is not None:
+        n = len(text.encode("utf-8"))
+        if n > MAX_KEY_BYTES:
+            raise KeyTextError(
+                f"{quote_key(text)} is {n} bytes in UTF-8; at most {MAX_KEY_BYTES}: "
+                "shorten the key (or hash it to a shorter one)"
+            )
+    return text
