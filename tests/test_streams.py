@@ -49,7 +49,8 @@ def test_provision_is_idempotent_and_records_the_contract(shared_nats_server, un
     meta = info.config.metadata
     assert meta[META_PARTITIONS] == "8"
     assert meta["nats-ordered.hash"] == "murmur3_x86_32" and meta["nats-ordered.seed"] == "0"
-    assert info.config.subjects == [f"{unique_name.lower()}.p.*"]
+    # exactly the partition subjects: the server refuses a publish to any other subject
+    assert info.config.subjects == [f"{unique_name.lower()}.p.{p}" for p in range(8)]
     assert info.config.allow_batched is True
     assert info.config.duplicate_window == pytest.approx(3600)
 
