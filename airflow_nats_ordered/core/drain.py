@@ -11,6 +11,11 @@ commit; nothing is polled), so an Airflow trigger can sit on it for hours at no 
 fails fast when a partition is blocked on a poison message (``poison="block"``), because
 waiting longer cannot help, and it raises :class:`DrainTimeoutError` naming the partitions
 still behind when ``timeout`` passes.
+
+Stray messages (stored on subjects that are not partition subjects, see
+:class:`.streams.Strays`) are never read by any worker, so a stream holding them is never
+drained: :attr:`GroupLag.drained` is False and :func:`wait_drained` fails with
+:class:`StrayMessagesError`, which says how to remove them.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from nats.js.kv import KV_DEL, KV_PURGE
 from .errors import ConfigError, NatsOrderedError
 from .group import CommitRecord, GroupState, GroupStore, StreamRecreated
 from .group_admin import live_members
-from .streams import PartitionStats, describe, partition_stats
+from .streams import PartitionStats, Strays, describe, stray_messages, stream_contents
 
 #: seconds between checks of what the server does not push: live members, the stream
 CHECK_EVERY = 2.0
@@ -46,6 +51,15 @@ class DrainTimeoutError(NatsOrderedError):
 class NoMembersError(NatsOrderedError):
     """No member of the group has been alive for the allowed time: nothing is consuming
     the group, so waiting longer cannot help until workers are started."""
+
+
+class StrayMessagesError(NatsOrderedError):
+    """The stream holds messages on subjects that are not partition subjects: no worker
+    reads them, so waiting cannot drain them. ``strays`` says where they are."""
+
+    def __init__(self, strays: Strays) -> None:
+        super().__init__(strays.problem())
+        self.strays = strays
 
 
 class PartitionBlockedError(NatsOrderedError):
@@ -85,11 +99,13 @@ class PartitionLag:
 
 @dataclass(frozen=True)
 class GroupLag:
-    """A group's lag over all partitions; ``drained`` when no partition is behind."""
+    """A group's lag over all partitions; ``drained`` when no partition is behind and the
+    stream holds no stray messages (which no worker ever reads)."""
 
     stream: str
     group: str
     partitions: tuple[PartitionLag, ...]
+    strays: Strays | None = None
 
     @property
     def total_lag(self) -> int:
@@ -97,13 +113,18 @@ class GroupLag:
 
     @property
     def drained(self) -> bool:
-        return all(p.committed >= p.last for p in self.partitions)
+        return not self.strays and all(p.committed >= p.last for p in self.partitions)
 
 
 def group_lag(
-    stream: str, group: str, stats: Sequence[PartitionStats], state: GroupState
+    stream: str,
+    group: str,
+    stats: Sequence[PartitionStats],
+    state: GroupState,
+    strays: Strays | None = None,
 ) -> GroupLag:
-    """The lag of ``group`` from already-read partition stats and a group snapshot."""
+    """The lag of ``group`` from already-read partition stats and a group snapshot (and the
+    stream's strays, read with the stats by :func:`.streams.stream_contents`)."""
     parts = []
     for s in stats:
         c = state.commits.get(s.partition)
@@ -116,15 +137,16 @@ def group_lag(
                 state.blocked.get(s.partition),
             )
         )
-    return GroupLag(stream, group, tuple(parts))
+    return GroupLag(stream, group, tuple(parts), strays)
 
 
 async def read_lag(nc: NATS, stream: str, group: str) -> GroupLag:
-    """Read a group's lag now (raises NatsOrderedError if the group has no state yet)."""
+    """Read a group's lag now, with the stream's strays (raises NatsOrderedError if the
+    group has no state yet)."""
     described = await describe(nc, stream)
     store = await GroupStore.attach(nc, stream, group)
-    stats = await partition_stats(nc, described)
-    return group_lag(stream, group, stats, await store.snapshot())
+    contents = await stream_contents(nc, described)
+    return group_lag(stream, group, contents.partitions, await store.snapshot(), contents.strays)
 
 
 @dataclass(frozen=True)
@@ -166,7 +188,9 @@ async def wait_drained(
     partition's last sequence now. ``timeout`` in seconds (None: no limit). ``on_progress``
     is called with the state once the current commits are known and after every commit.
 
-    Raises :class:`PartitionBlockedError` as soon as a partition still short of its mark is
+    Raises :class:`StrayMessagesError` when the stream holds stray messages (checked at the
+    start, and every :data:`CHECK_EVERY` seconds while the stream still accepts them),
+    :class:`PartitionBlockedError` as soon as a partition still short of its mark is
     blocked on a poison message, :class:`DrainTimeoutError` when ``timeout`` passes,
     :class:`NoMembersError` when ``no_members_timeout`` is set and no member of the group has
     been alive for that long (membership is checked every :data:`CHECK_EVERY` seconds: an
@@ -177,8 +201,11 @@ async def wait_drained(
     t0 = time.monotonic()
     described = await describe(nc, stream)
     store = await GroupStore.attach(nc, stream, group)
+    contents = await stream_contents(nc, described)
+    if contents.strays:
+        raise StrayMessagesError(contents.strays)
     if marks is None:
-        marks = {s.partition: s.last_seq for s in await partition_stats(nc, described)}
+        marks = {s.partition: s.last_seq for s in contents.partitions}
     else:
         marks = {int(p): int(m) for p, m in marks.items()}
         wrong = sorted(p for p in marks if not 0 <= p < described.partitions)
@@ -228,6 +255,10 @@ async def wait_drained(
             if now >= next_check:
                 next_check = now + CHECK_EVERY
                 await store.check_stream()
+                if not described.explicit_subjects:  # a wildcard stream may take new strays
+                    strays = await stray_messages(nc, described)
+                    if strays:
+                        raise StrayMessagesError(strays)
                 if caught_up:  # do not trust one watcher forever: re-read what is behind
                     for p in DrainProgress(marks, committed, 0.0).behind:
                         rec, rev = await store.read_commit(p)
