@@ -1,12 +1,16 @@
-"""``nats-ordered info``: a partitioned stream's per-partition message counts and last sequences."""
+"""``nats-ordered info``: a partitioned stream's per-partition message counts and last
+sequences, and every stray message (stored on a subject that is not a partition subject)."""
 
 from __future__ import annotations
 
 import argparse
 
 from ..core.connection import ConnectionOptions
-from ..core.streams import describe, partition_stats
+from ..core.streams import describe, stream_contents, subjects_text
 from .common import EXIT_OK, Command, connected, format_duration, format_table, print_json
+
+#: stray subjects listed one per row in the table (all of them in --json)
+STRAY_ROWS = 20
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -17,19 +21,22 @@ def configure(p: argparse.ArgumentParser) -> None:
 async def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
     async with connected(options) as nc:
         stream = await describe(nc, args.stream)
-        stats = await partition_stats(nc, stream)
+        contents = await stream_contents(nc, stream)
+    stats, strays = contents.partitions, contents.strays
     if args.json:
         print_json(
             {
                 "stream": stream.name,
                 "partitions": stream.partitions,
                 "prefix": stream.prefix,
+                "subjects": stream.subjects_text,
+                "explicit_subjects": stream.explicit_subjects,
                 "hash": stream.hash_name,
                 "seed": stream.seed,
                 "duplicate_window": stream.duplicate_window,
                 "storage": stream.storage,
                 "replicas": stream.replicas,
-                "messages": sum(s.messages for s in stats),
+                "messages": contents.messages,
                 "partition_stats": [
                     {
                         "partition": s.partition,
@@ -39,20 +46,31 @@ async def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
                     }
                     for s in stats
                 ],
+                "strays": {
+                    "messages": strays.messages,
+                    "subjects": dict(strays.subjects),
+                    "problem": strays.problem() or None,
+                    "purge": strays.purge_commands() if strays else [],
+                },
             }
         )
         return EXIT_OK
+    stray_rows = [("stray", s, n, None) for s, n in list(strays.subjects.items())[:STRAY_ROWS]]
+    if len(strays.subjects) > STRAY_ROWS:
+        rest = list(strays.subjects.values())[STRAY_ROWS:]
+        stray_rows.append(("stray", f"... {len(rest)} more subjects", sum(rest), None))
     print(
         format_table(
             ("partition", "subject", "messages", "last_seq"),
             [(s.partition, s.subject, s.messages, s.last_seq) for s in stats],
             footer=[
+                *stray_rows,
                 (
                     "total",
                     "",
-                    sum(s.messages for s in stats),
+                    contents.messages,
                     max((s.last_seq for s in stats), default=0),
-                )
+                ),
             ],
         )
     )
@@ -63,6 +81,15 @@ async def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
         f"{stream.storage} storage, {stream.replicas} "
         f"replica{'s' if stream.replicas != 1 else ''}"
     )
+    if not stream.explicit_subjects:
+        print(
+            f"subjects {stream.subjects_text}: the stream also stores publishes to subjects "
+            "that are not partitions (as strays); `nats-ordered provision --stream "
+            f"{stream.name} --partitions {stream.partitions}` narrows it to "
+            f"{subjects_text(stream.prefix, stream.partitions)}"
+        )
+    if strays:
+        print(f"problem: {strays.problem()}")
     return EXIT_OK
 
 
@@ -71,4 +98,6 @@ COMMAND = Command(
     "show a partitioned stream: per-partition message counts and last sequences",
     configure,
     run,
+    "Messages stored on subjects that are not partition subjects (strays: no worker reads "
+    "them) are listed after the partitions and counted in the total.",
 )

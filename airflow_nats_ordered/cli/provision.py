@@ -11,9 +11,11 @@ from ..core.streams import (
     DEFAULT_DUPLICATE_WINDOW,
     PartitionedStream,
     ProvisionResult,
+    Strays,
     StreamSpec,
     describe,
     provision,
+    purge_strays,
 )
 from .common import (
     EXIT_OK,
@@ -75,6 +77,13 @@ def configure(p: argparse.ArgumentParser) -> None:
         f"than your slowest rerun (default {format_duration(DEFAULT_DUPLICATE_WINDOW)})",
     )
     p.add_argument("--description", metavar="TEXT", help="stream description")
+    p.add_argument(
+        "--purge-strays",
+        action="store_true",
+        help="remove the stray messages the stream holds (stored on subjects that are not "
+        "partition subjects, before it was narrowed; no worker reads them). Deletes them: "
+        "republish what you need first",
+    )
     p.add_argument("--json", action="store_true", help="print the result as a JSON object")
 
 
@@ -135,7 +144,7 @@ def _stream_facts(stream: PartitionedStream) -> dict[str, Any]:
 def _describe_stream(stream: PartitionedStream) -> str:
     cfg = stream.config
     bits = [
-        f"{stream.partitions} partitions on {stream.prefix}.p.*",
+        f"{stream.partitions} partitions on {stream.subjects_text}",
         f"{stream.storage} storage",
         f"{stream.replicas} replica{'s' if stream.replicas != 1 else ''}",
         f"duplicate window {format_duration(stream.duplicate_window)}",
@@ -159,15 +168,37 @@ async def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
             current = None
         spec = _spec_from_args(args, current)
         result: ProvisionResult = await provision(nc, spec)
+        strays = result.strays or Strays(spec.name, spec.partitions)
+        purged = await purge_strays(nc, result.stream) if args.purge_strays and strays else None
     s = result.stream
     if args.json:
-        print_json({"action": result.action, **_stream_facts(s), "changes": list(result.changes)})
-    elif result.action == "created":
+        print_json(
+            {
+                "action": result.action,
+                **_stream_facts(s),
+                "changes": list(result.changes),
+                "narrowed": result.narrowed,
+                "strays": {
+                    "messages": 0 if purged else strays.messages,
+                    "subjects": {} if purged else dict(strays.subjects),
+                    "purged": purged.messages if purged else 0,
+                },
+            }
+        )
+        return EXIT_OK
+    if result.action == "created":
         print(f"created stream {s.name}: {_describe_stream(s)}")
     elif result.action == "updated":
         print(f"updated stream {s.name}: {'; '.join(result.changes)}")
     else:
         print(f"stream {s.name} unchanged: {_describe_stream(s)}")
+    if purged:
+        print(
+            f"purged {purged.messages} stray message(s) from {len(purged.subjects)} subject(s): "
+            + ", ".join(purged.subjects)
+        )
+    elif strays:
+        print(f"problem: {strays.problem()}")
     return EXIT_OK
 
 
@@ -177,6 +208,10 @@ COMMAND = Command(
     configure,
     run,
     "Idempotent: running it again changes nothing. Flags left out keep the existing "
-    "stream's values (defaults when creating). The partition count, subject prefix and "
-    "storage cannot change in place; asking for other values is an error (exit 2).",
+    "stream's values (defaults when creating). The stream's subjects are exactly its "
+    "partition subjects <prefix>.p.0 ... <prefix>.p.<N-1>, so the server refuses a publish "
+    "to any other subject; a stream created with the old wildcard <prefix>.p.* is narrowed "
+    "in place (messages it stored on other subjects stay, as strays, until --purge-strays). "
+    "The partition count, subject prefix and storage cannot change in place; asking for "
+    "other values is an error (exit 2).",
 )

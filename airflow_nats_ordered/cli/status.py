@@ -23,13 +23,14 @@ from ..core.drain import (
     DrainProgress,
     DrainTimeoutError,
     PartitionBlockedError,
+    StrayMessagesError,
     group_lag,
     wait_drained,
 )
 from ..core.errors import ConfigError, NatsOrderedError
 from ..core.group import GroupStore
 from ..core.group_admin import dead_letters
-from ..core.streams import describe, partition_stats
+from ..core.streams import describe, stream_contents
 from .common import (
     EXIT_FAILED,
     EXIT_INCOMPLETE,
@@ -56,7 +57,8 @@ def configure(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="first wait until every partition's committed position reaches its last "
         "sequence as of now (progress on stderr), then show the status; exit 1 on "
-        "--timeout, 3 as soon as a partition is blocked on a poison message",
+        "--timeout, 3 as soon as a partition is blocked on a poison message or when the "
+        "stream holds stray messages (on subjects no worker reads)",
     )
     p.add_argument(
         "--watch",
@@ -81,11 +83,12 @@ def configure(p: argparse.ArgumentParser) -> None:
 async def _read(nc: NATS, stream_name: str, group: str) -> dict[str, Any]:
     """The status as a JSON-safe dict (the ``--json`` output)."""
     stream = await describe(nc, stream_name)
-    stats = await partition_stats(nc, stream)
+    contents = await stream_contents(nc, stream)
     store = await GroupStore.attach(nc, stream_name, group)
     snap = await store.snapshot()
     dlq = await dead_letters(nc, stream_name, group)
-    lag = group_lag(stream_name, group, stats, snap)
+    strays = contents.strays
+    lag = group_lag(stream_name, group, contents.partitions, snap, strays)
     generation = None
     if snap.assignment:
         generation = Assignment.from_json(snap.assignment).generation
@@ -129,7 +132,12 @@ async def _read(nc: NATS, stream_name: str, group: str) -> dict[str, Any]:
             "messages": dlq.messages,
             "exists": dlq.exists,
         },
-        "problems": list(snap.problems),
+        "strays": {
+            "messages": strays.messages,
+            "subjects": dict(strays.subjects),
+            "purge": strays.purge_commands() if strays else [],
+        },
+        "problems": list(snap.problems) + ([strays.problem()] if strays else []),
     }
 
 
@@ -176,6 +184,11 @@ def _print_table(out: dict[str, Any]) -> None:
         print(f"dead letters: {dlq['messages']:,} in stream {dlq['stream']} ({dlq['subjects']})")
     else:
         print(f"dead letters: none (stream {dlq['stream']} does not exist)")
+    strays = out["strays"]
+    if strays["messages"]:
+        shown = ", ".join(f"{s} ({n})" for s, n in list(strays["subjects"].items())[:5])
+        more = ", ..." if len(strays["subjects"]) > 5 else ""
+        print(f"strays: {strays['messages']:,} never read by any worker: {shown}{more}")
     if out["problems"]:
         print("problems:")
         for problem in out["problems"]:
@@ -313,6 +326,9 @@ async def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
                     f"{len(exc.behind)} partition(s) behind (see the table); check that its "
                     "workers run and make progress, or raise --timeout"
                 )
+            except StrayMessagesError as exc:
+                code = EXIT_FAILED
+                failure = str(exc)
             except PartitionBlockedError as exc:
                 code = EXIT_FAILED
                 failure = (
