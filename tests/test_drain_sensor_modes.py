@@ -28,8 +28,8 @@ from airflow_nats_ordered.sensors.drain import NatsGroupDrainSensor
 
 with DAG(dag_id="{dag_id}", schedule=None, start_date=dt.datetime(2024, 1, 1)) as dag:
     NatsGroupDrainSensor(
-        task_id="drained", stream="{stream}", group="g", deferrable=False, mode="{mode}",
-        poke_interval={poke_interval}, timeout=90,
+        task_id="drained", stream="{stream}", group="g", deferrable={deferrable},
+        mode="{mode}", poke_interval={poke_interval}, timeout=90,
     )
 """
 
@@ -143,14 +143,19 @@ class Helper(threading.Thread):
 
 
 def _run_with_late_messages(
-    url: str, stream: str, mode: str, marks_resolved: Callable[[str], bool]
+    url: str,
+    stream: str,
+    mode: str,
+    marks_resolved: Callable[[str], bool],
+    deferrable: bool = False,
 ) -> tuple[dict, dict, PausedAfter, list[BackgroundPool]]:
     """A DAG run of the sensor: once ``marks_resolved(dag_id)``, AFTER more records are
     published and a worker pool starts that pauses on them. Returns the task states, the
     sensor's XCom, the handler and the pool (to stop)."""
     handler = PausedAfter()
     pools: list[BackgroundPool] = []
-    with dag_file(SENSOR, stream=stream, mode=mode, poke_interval=1) as dag:
+    source = SENSOR.replace("{deferrable}", str(deferrable))
+    with dag_file(source, stream=stream, mode=mode, poke_interval=1) as dag:
 
         def between_pokes() -> None:
             _wait_for("the sensor's first poke", lambda: marks_resolved(dag.dag_id))
@@ -213,6 +218,66 @@ def test_poke_mode_waits_for_the_marks_of_its_first_poke_not_later_messages(
         _stop(pools)
 
 
+def test_deferrable_mode_waits_for_the_marks_of_its_first_poke_not_later_messages(
+    nats_url, unique_name, monkeypatch
+):
+    """The trigger gets the marks the first poke resolved, never "now"."""
+    monkeypatch.setenv("AIRFLOW_CONN_NATS_DEFAULT", nats_connection(nats_url))
+    first = _setup(nats_url, unique_name)
+    states, xcom, handler, pools = _run_with_late_messages(
+        nats_url,
+        unique_name,
+        "poke",
+        lambda dag_id: _kept_marks(dag_id) is not None,
+        deferrable=True,
+    )
+    try:
+        assert states == {"drained": "success"}, states
+        assert xcom["status"] == "success" and xcom["marks"] == first, (xcom, first)
+        assert _last_seqs(nats_url, unique_name) != first, "no message came after the marks"
+        assert sorted(handler.seen_when_done) == list(range(BEFORE)), "drained too early"
+    finally:
+        _stop(pools)
+
+
+def test_a_rescheduled_poke_that_lost_its_kept_marks_fails_instead_of_taking_new_ones(
+    nats_url, unique_name, monkeypatch, capfd
+):
+    """If the record of the first poke is gone (deleted, expired), a later poke of the same
+    try cannot know its marks: resolving "now" again would wait for later messages, so it
+    fails and says that a new try resolves fresh marks."""
+    from airflow.models.task_state_store import TaskStateStoreModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import delete
+
+    monkeypatch.setenv("AIRFLOW_CONN_NATS_DEFAULT", nats_connection(nats_url))
+    _setup(nats_url, unique_name)
+    source = SENSOR.replace("{deferrable}", "False")
+    with dag_file(source, stream=unique_name, mode="reschedule", poke_interval=1) as dag:
+
+        def lose_the_record() -> None:
+            _wait_for("the sensor's first poke", lambda: _reschedules(dag.dag_id) >= 1)
+            with create_session() as session:
+                session.execute(
+                    delete(TaskStateStoreModel).where(
+                        TaskStateStoreModel.dag_id == dag.dag_id,
+                        TaskStateStoreModel.key == MARKS_KEY,
+                    )
+                )
+            _publish(nats_url, unique_name, BEFORE, AFTER)
+
+        helper = Helper(lose_the_record)
+        helper.start()
+        try:
+            run = dag.test()
+        finally:
+            helper.finish()
+    out = capfd.readouterr()
+    assert task_states(run) == {"drained": "failed"}, task_states(run)
+    assert "are gone from its task state store" in out.out + out.err
+    assert _kept_marks(dag.dag_id) is None, "a later poke resolved and kept new marks"
+
+
 def _clear_when_rescheduled(dag_id: str) -> bool:
     """Clear the sensor (a new try) if it is waiting for its next poke; False if it is not
     (it is poking now: try again)."""
@@ -241,7 +306,8 @@ def test_a_cleared_sensor_resolves_fresh_marks_in_its_new_try(nats_url, unique_n
     handler = PausedAfter()
     handler.release()  # the new try waits for the later messages too: process everything
     pools: list[BackgroundPool] = []
-    with dag_file(SENSOR, stream=unique_name, mode="reschedule", poke_interval=1) as dag:
+    source = SENSOR.replace("{deferrable}", "False")
+    with dag_file(source, stream=unique_name, mode="reschedule", poke_interval=1) as dag:
         kept_by_try_1: list[dict] = []
 
         def clear_between_pokes() -> None:
