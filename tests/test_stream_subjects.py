@@ -119,9 +119,9 @@ def test_provision_at_the_partition_limit_takes_every_subject_and_refuses_the_ne
         return res, last, past, await provision(nc, StreamSpec(unique_name, MAX_PARTITIONS))
 
     res, last, past, again = run(_with_nc(nats_server.url, go))
+    assert (last, past) == ("ack", "refused")
     assert res.action == "created" and res.stream.explicit_subjects
     assert len(res.stream.config.subjects) == MAX_PARTITIONS
-    assert (last, past) == ("ack", "refused")
     assert again.action == "unchanged" and not again.strays
 
 
