@@ -57,10 +57,11 @@ class TryMarks:
       XCom key of the task instance to delete whenever it starts running other than a
       resume from deferral (``xcom_keys_to_clear``), so a reschedule wipes what an earlier
       poke pushed.
-    * "marks as of the first poke's time" (``get_first_reschedule_date``) is not exact: it
-      is the time the task process started, on Airflow's clock, while a message's time is
-      the NATS server's; no reading by time can promise to leave out every record stored
-      after the first poke read the stream.
+    * "marks as of the first poke's time" is not exact: ``ti.get_first_reschedule_date()``
+      is the start of the try's first task run (the first ``task_reschedule`` row), on the
+      Airflow worker's clock, not the moment the poke read the stream, while a message's
+      time is set by the NATS server's clock; no reading by time can promise to leave out
+      every record stored after the first poke read the stream.
     * the task state store lives in the metadata DB (or the configured state backend),
       scoped to dag/run/task/map index, is not cleared by reschedules, retries or clears,
       and survives any process restart. It is not scoped to a try, so the record carries
@@ -72,8 +73,10 @@ class TryMarks:
     they never include a record stored after that read; every later poke of the try (same
     process or not) waits for exactly those marks; a new try (retry, clear, a new DAG run)
     resolves fresh ones. The record is written before the first poke checks the group, so
-    a try that was rescheduled always has one; if it is gone (deleted through the API or
-    expired) the poke fails instead of quietly taking newer marks.
+    a try that was rescheduled always has one; it is kept past the sensor's ``timeout``
+    (see :meth:`NatsGroupDrainSensor._keep_for`), whatever ``[state_store]
+    default_retention_days`` says. If it is gone anyway (deleted through the API) the poke
+    fails instead of quietly taking newer marks.
     """
 
     store: Any  # TaskStateStoreAccessor
@@ -153,6 +156,7 @@ class NatsGroupDrainSensor(BaseSensorOperator):
         self.nats_conn_id = nats_conn_id
         self.deferrable = deferrable
         self._marks: dict[str, int] | None = None
+        self._marks_try: str | None = None  # the task instance id (try) they belong to
         self._resolved_at: float | None = None
 
     def _timeout_seconds(self) -> float:
@@ -173,14 +177,16 @@ class NatsGroupDrainSensor(BaseSensorOperator):
         return f"run {self.run}" if self.run is not None else "now"
 
     def _resolve(self, hook: NatsHook, context: Mapping[str, Any]) -> dict[str, int]:
-        if self._marks is not None:
+        keeper = TryMarks.of(context)
+        this_try = keeper.ti_id if keeper is not None else None
+        if self._marks is not None and self._marks_try == this_try:
             return self._marks
+        self._marks_try = this_try
         if self.run is None:
             given = resolve_marks(self.high_water_marks)
             if given is not None:
                 self._marks, self._resolved_at = given, time.time()
                 return given
-        keeper = TryMarks.of(context)
         if keeper is not None:
             kept = keeper.load()
             if kept is not None:

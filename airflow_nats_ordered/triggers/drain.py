@@ -30,8 +30,9 @@ class NatsGroupDrainTrigger(BaseTrigger):
     or ``{"status": "error", "reason": "blocked" | "no_members" | "timeout" | "error",
     "message": ...}``; the sensor turns an error into a task failure with the message.
 
-    ``marks``: partition (as text, JSON keys) -> stream sequence; concrete, never "now"
-    (the sensor resolves that before deferring, so a triggerer restart does not move them).
+    ``marks``: partition (as text, JSON keys) -> stream sequence; concrete, never "now":
+    the marks the sensor's try resolved at its first poke, before deferring, so neither a
+    triggerer restart nor messages published while it waits move them.
     ``timeout``: seconds from ``started`` (epoch), so a restarted trigger keeps the deadline.
     ``no_members_timeout``: fail when no member of the group has been alive this long.
     """
