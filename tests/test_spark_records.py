@@ -105,3 +105,28 @@ def test_keyless_rows_are_not_order_checked_and_reach_the_publisher_to_be_refuse
     maker = BatchRecords(_options(orderBy="ts"), ["k", "ts"], 2, "t")
     recs = _records(maker, [{"k": None, "ts": 9}, {"k": "x", "ts": 1}, {"k": None, "ts": 0}])
     assert [r.key for r in recs] == [None, "x", None] and recs[2].where == "t, row 2"
+
+
+def test_integral_keys_are_their_decimal_text_and_route_like_it():
+    """The canonical key-text rule in a task: an integer key is published as its exact
+    decimal digits, on the partition of that text; write_ordered's key-text column is not
+    part of the payload."""
+    from airflow_nats_ordered.core.partitioning import partition_for
+
+    keys = [9223372036854775807, -9223372036854775808, -5, 0, None]
+    batch = pa.RecordBatch.from_pydict({"k": pa.array(keys, pa.int64()), "v": [1, 2, 3, 4, 5]})
+    recs = BatchRecords(_options(), ["k", "v"], 8, "t").records(batch)
+    texts = [None if k is None else str(k) for k in keys]
+    assert [r.key for r in recs] == texts
+    from airflow_nats_ordered.spark.routing import partitions_of
+
+    assert partitions_of(batch.column("k"), 8).to_pylist() == [
+        None if t is None else partition_for(t, 8) for t in texts
+    ]
+    hidden = pa.RecordBatch.from_pydict(
+        {"k": pa.array([42], pa.int32()), "nats_key": ["42"], "v": [1]}
+    )
+    (rec,) = BatchRecords(_options(keyColumn="nats_key"), ["k", "nats_key", "v"], 8, "t").records(
+        hidden
+    )
+    assert rec.key == "42" and json.loads(rec.payload) == {"k": 42, "v": 1}

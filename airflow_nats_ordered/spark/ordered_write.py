@@ -12,7 +12,7 @@ from ..core.errors import ConfigError
 from ..core.runs import RunLedger, RunRecord
 from .datasource import NAME, _on_nats, register
 from .options import CONNECTION_OPTIONS, SinkOptions
-from .routing import route
+from .routing import KEY_TEXT_COLUMN, check_key_column, is_integral_key, route
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -45,8 +45,21 @@ def write_ordered(
     a snapshot): the same id on every retry or re-submit of it, a new id for new input.
     ``connection``: non-secret connection options (``url``, ``user``, ``tlsCa``, ...);
     secrets come from the ``NATS_*`` environment. Raises if the run ends partial.
+
+    ``key`` (and ``msg_id_column``) must be a string, UTF-8 binary or integral column; an
+    integral key is published (and routed) as its exact decimal text, the canonical key
+    text of ``core/keys.py``. Other column types are refused before any job runs.
     """
     order = [c.strip() for c in order_by.split(",")] if isinstance(order_by, str) else order_by
+    check_key_column(df, key)
+    if msg_id_column:
+        check_key_column(df, msg_id_column, "msg_id_column")
+    integral = is_integral_key(df, key)
+    if integral and KEY_TEXT_COLUMN in df.columns:
+        raise ConfigError(
+            f"column {KEY_TEXT_COLUMN!r} is reserved for the text of an integral key column; "
+            "rename it"
+        )
     extra = {str(k): str(v) for k, v in (connection or {}).items()}
     bad = sorted(k for k in extra if k.lower() not in CONNECTION_OPTIONS)
     if bad:
@@ -83,6 +96,13 @@ def write_ordered(
     routed = route(
         df, key=key, partitions=partitions, order_by=order, tie_breaker=tie_breaker, tasks=tasks
     )
+    if integral:
+        # the sink publishes the key's canonical text (exact decimal digits, as Spark's
+        # cast of an integral column gives), from a column left out of the payload
+        from pyspark.sql import functions as F
+
+        routed = routed.withColumn(KEY_TEXT_COLUMN, F.col(key).cast("string"))
+        spark_options["keyColumn"] = KEY_TEXT_COLUMN
     register(df.sparkSession)
     routed.write.format(NAME).options(**spark_options).mode("append").save()
 

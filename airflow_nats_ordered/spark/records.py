@@ -3,8 +3,10 @@
 * payload: the ``value`` column (string or binary) when there is one, else the row as compact
   JSON (every column but ``nats_partition`` and ``headers``; timestamps and dates in ISO 8601,
   decimals as strings, binary as base64), the same bytes on every attempt;
-* key: the key column's text; a null or empty key is left to the publisher, which refuses it
-  (counted, reported, never dropped silently);
+* key: the key column's canonical text (strings and binary as they are, integers as exact
+  decimal digits: :func:`~.routing.key_values`); a null or empty key is left to the
+  publisher, which refuses it (counted, reported, never dropped silently), as it refuses a
+  key that is not UTF-8 or longer than 4096 bytes;
 * the declared order (``orderBy``) is checked per NATS partition, one whole batch before any
   of its rows is handed to the publisher: a task that receives rows of a partition out of
   order fails with :class:`DisorderError` having sent only rows that were in order.
@@ -21,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.errors import NatsOrderedError
 from .options import HEADERS_COLUMN, PARTITION_COLUMN, VALUE_COLUMN, SinkOptions
-from .routing import partitions_of
+from .routing import KEY_TEXT_COLUMN, key_values, partitions_of
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -180,7 +182,10 @@ class BatchRecords:
         self.routed = PARTITION_COLUMN in schema_names
         self.has_value = VALUE_COLUMN in schema_names
         self.has_headers = HEADERS_COLUMN in schema_names
-        self.json_columns = [c for c in schema_names if c not in (PARTITION_COLUMN, HEADERS_COLUMN)]
+        hidden = {PARTITION_COLUMN, HEADERS_COLUMN}
+        if options.key_column == KEY_TEXT_COLUMN:
+            hidden.add(KEY_TEXT_COLUMN)  # write_ordered's text of an integral key column
+        self.json_columns = [c for c in schema_names if c not in hidden]
         self.rows = 0
 
     def records(self, batch: pa.RecordBatch) -> list[SparkRecord]:
@@ -215,6 +220,6 @@ class BatchRecords:
         return [
             SparkRecord(k, data, None if mid is None else str(mid), hdr, task, first + i)
             for i, (k, data, mid, hdr) in enumerate(
-                zip(keys.to_pylist(), payloads, ids, headers, strict=True)
+                zip(key_values(keys), payloads, ids, headers, strict=True)
             )
         ]

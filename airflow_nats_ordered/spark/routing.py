@@ -9,6 +9,12 @@ time (an Arrow UDF: one JVM/Python exchange per batch, not per row).
 (partition, order columns, a deterministic tie-breaker): one task publishes a whole
 partition, in order, and a row's position in its partition does not depend on Spark's
 physical partitioning or on the attempt.
+
+Key columns follow the canonical key-text rule (:func:`~..core.keys.key_text`): string
+columns are their text, integral columns (byte/short/int/long) their exact decimal digits
+(so an integral key routes exactly like its decimal text), binary columns their UTF-8 text;
+float/double/decimal/boolean/date/timestamp and nested key columns are refused before any
+job runs, naming the cast to use.
 """
 
 from __future__ import annotations
@@ -25,12 +31,29 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
 
+#: the column :func:`~.ordered_write.write_ordered` adds with the text of an integral key
+#: column (the sink publishes that text as the key; the column is not in the payload)
+KEY_TEXT_COLUMN = "nats_key"
+
+
+def key_values(keys: pa.Array) -> list[str | bytes | None]:
+    """The keys of an Arrow key column as the publisher takes them: strings and binary as
+    they are, integers as their exact decimal text (the canonical key-text rule)."""
+    import pyarrow as pa
+
+    values = keys.to_pylist()
+    if pa.types.is_integer(keys.type):
+        return [None if v is None else str(v) for v in values]
+    return values
+
+
 def partitions_of(keys: pa.Array, partitions: int) -> pa.Array:
-    """``partition_for`` over an Arrow array of string or binary keys (null stays null)."""
+    """``partition_for`` over an Arrow array of string, binary or integer keys (null stays
+    null; an integer is hashed as its decimal text)."""
     import pyarrow as pa
 
     return pa.array(
-        [None if k is None else partition_for(k, partitions) for k in keys.to_pylist()],
+        [None if k is None else partition_for(k, partitions) for k in key_values(keys)],
         pa.int32(),
     )
 
@@ -50,20 +73,37 @@ def partition_column(key: str | Column, partitions: int) -> Column:
     return udf(F.col(key) if isinstance(key, str) else key)
 
 
-def check_key_column(df: DataFrame, key: str) -> None:
-    """A key column must be string or binary: the partition and the ``Nats-Ordered-Key``
-    header are computed from its bytes, and any other type has no single text form."""
-    from pyspark.sql.types import BinaryType, StringType
+def is_integral_key(df: DataFrame, key: str) -> bool:
+    """True if ``key`` is an integral column (its key text is its decimal digits)."""
+    from pyspark.sql.types import ByteType, IntegerType, LongType, ShortType
+
+    return isinstance(df.schema[key].dataType, ByteType | ShortType | IntegerType | LongType)
+
+
+def check_key_column(df: DataFrame, key: str, what: str = "key column") -> None:
+    """A key column must be string, binary (UTF-8) or integral (byte/short/int/long): the
+    types with one key text in every language. Any other type is refused, naming the cast
+    that gives Spark's own spelling if that is really wanted."""
+    from pyspark.sql.types import (
+        BinaryType,
+        ByteType,
+        IntegerType,
+        LongType,
+        ShortType,
+        StringType,
+    )
 
     fields = {f.name: f for f in df.schema.fields}
     if key not in fields:
+        raise ConfigError(f"{what} {key!r} is not in the DataFrame (columns: {', '.join(fields)})")
+    typ = fields[key].dataType
+    if not isinstance(typ, StringType | BinaryType | ByteType | ShortType | IntegerType | LongType):
         raise ConfigError(
-            f"key column {key!r} is not in the DataFrame (columns: {', '.join(fields)})"
-        )
-    if not isinstance(fields[key].dataType, StringType | BinaryType):
-        raise ConfigError(
-            f"key column {key!r} is {fields[key].dataType.simpleString()}; keys are hashed as "
-            f"text: cast it first, e.g. df.withColumn({key!r}, F.col({key!r}).cast('string'))"
+            f"{what} {key!r} is {typ.simpleString()}; key text must be the same in every "
+            "language, so only string, integral (byte/short/int/long) and UTF-8 binary "
+            "columns are keys. Make it one of those; if Spark's own text of the value is "
+            f"what you want, cast it first: df.withColumn({key!r}, "
+            f"F.col({key!r}).cast('string'))"
         )
 
 
