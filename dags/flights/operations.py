@@ -20,6 +20,7 @@ from typing import Any
 
 from airflow.sdk import DAG, Asset, AssetWatcher, task
 
+from airflow_nats_ordered.core.keys import KeyEncodingError, message_key
 from airflow_nats_ordered.operators.group import NatsRebalanceOperator
 from airflow_nats_ordered.triggers.messages import dead_letter_trigger
 from flights.settings import FlightsSettings
@@ -65,12 +66,16 @@ def describe_dead_letter(payload: Mapping[str, Any]) -> dict[str, Any]:
     data = payload.get("data", "")
     if payload.get("data_encoding") == "base64":
         data = base64.b64decode(data).decode("utf-8", "replace")
+    try:
+        key = message_key(headers)  # byte-exact, whichever header form carried it
+    except KeyEncodingError as exc:  # why such a record was dead-lettered
+        key = f"(malformed key: {exc})"
     return {
         "dlq_subject": payload.get("subject"),
         "dlq_seq": payload.get("stream_seq"),
         "error": headers.get("Nats-Ordered-Error", "?"),
         "origin": json.loads(headers.get("Nats-Ordered-Origin", "{}")),
-        "key": headers.get("Nats-Ordered-Key"),
+        "key": key,
         "headers": headers,
         "data": data,
     }
