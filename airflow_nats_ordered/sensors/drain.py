@@ -203,8 +203,8 @@ class NatsGroupDrainSensor(BaseSensorOperator):
             if keeper.rescheduled:
                 raise AirflowException(
                     f"the marks try {keeper.try_number} of this sensor resolved at its first "
-                    f"poke are gone from its task state store (key {MARKS_KEY!r}: deleted, or "
-                    "expired under [state_store] default_retention_days); resolving them "
+                    f"poke are gone from its task state store (key {MARKS_KEY!r}: deleted through "
+                    "the API or a state store cleanup); resolving them "
                     "again would also wait for messages published since. A retry or a clear "
                     "of the task starts a new try, which resolves fresh marks"
                 )
