@@ -47,3 +47,21 @@ def test_an_undecodable_key_header_is_a_malformed_key():
     key, why = route_key({"Nats-Ordered-Key": "b64:%%%"}, 0, 4, decode=decode)
     assert key is None
     assert why == "malformed key: the key header cannot be decoded (bad base64 in key header)"
+
+
+def test_an_encoded_key_is_checked_byte_exact():
+    import base64
+
+    from airflow_nats_ordered.core.keys import HDR_KEY_B64
+
+    k = next(k for k in (f" lead-{i}\u3000" for i in range(1000)) if partition_for(k, 8) == 5)
+    assert partition_for(k.strip(), 8) != 5  # the trimmed key would be misrouted
+    encoded = {HDR_KEY_B64: base64.b64encode(k.encode()).decode()}
+    assert route_key(encoded, 5, 8) == (k, None)
+
+
+def test_both_key_headers_or_bad_base64_are_a_malformed_key_with_the_real_decoder():
+    key, why = route_key({"Nats-Ordered-Key": "a", "Nats-Ordered-Key-B64": "YQ=="}, 0, 4)
+    assert key is None and why.startswith("malformed key:") and "both" in why
+    _, why = route_key({"Nats-Ordered-Key-B64": "%%%"}, 0, 4)
+    assert why.startswith("malformed key:") and "not valid base64" in why

@@ -10,7 +10,11 @@ which live on another partition. It is rejected instead and follows the poison p
 
 * ``misrouted``: its key hashes to another partition;
 * ``keyless``: it has no key but the stream requires keys;
-* ``malformed key``: its key header cannot be decoded.
+* ``malformed key``: its key header cannot be decoded (``Nats-Ordered-Key-B64`` not
+  canonical base64 of UTF-8, or both key headers set: :class:`~.errors.KeyEncodingError`).
+
+The key is compared byte-exact, whichever header form carried it: a key with blanks,
+non-ASCII or control characters travels base64-encoded and hashes as published.
 
 Cost: one header lookup and one murmur3 hash of the key per record (well under a
 microsecond for keys of ordinary length).
@@ -51,7 +55,8 @@ def route_key(
     if key is None:
         if keys_required:
             return None, (
-                "keyless: the record has no key (no Nats-Ordered-Key header) but the stream "
+                "keyless: the record has no key (neither Nats-Ordered-Key nor "
+                "Nats-Ordered-Key-B64) but the stream "
                 "requires one; publish it with a key"
             )
         return None, None
