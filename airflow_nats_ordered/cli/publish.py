@@ -49,7 +49,12 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--key-field",
         metavar="F",
-        help="column holding each record's partition key (required unless --allow-keyless)",
+        help=(
+            "column holding each record's partition key (required unless --allow-keyless): "
+            "a string is used exactly as written, an integer as its decimal digits, UTF-8 "
+            "binary as its text; other values (floats, booleans, dates, ...) are refused: "
+            "write the key as a string. At most 4096 bytes in UTF-8"
+        ),
     )
     p.add_argument(
         "--order-by",
