@@ -427,11 +427,8 @@ async def provision(nc: NATS, spec: StreamSpec) -> ProvisionResult:
             f"stream {spec.name} uses {current.storage} storage but {spec.storage} was "
             "requested; storage cannot change in place"
         )
-    foreign = [
-        s
-        for s in info.config.subjects or []
-        if s not in set(spec.subjects) | {partition_wildcard(spec.prefix)}
-    ]
+    allowed = {*spec.subjects, partition_wildcard(spec.prefix)}
+    foreign = [s for s in info.config.subjects or [] if s not in allowed]
     if foreign and not problems:
         problems.append(
             f"stream {spec.name} also takes subjects that are not partition subjects: "
@@ -449,10 +446,12 @@ async def provision(nc: NATS, spec: StreamSpec) -> ProvisionResult:
     changes = [f"{f}: {_fmt(a)} -> {_fmt(b)}" for f, a, b in _safe_changes(spec, info.config)]
     narrowed = not current.explicit_subjects
     if narrowed:
+        was = info.config.subjects or []
+        how = "narrowed" if partition_wildcard(spec.prefix) in was else "set"
         changes.insert(
             0,
-            f"subjects: {', '.join(info.config.subjects or []) or '(none)'} -> "
-            f"{subjects_text(spec.prefix, spec.partitions)} (narrowed: the server now refuses "
+            f"subjects: {', '.join(was[:3]) or '(none)'}{', ...' if len(was) > 3 else ''} -> "
+            f"{subjects_text(spec.prefix, spec.partitions)} ({how}: the server now refuses "
             "publishes to any other subject)",
         )
     if not changes:
