@@ -279,3 +279,31 @@ def test_provision_refuses_to_drop_subjects_that_are_not_partitions(
 
     with pytest.raises(StreamConflictError, match=rf"{unique_name.lower()}\.audit.*run it again"):
         run(_with_nc(shared_nats_server.url, go))
+
+
+def test_the_drain_trigger_fails_on_strays_naming_them(
+    shared_nats_server: Any, unique_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The deferred sensor's wait (the trigger, in the triggerer) ends with an error event
+    that names the strays, which the sensor turns into a task failure."""
+    from airflow_dags import nats_connection
+
+    from airflow_nats_ordered.triggers.drain import NatsGroupDrainTrigger
+
+    url = shared_nats_server.url
+    monkeypatch.setenv("AIRFLOW_CONN_NATS_DEFAULT", nats_connection(url))
+
+    async def setup(nc: Any) -> None:
+        prefix = await _old_wildcard_stream(nc, unique_name)
+        assert await _foreign_publish(nc, f"{prefix}.p.0") == "ack"
+        assert await _foreign_publish(nc, f"{prefix}.p.4") == "ack"
+
+    async def events() -> list[Any]:
+        trigger = NatsGroupDrainTrigger(stream=unique_name, group="g", marks={"0": 1}, timeout=60)
+        return [e async for e in trigger.run()]
+
+    run(_with_nc(url, setup))
+    (event,) = run(events())
+    assert event.payload["status"] == "error", event.payload
+    assert f"{unique_name.lower()}.p.4 (1)" in event.payload["message"]
+    assert "--purge-strays" in event.payload["message"]
