@@ -3,7 +3,7 @@
 Use it in an ``AssetWatcher``, directly or as ``MessageQueueTrigger(scheme="nats", ...)``::
 
     Asset("orders", watchers=[AssetWatcher(name="orders", trigger=MessageQueueTrigger(
-        scheme="nats", stream="ORDERS", subject="orders.p.>", durable="airflow-orders"))])
+        scheme="nats", stream="ORDERS", subject="orders.p.>"))])
 
 **Guarantee: at-least-once into asset events.** Every message stored in the stream (and
 matching ``subject``) becomes at least one asset event; a message is acknowledged to
@@ -18,14 +18,35 @@ explicit-ack pull consumer and hands every message to the triggerer without
 acknowledging it; Airflow calls :meth:`NatsMessageProducer.advance` once the asset
 events are persisted, and only there is the message acked (confirmed by the server),
 terminated (rejected by a subscriber) or nak'ed (failed: redelivered). Triggers with
-the same connection, stream, durable and subject share one consumer and one
-connection; a message is acked only when every one of them has stored its event.
+exactly the same arguments share one consumer and one connection; a message is acked
+only when every one of them has stored its event.
 
 The durable consumer is the cursor: it survives triggerer restarts and is created on
 first use (``deliver_policy`` decides where a *new* consumer starts). Messages handed
 over but not yet advanced are kept alive with in-progress acks, so JetStream does not
 redeliver them while Airflow persists; after a crash they come back ``ack_wait``
 seconds later.
+
+**Guarantee: every watcher gets every message, on any number of triggerers.** Airflow
+stores one Trigger row per distinct set of trigger arguments (watchers with identical
+arguments share the row, and each of their assets gets an event per message) and runs
+each row on one triggerer (two, briefly, on a failover). A durable consumer is read by
+one trigger *identity* (:func:`watcher_identity`: every serialized argument but
+``durable``), never split between two, because JetStream hands each message of a
+durable to only one of its readers:
+
+* ``durable`` omitted: the consumer is ``airflow-watcher-<16 hex of the identity>``, so
+  one Trigger row is one consumer. Changing any argument makes a new watcher with a new
+  consumer, which starts at ``deliver_policy`` (default ``all``: every message the
+  stream still holds becomes an asset event again - at-least-once, never a gap); the
+  old consumer stays on the server until deleted (``nats consumer rm``).
+* ``durable`` given: the consumer records the identity that binds it (consumer
+  metadata ``airflow-nats-ordered.watcher-id``, nats-server >= 2.10). The same identity
+  binds again (restart, failover, two triggerers running the one row); a different one
+  is refused with an error naming the durable and the fix; a consumer without that
+  record (made before this rule, or by hand) is adopted and keeps its position. After
+  changing a watcher's arguments, :func:`release_durable` hands its consumer (and
+  position) to the changed trigger.
 """
 
 from __future__ import annotations
@@ -33,6 +54,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import difflib
+import hashlib
+import inspect
+import json
 import logging
 import re
 from collections.abc import AsyncIterator, Hashable, Sequence
@@ -41,7 +66,7 @@ from typing import Any
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 from airflow.triggers.shared_stream import AdvanceItem, SharedStreamProducer
 from nats.js import api
-from nats.js.errors import NotFoundError
+from nats.js.errors import BadRequestError, NotFoundError
 
 from ..core.errors import ConfigError
 from ..core.streams import StreamSpec
@@ -60,6 +85,22 @@ DELIVER_POLICIES: dict[str, api.DeliverPolicy] = {
     "last_per_subject": api.DeliverPolicy.LAST_PER_SUBJECT,
 }
 _NAME_RE = re.compile(r"^[^.*>\s]+$")
+#: consumer metadata keys: the identity hash of the trigger bound to it, and its arguments
+BINDING_ID = "airflow-nats-ordered.watcher-id"
+BINDING_ARGS = "airflow-nats-ordered.watcher-args"
+DERIVED_PREFIX = "airflow-watcher-"
+_JS_CONSUMER_EXISTS = 10148  # JetStream: create (action=create) of an existing consumer
+
+
+def watcher_identity(kwargs: dict[str, Any]) -> tuple[str, str]:
+    """``(hash, canonical JSON)`` of a trigger's serialized kwargs without ``durable``.
+
+    Equal for two triggers exactly when Airflow stores them as one Trigger row (it keys
+    rows on the serialized kwargs), whatever durable they name: the unit that may read a
+    durable consumer. The hash is the first 16 hex digits of the JSON's SHA-256."""
+    args = {k: v for k, v in kwargs.items() if k != "durable"}
+    text = json.dumps(args, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16], text
 
 
 def message_payload(msg: Any) -> dict[str, Any]:
@@ -94,8 +135,10 @@ class NatsMessageTrigger(BaseEventTrigger):
 
     :param stream: the JetStream stream to read.
     :param durable: the durable consumer's name, the trigger's cursor across restarts.
-        Give every watcher its own (two watchers with one ``durable`` share its messages
-        only if ``stream`` and ``subject`` are equal too).
+        Omit it (the default) and the trigger reads its own ``airflow-watcher-<hash>``
+        consumer, derived from all its other arguments. A durable given here is bound to
+        the first trigger identity that reads it; another identity is refused (see the
+        module docstring and :func:`release_durable`).
     :param subject: filter subject (wildcards allowed); default: every subject.
     :param nats_conn_id: the Airflow connection (type ``nats``).
     :param ack_wait: seconds before JetStream redelivers a message whose holder vanished
@@ -115,7 +158,7 @@ class NatsMessageTrigger(BaseEventTrigger):
         self,
         *,
         stream: str,
-        durable: str,
+        durable: str | None = None,
         subject: str | None = None,
         nats_conn_id: str = NatsHook.default_conn_name,
         ack_wait: float = 30.0,
@@ -123,10 +166,14 @@ class NatsMessageTrigger(BaseEventTrigger):
         max_in_flight: int = 256,
         deliver_policy: str = "all",
         fetch_timeout: float = 5.0,
-        **kwargs: Any,
+        **unknown: Any,
     ) -> None:
-        super().__init__(**kwargs)
+        if unknown:
+            raise ConfigError(_unknown_arguments(unknown))
+        super().__init__()
         for name, value in (("stream", stream), ("durable", durable)):
+            if name == "durable" and value is None:
+                continue
             if not isinstance(value, str) or not _NAME_RE.match(value):
                 raise ConfigError(
                     f"NatsMessageTrigger: {name}={value!r} is not a valid JetStream name; pass "
@@ -176,9 +223,24 @@ class NatsMessageTrigger(BaseEventTrigger):
             },
         )
 
+    @property
+    def identity(self) -> str:
+        """This trigger's :func:`watcher_identity` hash (the binding recorded on its consumer)."""
+        return watcher_identity(self.serialize()[1])[0]
+
+    @property
+    def consumer_name(self) -> str:
+        """The durable consumer read: ``durable``, or ``airflow-watcher-<identity>``."""
+        return self.durable or f"{DERIVED_PREFIX}{self.identity}"
+
     def shared_stream_key(self) -> Hashable:
-        """One consumer, one poll: triggers reading the same durable share it."""
-        return ("nats", self.nats_conn_id, self.stream, self.durable, self.subject)
+        """One consumer, one poll, for triggers with the same identity only.
+
+        Triggers with other arguments (another Trigger row) never join a group: each
+        binds the consumer itself, so a conflict on an explicit durable is refused the
+        same way whether the two rows run on one triggerer or on two, and the producer
+        built from one member's kwargs is right for every member."""
+        return ("nats", self.stream, self.consumer_name, self.identity)
 
     @classmethod
     def create_shared_stream_producer(cls, kwargs: dict[str, Any]) -> NatsMessageProducer:
@@ -230,9 +292,10 @@ class NatsMessageProducer(SharedStreamProducer):
 
     def _consumer_config(self) -> api.ConsumerConfig:
         t = self.t
+        identity, args = watcher_identity(t.serialize()[1])
         return api.ConsumerConfig(
-            name=t.durable,
-            durable_name=t.durable,
+            name=t.consumer_name,
+            durable_name=t.consumer_name,
             description="airflow-nats-ordered NatsMessageTrigger (Airflow asset watcher)",
             ack_policy=api.AckPolicy.EXPLICIT,
             ack_wait=t.ack_wait,
@@ -240,13 +303,16 @@ class NatsMessageProducer(SharedStreamProducer):
             filter_subject=t.subject,
             max_deliver=-1,
             max_ack_pending=t.max_in_flight,
+            metadata={BINDING_ID: identity, BINDING_ARGS: args},
         )
 
     async def _ensure_consumer(self, js: Any) -> None:
-        """Create the durable consumer, or verify an existing one reads what was asked."""
+        """Create the durable consumer bound to this trigger's identity, or bind to an
+        existing one: it must read what was asked, and be bound to this identity or to
+        none (adopted: its position is kept). Another identity's consumer is refused."""
         t = self.t
         try:
-            info = await js.consumer_info(t.stream, t.durable)
+            info = await js.consumer_info(t.stream, t.consumer_name)
         except NotFoundError:
             try:
                 await js.stream_info(t.stream)
@@ -255,8 +321,10 @@ class NatsMessageProducer(SharedStreamProducer):
                     f"NatsMessageTrigger: stream {t.stream!r} does not exist (connection "
                     f"{t.nats_conn_id!r}); create it first or fix stream="
                 ) from None
-            await js.add_consumer(t.stream, config=self._consumer_config())
-            return
+            if await _create_only(js, t.stream, self._consumer_config()):
+                return
+            # another trigger created it meanwhile: bind to it like to any existing one
+            info = await js.consumer_info(t.stream, t.consumer_name)
         cfg = info.config
         have = cfg.filter_subject or (",".join(cfg.filter_subjects or []) or None)
         problems = []
@@ -268,12 +336,28 @@ class NatsMessageProducer(SharedStreamProducer):
             problems.append("is a push consumer, not a pull consumer")
         if problems:
             raise ConfigError(
-                f"NatsMessageTrigger: consumer {t.durable!r} of stream {t.stream!r} "
+                f"NatsMessageTrigger: consumer {t.consumer_name!r} of stream {t.stream!r} "
                 f"{'; '.join(problems)}; pass another durable= (or delete that consumer)"
             )
-        if cfg.ack_wait != t.ack_wait:
-            cfg.ack_wait = t.ack_wait
-            await js.add_consumer(t.stream, config=cfg)  # an allowed in-place update
+        bound = (cfg.metadata or {}).get(BINDING_ID)
+        if bound == t.identity:
+            return
+        if bound is not None:
+            raise ConfigError(_bound_elsewhere(t, cfg.metadata or {}))
+        # adopt: record the binding (and our ack_wait) in place, keeping the position
+        mine = self._consumer_config()
+        cfg.metadata = {**(cfg.metadata or {}), **(mine.metadata or {})}
+        cfg.ack_wait = t.ack_wait
+        await js.add_consumer(t.stream, config=cfg)
+        log.info(
+            "NatsMessageTrigger: adopted consumer %s of stream %s (bound to identity %s)",
+            t.consumer_name,
+            t.stream,
+            t.identity,
+        )
+        again = (await js.consumer_info(t.stream, t.consumer_name)).config.metadata or {}
+        if again.get(BINDING_ID) != t.identity:  # another trigger adopted it at once
+            raise ConfigError(_bound_elsewhere(t, again))
 
     async def open_stream(self) -> AsyncIterator[tuple[dict[str, Any], Any]]:
         """Connect (inside the running loop), then yield ``(payload, msg)`` forever."""
@@ -281,13 +365,15 @@ class NatsMessageProducer(SharedStreamProducer):
         nc = self._nc = await self._stack.enter_async_context(NatsHook(t.nats_conn_id).aconnect())
         js = nc.jetstream()
         await self._ensure_consumer(js)
-        sub = self._sub = await js.pull_subscribe_bind(t.durable, stream=t.stream)
-        self._keepalive = asyncio.create_task(self._keep_alive(), name=f"nats-wpi[{t.durable}]")
+        sub = self._sub = await js.pull_subscribe_bind(t.consumer_name, stream=t.stream)
+        self._keepalive = asyncio.create_task(
+            self._keep_alive(), name=f"nats-wpi[{t.consumer_name}]"
+        )
         log.info(
             "NatsMessageTrigger: reading stream %s subject %s with durable consumer %s",
             t.stream,
             t.subject or "(all)",
-            t.durable,
+            t.consumer_name,
         )
         while True:
             await self._room.wait()
@@ -336,7 +422,7 @@ class NatsMessageProducer(SharedStreamProducer):
                 "NatsMessageTrigger %s/%s: %d message(s) terminated (rejected), %d nak'ed "
                 "for redelivery (not persisted by Airflow)",
                 self.t.stream,
-                self.t.durable,
+                self.t.consumer_name,
                 len(rejected),
                 len(failed),
             )
@@ -361,6 +447,95 @@ class NatsMessageProducer(SharedStreamProducer):
         await self._stack.aclose()
 
 
+def _unknown_arguments(unknown: dict[str, Any]) -> str:
+    valid = [
+        p.name
+        for p in inspect.signature(NatsMessageTrigger.__init__).parameters.values()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY
+    ]
+    hints = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, valid, n=1)
+        hints.append(f"{name}= (did you mean {close[0]}=?)" if close else f"{name}=")
+    return (
+        f"NatsMessageTrigger: unknown argument(s) {', '.join(hints)}; the valid arguments "
+        f"are {', '.join(valid)}"
+    )
+
+
+def _bound_elsewhere(t: NatsMessageTrigger, metadata: dict[str, str]) -> str:
+    """The refusal: which durable, how the other binding differs, and the fixes."""
+    ours = json.loads(watcher_identity(t.serialize()[1])[1])
+    try:
+        theirs = json.loads(metadata.get(BINDING_ARGS) or "")
+        diff = [
+            f"{k}={theirs.get(k)!r} there, {k}={ours.get(k)!r} here"
+            for k in sorted(set(ours) | set(theirs))
+            if theirs.get(k) != ours.get(k)
+        ]
+        how = "; ".join(diff) or f"identity {metadata.get(BINDING_ID)}"
+    except ValueError:
+        how = f"identity {metadata.get(BINDING_ID)}"
+    return (
+        f"NatsMessageTrigger: durable={t.consumer_name!r} of stream {t.stream!r} is bound "
+        f"to another watcher's trigger with other arguments ({how}). Two triggers reading "
+        "one durable consumer split its messages between them, so each watcher would miss "
+        "some. Fix: omit durable= (each watcher then reads its own consumer and gets every "
+        "message), or pass a durable= no other watcher uses. If this watcher's arguments "
+        "were changed and the old trigger no longer runs, hand the consumer and its position "
+        'over: python -c "from airflow_nats_ordered.triggers.messages import '
+        f"release_durable; release_durable({t.stream!r}, {t.consumer_name!r}, "
+        f'nats_conn_id={t.nats_conn_id!r})"'
+    )
+
+
+async def _create_only(js: Any, stream: str, config: api.ConsumerConfig) -> bool:
+    """Create the consumer only if it does not exist (JetStream ``action: create``, so
+    two triggers racing cannot overwrite each other's binding); False if it exists."""
+    req = {"stream_name": stream, "config": config.as_dict(), "action": "create"}
+    subject = f"{js._prefix}.CONSUMER.CREATE.{stream}.{config.name}"
+    if config.filter_subject and config.filter_subject != ">":
+        subject += f".{config.filter_subject}"
+    try:
+        await js._api_request(subject, json.dumps(req).encode(), timeout=js._timeout)
+    except BadRequestError as e:
+        if e.err_code == _JS_CONSUMER_EXISTS:
+            return False
+        raise
+    return True
+
+
+async def arelease_durable(nc: Any, stream: str, durable: str) -> bool:
+    """Remove the binding recorded on consumer ``durable`` of ``stream``; the next
+    NatsMessageTrigger to read it adopts it at its position. False if it had none."""
+    js = nc.jetstream()
+    cfg = (await js.consumer_info(stream, durable)).config
+    metadata = dict(cfg.metadata or {})
+    if metadata.pop(BINDING_ID, None) is None:
+        return False
+    metadata.pop(BINDING_ARGS, None)
+    cfg.metadata = metadata
+    await js.add_consumer(stream, config=cfg)
+    return True
+
+
+def release_durable(
+    stream: str, durable: str, nats_conn_id: str = NatsHook.default_conn_name
+) -> bool:
+    """Hand durable consumer ``durable`` to the next trigger that reads it, position kept.
+
+    For a watcher whose arguments changed (a new Trigger row) while its ``durable=``
+    stayed: run it once the old trigger no longer runs (the DAG change is deployed).
+    Run it while the old trigger still reads the consumer and whichever binds first
+    wins, the other is refused again. Returns False if the consumer had no binding."""
+
+    async def main() -> bool:
+        async with NatsHook(nats_conn_id).aconnect() as nc:
+            return await arelease_durable(nc, stream, durable)
+
+    return asyncio.run(main())
+
+
 def dead_letter_trigger(
     stream: str,
     group: str,
@@ -377,8 +552,10 @@ def dead_letter_trigger(
     ``Nats-Ordered-Error`` (why) and ``Nats-Ordered-Origin`` (JSON: stream, group,
     partition, seq). In an ``AssetWatcher`` this starts a triage DAG once per poison
     message (at least once). ``subject_prefix`` is the stream's, if it was provisioned
-    with one; ``durable`` defaults to ``airflow-dlq-<group>``; other keyword arguments
-    go to :class:`NatsMessageTrigger`.
+    with one; ``durable`` defaults to ``airflow-dlq-<group>`` (kept for the consumers
+    existing deployments have: it is bound to the first triage watcher's arguments, so a
+    second, different triage watcher of the group needs its own ``durable``); other
+    keyword arguments go to :class:`NatsMessageTrigger` (unknown ones are refused).
     """
     prefix = StreamSpec(name=stream, subject_prefix=subject_prefix).prefix
     # the core's subject of partition 0, with the partition token as a wildcard
