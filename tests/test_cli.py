@@ -96,7 +96,8 @@ def test_provision_created_unchanged_updated_and_partition_mismatch(
     rc, out, err = run_cli(capsys, *base)
     assert rc == 0, err
     assert out.strip() == (
-        f"created stream {unique_name}: 4 partitions on {unique_name.lower()}.p.*, "
+        f"created stream {unique_name}: 4 partitions on {unique_name.lower()}.p.0 to "
+        f"{unique_name.lower()}.p.3, "
         "file storage, 1 replica, duplicate window 1h"
     )
 
@@ -155,7 +156,7 @@ def test_provision_json_shape_and_options(
         "stream": unique_name,
         "partitions": 3,
         "prefix": f"ev.{unique_name.lower()}",
-        "subjects": [f"ev.{unique_name.lower()}.p.*"],
+        "subjects": [f"ev.{unique_name.lower()}.p.{p}" for p in range(3)],
         "hash": "murmur3_x86_32",
         "seed": 0,
         "storage": "memory",
@@ -166,6 +167,8 @@ def test_provision_json_shape_and_options(
         "max_msgs": 1000,
         "max_msg_size": None,
         "changes": [],
+        "narrowed": False,
+        "strays": {"messages": 0, "subjects": {}, "purged": 0},
     }
     # asking for another storage is a conflict, not a silent change
     rc, out, err = run_cli(
