@@ -101,11 +101,11 @@ def test_triggers_with_other_arguments_on_one_durable_never_share_a_poll() -> No
 @pytest.mark.parametrize(
     "make",
     [
-        lambda: NatsMessageTrigger(stream="S", subjects="s.>"),
+        lambda: NatsMessageTrigger(stream="S", durable="d", subjects="s.>"),
         lambda: dead_letter_trigger("S", "g", subjects="s.>"),
         lambda: (
             __import__("airflow.providers.common.messaging.triggers.msg_queue", fromlist=["x"])
-            .MessageQueueTrigger(scheme="nats", stream="S", subjects="s.>")
+            .MessageQueueTrigger(scheme="nats", stream="S", durable="d", subjects="s.>")
             .trigger
         ),
     ],

@@ -1,8 +1,11 @@
 """The ``nats`` scheme of ``MessageQueueTrigger`` (apache-airflow-providers-common-messaging).
 
-``MessageQueueTrigger(scheme="nats", stream=..., durable=..., subject=..., nats_conn_id=...)``
-becomes a :class:`~airflow_nats_ordered.triggers.messages.NatsMessageTrigger` with those
-keyword arguments (it serializes as that trigger, so the triggerer runs it directly).
+``MessageQueueTrigger(scheme="nats", stream=..., subject=..., nats_conn_id=...)`` becomes a
+:class:`~airflow_nats_ordered.triggers.messages.NatsMessageTrigger` with those keyword
+arguments (it serializes as that trigger, so the triggerer runs it directly); an unknown
+argument is refused with the valid ones. Without ``durable=`` every watcher reads its own
+durable consumer and gets every message, on any number of triggerers; an explicit
+``durable=`` is bound to one trigger's arguments (see that module's docstring).
 """
 
 from __future__ import annotations
