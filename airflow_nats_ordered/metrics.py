@@ -47,7 +47,7 @@ from prometheus_client.registry import Collector
 
 from .core.drain import GroupLag, group_lag
 from .core.group import GroupState, GroupStore
-from .core.streams import describe, partition_stats
+from .core.streams import describe, stream_contents
 from .core.worker import Worker
 
 PREFIX = "nats_ordered"
@@ -209,9 +209,10 @@ class MemberMetrics(Collector):
 
     async def _group_view(self) -> tuple[GroupLag, GroupState]:
         cfg = self.worker.cfg
-        stats = await partition_stats(self.nc, await describe(self.nc, cfg.stream))
+        contents = await stream_contents(self.nc, await describe(self.nc, cfg.stream))
         snap = await (await GroupStore.attach(self.nc, cfg.stream, cfg.group)).snapshot()
-        return group_lag(cfg.stream, cfg.group, stats, snap), snap
+        lag = group_lag(cfg.stream, cfg.group, contents.partitions, snap, contents.strays)
+        return lag, snap
 
     def collect(self) -> Iterable[Metric]:
         yield from self._member_metrics()
@@ -315,7 +316,17 @@ def group_metrics(lag: GroupLag, snap: GroupState, stream: str, group: str) -> I
     totals = [
         ("lag", "messages after the committed positions, all partitions", lag.total_lag),
         ("members", "members with a live heartbeat", len(snap.members)),
-        ("drained", "1 if every partition's committed position reached its last", lag.drained),
+        (
+            "drained",
+            "1 if every partition's committed position reached its last and the stream "
+            "holds no stray messages",
+            lag.drained,
+        ),
+        (
+            "strays",
+            "messages on subjects of the stream that are not partitions (never consumed)",
+            lag.strays.messages if lag.strays else 0,
+        ),
     ]
     for name, text, value in totals:
         g = GaugeMetricFamily(f"{PREFIX}_group_{name}", text, labels=["stream", "group"])

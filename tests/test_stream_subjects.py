@@ -307,3 +307,76 @@ def test_the_drain_trigger_fails_on_strays_naming_them(
     assert event.payload["status"] == "error", event.payload
     assert f"{unique_name.lower()}.p.4 (1)" in event.payload["message"]
     assert "--purge-strays" in event.payload["message"]
+
+
+def test_a_poking_drain_sensor_fails_on_strays_instead_of_succeeding(
+    shared_nats_server: Any, unique_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``deferrable=False`` the sensor decides in its own poke: a stream holding strays
+    is never drained, even when every partition already reached its mark."""
+    from airflow.exceptions import AirflowFailException
+    from airflow_dags import nats_connection
+
+    from airflow_nats_ordered.sensors.drain import NatsGroupDrainSensor
+
+    url = shared_nats_server.url
+    monkeypatch.setenv("AIRFLOW_CONN_NATS_DEFAULT", nats_connection(url))
+
+    async def setup(nc: Any) -> None:
+        prefix = await _old_wildcard_stream(nc, unique_name)
+        assert await _foreign_publish(nc, f"{prefix}.p.4") == "ack"
+
+    run(_with_nc(url, setup))
+    sensor = NatsGroupDrainSensor(
+        task_id="drained", stream=unique_name, group="g", high_water_marks={}, deferrable=False
+    )
+    with pytest.raises(AirflowFailException, match=rf"{unique_name.lower()}\.p\.4"):
+        sensor.poke({})
+
+
+def test_a_members_metrics_count_strays_and_do_not_say_drained(
+    shared_nats_server: Any, unique_name: str
+) -> None:
+    """The member's ``/metrics`` (what dashboards and alerts read) agree with ``status``: a
+    stray message is counted and the group is not drained while it is there."""
+    import urllib.request
+
+    from airflow_nats_ordered.core.worker import Worker, WorkerConfig
+    from airflow_nats_ordered.embedded import free_port
+    from airflow_nats_ordered.metrics import serve_member
+
+    port = free_port()
+
+    def scrape() -> dict[str, float]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
+            text = r.read().decode()
+        out = {}
+        for line in text.splitlines():
+            if line.startswith("nats_ordered_group_"):
+                name, _, value = line.rpartition(" ")
+                out[name.split("{")[0]] = float(value)
+        return out
+
+    async def go(nc: Any) -> dict[str, float]:
+        prefix = await _old_wildcard_stream(nc, unique_name)
+        for p in range(4):
+            assert await _foreign_publish(nc, f"{prefix}.p.{p}") == "ack"
+        assert await _foreign_publish(nc, f"{prefix}.p.99") == "ack"
+        w = Worker(nc, WorkerConfig(unique_name, "g", lease_ttl=5.0), lambda m: None)
+        await w.start()
+        server, metrics = serve_member(w, nc, port, "127.0.0.1")
+        try:
+            deadline = asyncio.get_running_loop().time() + 60
+            while True:
+                s = await asyncio.to_thread(scrape)
+                if s.get("nats_ordered_group_lag") == 0:
+                    return s
+                assert asyncio.get_running_loop().time() < deadline, s
+                await asyncio.sleep(0.2)
+        finally:
+            server.close()
+            await w.stop()
+
+    s = run(_with_nc(shared_nats_server.url, go))
+    assert s["nats_ordered_group_drained"] == 0, s
+    assert s["nats_ordered_group_strays"] == 1, s

@@ -272,6 +272,8 @@ class NatsGroupDrainSensor(BaseSensorOperator):
 
         async def check(nc: Any) -> dict[int, tuple[int, int]]:
             lag = await read_lag(nc, self.stream, self.group)
+            if lag.strays:  # no worker reads them: waiting cannot drain them
+                raise AirflowFailException(lag.strays.problem())
             at = {p.partition: p for p in lag.partitions}
             behind = {}
             for p, m in marks.items():
