@@ -96,3 +96,34 @@ def test_write_ordered_publishes_integral_and_binary_keys_as_their_text(
     on_wire = on_server(nats_url, keys_on_the_wire)
     for k in ("Zürich", " lead"):  # arrive as their text, on the partition of that text
         assert (k, f"{unique_name.lower()}.p.{partition_for(k, P)}") in on_wire, on_wire
+
+
+def test_the_data_source_takes_integral_key_columns_and_refuses_floats_naming_keycolumn(
+    spark, nats_url, unique_name
+):
+    """``df.write.format("nats-ordered")`` follows the same key-text rule as write_ordered:
+    an integral keyColumn publishes each key as its digits, on that text's partition."""
+    make_stream(nats_url, unique_name, P)
+    df = spark.createDataFrame([(v, i) for i, v in enumerate(LONGS)], "k long, i long")
+
+    def save(frame, producer_id):
+        (
+            frame.write.format("nats-ordered")
+            .option("stream", unique_name)
+            .option("keyColumn", "k")
+            .option("producerId", producer_id)
+            .option("url", nats_url)
+            .mode("append")
+            .save()
+        )
+
+    save(df.coalesce(1), "longs")
+    got = stored(nats_url, unique_name)
+    assert sorted(s.key for s in got) == sorted(str(v) for v in LONGS)
+    for s in got:
+        assert s.subject.endswith(f".p.{partition_for(s.key, P)}")
+
+    floats = spark.createDataFrame([(1.0, 1)], "k double, i long")
+    with pytest.raises(Exception, match=r"keyColumn 'k' is double") as err:
+        save(floats, "floats")
+    assert "cast('string')" in str(err.value)

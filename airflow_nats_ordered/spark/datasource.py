@@ -43,6 +43,7 @@ from pyspark.sql.datasource import (
 from ..core.connection import connect
 from ..core.errors import ConfigError
 from .options import HEADERS_COLUMN, VALUE_COLUMN, SinkOptions
+from .routing import check_key_type
 from .runs import RunPlan, RunRefusedError, batch_run_id, plan_run, record_run
 from .task import TaskReport, drain, publish_task
 
@@ -80,11 +81,7 @@ def _check_schema(options: SinkOptions, schema: StructType) -> None:
             )
 
     need(options.key_column, "keyColumn")
-    if not isinstance(fields[options.key_column], StringType | BinaryType):
-        raise ConfigError(
-            f"keyColumn {options.key_column!r} is {fields[options.key_column].simpleString()}; "
-            "keys are hashed as text: cast it to string first"
-        )
+    check_key_type(schema, options.key_column, "keyColumn")
     for c in options.order_by:
         need(c, "orderBy column")
     if options.msg_id_column:

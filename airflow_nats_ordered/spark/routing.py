@@ -29,6 +29,7 @@ from .options import HEADERS_COLUMN, PARTITION_COLUMN
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import Column, DataFrame
+    from pyspark.sql.types import StructType
 
 
 #: the column :func:`~.ordered_write.write_ordered` adds with the text of an integral key
@@ -84,6 +85,11 @@ def check_key_column(df: DataFrame, key: str, what: str = "key column") -> None:
     """A key column must be string, binary (UTF-8) or integral (byte/short/int/long): the
     types with one key text in every language. Any other type is refused, naming the cast
     that gives Spark's own spelling if that is really wanted."""
+    check_key_type(df.schema, key, what)
+
+
+def check_key_type(schema: StructType, key: str, what: str = "key column") -> None:
+    """:func:`check_key_column` for a schema (the data source sees no DataFrame)."""
     from pyspark.sql.types import (
         BinaryType,
         ByteType,
@@ -93,7 +99,7 @@ def check_key_column(df: DataFrame, key: str, what: str = "key column") -> None:
         StringType,
     )
 
-    fields = {f.name: f for f in df.schema.fields}
+    fields = {f.name: f for f in schema.fields}
     if key not in fields:
         raise ConfigError(f"{what} {key!r} is not in the DataFrame (columns: {', '.join(fields)})")
     typ = fields[key].dataType
