@@ -20,6 +20,7 @@ from nats.aio.client import Client as NATS
 from nats.js import api
 from nats.js.errors import ServiceUnavailableError
 
+from airflow_nats_ordered.core.keys import message_key
 from airflow_nats_ordered.core.partitioning import partition_for
 
 _T = TypeVar("_T")
@@ -82,7 +83,7 @@ async def read_stream(
                         m.metadata.sequence.stream,
                         m.subject,
                         h.get("Nats-Msg-Id", ""),
-                        h.get("Nats-Ordered-Key", ""),
+                        message_key(h) or "",
                         m.data,
                     )
                 )

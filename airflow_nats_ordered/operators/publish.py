@@ -143,6 +143,7 @@ class NatsPublishOperator(BaseOperator):
                 fmt=self.input_format,
                 msg_id_field=self.msg_id_field,
                 order_by=self.order_by,
+                python_terms=True,  # errors name key_field, not the CLI's --key-field
             ) as reader:
                 yield from reader
             return
