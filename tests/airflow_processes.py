@@ -2,13 +2,16 @@
 test session's throw-away ``AIRFLOW_HOME`` (set by conftest.py; SQLite metadata DB).
 
 The database is migrated once per home (a marker file records it), so several tests and
-test modules share the ~10-20 s it takes.
+test modules share the ~10-20 s it takes. A test that runs triggerers takes a
+:func:`private_home` instead: a triggerer runs every asset trigger in its database, so
+triggers other tests left registered would take its capacity (and it would take theirs).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -33,6 +36,29 @@ def metadata_db() -> Path:
         airflow("db", "migrate", timeout=240)
         marker.touch()
     return home / "airflow.db"
+
+
+def private_home(path: Path) -> tuple[dict[str, str], Path]:
+    """``(env, db)`` for Airflow processes on their own home and metadata DB under ``path``.
+
+    The DB is a copy of an empty migrated one made once per session (one extra
+    migration, then a file copy per test): nothing another test registered is in it."""
+    pristine = airflow_home() / "pristine"
+    marker = pristine / ".nats-ordered-db-migrated"
+    if not marker.exists():
+        pristine.mkdir(exist_ok=True)
+        airflow("db", "migrate", env=_home_env(pristine), timeout=240)
+        marker.touch()
+    path.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(pristine / "airflow.db", path / "airflow.db")
+    return _home_env(path), path / "airflow.db"
+
+
+def _home_env(home: Path) -> dict[str, str]:
+    return {
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
+    }
 
 
 def airflow_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -20,7 +20,7 @@ from typing import Any
 import nats
 import pytest
 from airflow.triggers.shared_stream import AdvanceItem, AdvanceOutcome, SharedStreamManager
-from airflow_processes import Triggerer, airflow, metadata_db, query
+from airflow_processes import Triggerer, airflow, private_home, query
 
 from airflow_nats_ordered.core.errors import ConfigError
 from airflow_nats_ordered.triggers.messages import (
@@ -374,7 +374,7 @@ def test_no_message_lost_when_the_triggerer_is_killed_mid_stream(
     events flow, a second triggerer started: every message is an asset event, and a
     message appears twice only if the first triggerer had already handed it over."""
     n, kill_at = 300, 60
-    db = metadata_db()  # once per session
+    home, db = private_home(tmp_path / "airflow")  # no other test's triggers in it
     asset, conn_id = unique_name.lower(), "nats_e2e"
     dags = tmp_path / "dags"
     dags.mkdir()
@@ -384,6 +384,7 @@ def test_no_message_lost_when_the_triggerer_is_killed_mid_stream(
         )
     )
     env = {
+        **home,
         "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
         f"AIRFLOW_CONN_{conn_id.upper()}": json.dumps(
             {"conn_type": "nats", "host": nats_server.url}

@@ -17,7 +17,7 @@ from typing import Any
 
 import nats
 import pytest
-from airflow_processes import Triggerer, airflow, metadata_db, query
+from airflow_processes import Triggerer, airflow, private_home, query
 
 from airflow_nats_ordered.core.errors import ConfigError
 from airflow_nats_ordered.triggers.messages import (
@@ -210,6 +210,54 @@ def test_a_durable_without_binding_is_adopted_at_its_position_and_can_be_release
     )
 
 
+def test_a_changed_watcher_without_durable_starts_over_at_deliver_policy(
+    nats_url, nats_conn, unique_name
+) -> None:
+    """Changing an argument makes a new watcher (a new Trigger row, a new consumer): with
+    the default deliver_policy it sees every message the stream holds again (duplicates,
+    never a gap); the unchanged watcher keeps its position."""
+    from airflow.triggers.shared_stream import AdvanceItem, AdvanceOutcome
+
+    common = {"stream": unique_name, "nats_conn_id": nats_conn}
+
+    async def main() -> tuple[list[int], list[int], list[int]]:
+        await _stream(nats_url, unique_name, 3)
+        before = _producer(**common, ack_wait=3)
+        try:
+            stream = before.open_stream()
+            got = [await anext(stream) for _ in range(3)]
+            await before.advance(
+                [AdvanceItem(m, AdvanceOutcome(acked=1, failed=0)) for _, m in got]
+            )
+        finally:
+            await before.aclose()
+        await _stream_publish(nats_url, unique_name, 1)
+        unchanged, changed = _producer(**common, ack_wait=3), _producer(**common, ack_wait=4)
+        try:
+            return (
+                [p["stream_seq"] for p, _ in got],
+                await _take(unchanged, 1),
+                await _take(changed, 4),
+            )
+        finally:
+            await unchanged.aclose()
+            await changed.aclose()
+
+    first, unchanged, changed = asyncio.run(main())
+    assert first == [1, 2, 3]
+    assert unchanged == [4]
+    assert sorted(changed) == [1, 2, 3, 4]
+
+
+async def _stream_publish(url: str, name: str, n: int) -> None:
+    nc = await nats.connect(url)
+    try:
+        for i in range(n):
+            await nc.jetstream().publish(f"{name}.m", str(i).encode())
+    finally:
+        await nc.close()
+
+
 # --- two real triggerers ----------------------------------------------------------------
 
 WATCHERS_DAG = """
@@ -235,7 +283,7 @@ def test_every_watcher_gets_every_message_on_two_triggerers(nats_server, unique_
     watchers get all 100; on the shared explicit durable the first binding gets all 100
     and the other is refused with the error in its triggerer's log (none split)."""
     n = 100
-    db = metadata_db()
+    home, db = private_home(tmp_path / "airflow")  # no other test's triggers in it
     u, conn_id = unique_name.lower(), "nats_watchers_e2e"
     durable = f"shared-{u}"
     files = {
@@ -251,6 +299,7 @@ def test_every_watcher_gets_every_message_on_two_triggerers(nats_server, unique_
     dags = tmp_path / "dags"
     dags.mkdir()
     env = {
+        **home,
         "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
         "AIRFLOW__TRIGGERER__CAPACITY": "2",
         f"AIRFLOW_CONN_{conn_id.upper()}": json.dumps(
