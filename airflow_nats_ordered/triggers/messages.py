@@ -46,7 +46,12 @@ durable to only one of its readers:
   is refused with an error naming the durable and the fix; a consumer without that
   record (made before this rule, or by hand) is adopted and keeps its position. After
   changing a watcher's arguments, :func:`release_durable` hands its consumer (and
-  position) to the changed trigger.
+  position) to the changed trigger. A refused trigger fails; the triggerer restarts it
+  and logs the error again every heartbeat or so until the DAG is fixed, and its asset
+  gets no events meanwhile (the messages stay with the consumer's bound watcher).
+
+Two Airflow deployments sharing one NATS account and identical watcher arguments would
+derive the same consumer name; give each deployment its own ``durable`` (or stream).
 """
 
 from __future__ import annotations
