@@ -240,7 +240,7 @@ class LeaseHistory:
             while not self._stop.is_set():
                 try:
                     e = await watcher.updates(timeout=0.2)
-                except nats.errors.TimeoutError:
+                except TimeoutError:  # nats-py raises its subclass or asyncio.TimeoutError
                     continue
                 if e is None:
                     continue
