@@ -7,6 +7,9 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 EXTRAS := dev,airflow,spark
 PYTEST_ARGS ?=
+# two pytest workers: most tests wait on servers and processes, so two share 2 cores well;
+# the Spark tests stay in one worker (one JVM). PYTEST_WORKERS=0 runs them in one process.
+PYTEST_WORKERS ?= 2
 
 .PHONY: venv test demo bench lint format clean
 
@@ -25,7 +28,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 test: venv
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 demo: venv
 	$(BIN)/python -m airflow_nats_ordered.pipeline_demo

@@ -34,7 +34,13 @@ from airflow_nats_ordered.embedded import NatsCluster, NatsServer  # noqa: E402
 
 # One throw-away Airflow home for the whole run (never the user's ~/airflow); Airflow reads
 # it when first imported, so it is set before any test module imports airflow.
-if "AIRFLOW_HOME" not in os.environ or os.environ.get("CI"):
+# Under pytest-xdist each worker process gets its own home (the controller's would be shared
+# by both workers, which would migrate one SQLite database at once).
+if (
+    "AIRFLOW_HOME" not in os.environ
+    or os.environ.get("CI")
+    or os.environ.get("PYTEST_XDIST_WORKER")
+):
     _airflow_home = tempfile.mkdtemp(prefix="nats-ordered-airflow-")
     atexit.register(shutil.rmtree, _airflow_home, True)
     os.environ["AIRFLOW_HOME"] = _airflow_home
@@ -104,3 +110,11 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     # py4j logs "Closing down clientserver connection" from __del__ at interpreter exit,
     # after pytest closed the streams ("--- Logging error ---"): nothing to report
     logging.getLogger("py4j").setLevel(logging.WARNING)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (``make test`` runs ``-n 2 --dist loadgroup``) every test that uses
+    the SparkSession runs in one worker, so a run still starts one Spark JVM."""
+    for item in items:
+        if "spark" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("spark"))
