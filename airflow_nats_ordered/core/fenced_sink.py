@@ -33,16 +33,17 @@ be used from several threads (calls are serialized by a lock).
 A file written by an earlier version (fences keyed by partition only) is refused;
 :meth:`FencedSqliteSink.migrate_partition_keyed` moves it into one (stream, group).
 
-:class:`RunningTotals` (and :func:`add_to_totals`) is a ready-made ``fn``: a keyed table of
-running counts and sums, plus an optional per-event row holding the running values right
-after that event.
+Around the sink, each in its own module (and importable from this one):
+:mod:`.sink_schema` (its tables, schema version and the earlier format's migration),
+:mod:`.sink_audit` (:class:`AuditRow`, :class:`FenceEvent`), :mod:`.sink_errors`
+(:class:`SinkBusyError`, :class:`SinkUsageError`, :class:`SinkOrderError`) and
+:mod:`.running_totals` (:class:`RunningTotals` and :func:`add_to_totals`, a ready-made
+``fn``: a keyed table of running counts and sums, plus an optional per-event row holding
+the running values right after that event).
 """
 
 from __future__ import annotations
 
-import math
-import os
-import re
 import sqlite3
 import threading
 import time
@@ -53,98 +54,41 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from .continuity import delivered_id
-from .errors import NatsOrderedError, OrderConflict
 from .fencing import FenceState, Verdict, advance, judge, raise_fence
+from .running_totals import RunningTotals, add_to_totals
+from .sink_audit import AuditRow, FenceEvent, audit_query, record_apply, record_fence
+from .sink_errors import SinkBusyError, SinkOrderError, SinkUsageError
+from .sink_schema import (
+    APPLIED_TABLE,
+    AUDIT_TABLE,
+    SCHEMA,
+    SCHEMA_VERSION,
+    STATE_TABLE,
+    move_partition_keyed,
+    refuse_partition_keyed,
+)
+
+__all__ = [
+    "APPLIED_TABLE",
+    "AUDIT_TABLE",
+    "SCHEMA_VERSION",
+    "STATE_TABLE",
+    "ApplyFn",
+    "AuditRow",
+    "BatchItem",
+    "FenceEvent",
+    "FencedSqliteSink",
+    "RunningTotals",
+    "SinkBusyError",
+    "SinkOrderError",
+    "SinkUsageError",
+    "add_to_totals",
+]
 
 T = TypeVar("T")
 ApplyFn = Callable[[sqlite3.Connection], None]
 #: one message of :meth:`FencedSqliteSink.apply_batch`: ``(seq, fn)`` or ``(seq, fn, msg_id)``
 BatchItem = tuple[int, ApplyFn | None] | tuple[int, ApplyFn | None, str | None]
-
-STATE_TABLE = "nats_fence_state"
-APPLIED_TABLE = "nats_fence_applied"
-AUDIT_TABLE = "nats_fence_audit"
-SCHEMA_VERSION = 2
-
-_SCHEMA = (
-    # remembered_from: every applied seq >= it is in APPLIED_TABLE; remembered: how many rows
-    f"""CREATE TABLE IF NOT EXISTS {STATE_TABLE} (
-        stream TEXT NOT NULL,
-        grp TEXT NOT NULL,
-        partition INTEGER NOT NULL,
-        highest_token INTEGER NOT NULL,
-        last_seq INTEGER NOT NULL,
-        remembered_from INTEGER NOT NULL DEFAULT 0,
-        remembered INTEGER NOT NULL DEFAULT 0,
-        PRIMARY KEY (stream, grp, partition))""",
-    f"""CREATE TABLE IF NOT EXISTS {APPLIED_TABLE} (
-        stream TEXT NOT NULL,
-        grp TEXT NOT NULL,
-        partition INTEGER NOT NULL,
-        seq INTEGER NOT NULL,
-        msg_id TEXT,
-        PRIMARY KEY (stream, grp, partition, seq)) WITHOUT ROWID""",
-    # kind 'apply': seq and verdict set. kind 'fence': seq NULL, verdict NULL, highest_token
-    # is the fence after the raise. One table, so ids order applies and fences globally.
-    f"""CREATE TABLE IF NOT EXISTS {AUDIT_TABLE} (
-        id INTEGER PRIMARY KEY AUTOINCREMENT,
-        kind TEXT NOT NULL,
-        stream TEXT NOT NULL,
-        grp TEXT NOT NULL,
-        partition INTEGER NOT NULL,
-        token INTEGER NOT NULL,
-        seq INTEGER,
-        verdict TEXT,
-        highest_token INTEGER,
-        at REAL NOT NULL,
-        pid INTEGER NOT NULL)""",
-)
-
-
-class SinkBusyError(NatsOrderedError, TimeoutError):
-    """The sink database stayed locked by another writer for longer than ``timeout``."""
-
-
-class SinkUsageError(NatsOrderedError):
-    """The sink was used in a way that would break its guarantees (see the message)."""
-
-
-class SinkOrderError(OrderConflict):
-    """A message at or below the last applied sequence that is not a re-delivery of it.
-
-    Applying it would break the partition's order and acknowledging it would lose it, so
-    the call applied nothing (its verdict, OUT_OF_ORDER, is in the audit).
-    """
-
-    def __init__(self, message: str, *, partition: int, seq: int) -> None:
-        super().__init__(message)
-        self.partition = partition
-        self.seq = seq
-
-
-@dataclass(frozen=True)
-class AuditRow:
-    """One judged write. ``id`` orders rows (and :class:`FenceEvent` s) in commit order."""
-
-    id: int
-    partition: int
-    token: int
-    seq: int
-    verdict: Verdict
-    applied_at: float
-    pid: int
-
-
-@dataclass(frozen=True)
-class FenceEvent:
-    """One :meth:`FencedSqliteSink.fence` call; ``highest_token`` is the fence afterwards."""
-
-    id: int
-    partition: int
-    token: int
-    highest_token: int
-    raised_at: float
-    pid: int
 
 
 @dataclass(frozen=True)
@@ -208,8 +152,8 @@ class FencedSqliteSink:
         self._connect(path, timeout)
         try:
             with self._write_txn() as c:
-                _refuse_partition_keyed(c, self.path)
-                for ddl in _SCHEMA:
+                refuse_partition_keyed(c, self.path)
+                for ddl in SCHEMA:
                     c.execute(ddl)
                 c.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         except BaseException:
@@ -259,28 +203,7 @@ class FencedSqliteSink:
         sink._connect(path, timeout)
         try:
             with sink._write_txn() as c:
-                if not _is_partition_keyed(c):
-                    return 0
-                c.execute(f"ALTER TABLE {STATE_TABLE} RENAME TO {STATE_TABLE}_v1")
-                c.execute(f"ALTER TABLE {AUDIT_TABLE} RENAME TO {AUDIT_TABLE}_v1")
-                for ddl in _SCHEMA:
-                    c.execute(ddl)
-                moved = c.execute(
-                    f"INSERT INTO {STATE_TABLE} (stream, grp, partition, highest_token, "
-                    "last_seq, remembered_from) SELECT ?, ?, partition, highest_token, "
-                    f"last_seq, last_seq + 1 FROM {STATE_TABLE}_v1",
-                    (stream, group),
-                ).rowcount
-                c.execute(
-                    f"INSERT INTO {AUDIT_TABLE} (id, kind, stream, grp, partition, token, seq, "
-                    "verdict, highest_token, at, pid) SELECT id, kind, ?, ?, partition, token, "
-                    f"seq, verdict, highest_token, at, pid FROM {AUDIT_TABLE}_v1",
-                    (stream, group),
-                )
-                c.execute(f"DROP TABLE {STATE_TABLE}_v1")
-                c.execute(f"DROP TABLE {AUDIT_TABLE}_v1")
-                c.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-                return moved
+                return move_partition_keyed(c, stream, group)
         finally:
             sink.close()
 
@@ -381,11 +304,7 @@ class FencedSqliteSink:
     def _audit(
         self, conn: sqlite3.Connection, partition: int, token: int, seq: int, v: Verdict
     ) -> None:
-        conn.execute(
-            f"INSERT INTO {AUDIT_TABLE} (kind, stream, grp, partition, token, seq, verdict, at, "
-            "pid) VALUES ('apply', ?, ?, ?, ?, ?, ?, ?, ?)",
-            (*self._scope, partition, token, seq, v.value, time.time(), os.getpid()),
-        )
+        record_apply(conn, self._scope, partition, token, seq, v)
 
     def _applied_before(
         self,
@@ -491,11 +410,7 @@ class FencedSqliteSink:
             stored = self._load(conn, partition)
             state = raise_fence(stored.state, token)
             self._store(conn, partition, _Stored(state, stored.remembered_from, stored.remembered))
-            conn.execute(
-                f"INSERT INTO {AUDIT_TABLE} (kind, stream, grp, partition, token, "
-                "highest_token, at, pid) VALUES ('fence', ?, ?, ?, ?, ?, ?, ?)",
-                (*self._scope, partition, token, state.highest_token, time.time(), os.getpid()),
-            )
+            record_fence(conn, self._scope, partition, token, state.highest_token)
 
     def rewind(self, to: Mapping[int, int], fn: ApplyFn | None = None) -> None:
         """Take partitions back for a deliberate replay (after the group was reset to the
@@ -660,10 +575,7 @@ class FencedSqliteSink:
                     conn.execute("ROLLBACK")
 
     def _audit_rows(self, kind: str, cols: str, partition: int | None) -> list[tuple]:
-        where, args = "WHERE kind = ? AND stream = ? AND grp = ?", [kind, *self._scope]
-        if partition is not None:
-            where, args = f"{where} AND partition = ?", [*args, partition]
-        sql = f"SELECT {cols} FROM {AUDIT_TABLE} {where} ORDER BY id"
+        sql, args = audit_query(kind, cols, self._scope, partition)
         return self.read(lambda c: c.execute(sql, args).fetchall())
 
     def audit(self, partition: int | None = None) -> list[AuditRow]:
@@ -677,139 +589,3 @@ class FencedSqliteSink:
         commit order."""
         rows = self._audit_rows("fence", "id, partition, token, highest_token, at, pid", partition)
         return [FenceEvent(*row) for row in rows]
-
-
-def _is_partition_keyed(conn: sqlite3.Connection) -> bool:
-    """Whether the file holds fences of an earlier version (keyed by partition only)."""
-    cols = {row[1] for row in conn.execute(f"PRAGMA table_info({STATE_TABLE})")}
-    return bool(cols) and "stream" not in cols
-
-
-def _refuse_partition_keyed(conn: sqlite3.Connection, path: str) -> None:
-    if _is_partition_keyed(conn):
-        raise SinkUsageError(
-            f"the sink database {path!r} was written by an earlier version that keyed fences "
-            "by partition only, so they cannot be told apart by stream and group. If every "
-            "fence in it belongs to one stream and group, migrate it once with "
-            f"FencedSqliteSink.migrate_partition_keyed({path!r}, stream=..., group=...); "
-            "otherwise start a new sink file"
-        )
-
-
-# -- a ready-made fn: keyed running totals ---------------------------------------------------
-
-_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
-_RESERVED = {"key", "count", "event"}
-
-
-def _check_ident(what: str, name: str) -> str:
-    if not isinstance(name, str) or not _IDENT.match(name):
-        raise ValueError(
-            f"{what} {name!r} is not a plain SQL identifier; use letters, digits and _ "
-            "(not starting with a digit, at most 63 characters)"
-        )
-    return name
-
-
-class RunningTotals:
-    """Keyed running totals, updated by the ``fn`` that :meth:`add` returns.
-
-    Table ``<table>(key TEXT PRIMARY KEY, count INTEGER, <one column per amount>)``; with an
-    ``event`` id, also one row in ``<table>_events(event TEXT PRIMARY KEY, key, count,
-    <amounts>)`` holding the key's running values right after that event. Tables and amount
-    columns are created on first use (new columns start at 0). Because ``event`` is a
-    primary key, applying one event twice fails loudly (``sqlite3.IntegrityError``) instead
-    of double counting.
-    """
-
-    def __init__(self, table: str = "totals") -> None:
-        self.table = _check_ident("table name", table)
-        self.events_table = f"{table}_events"
-
-    def add(self, key: str, *, event: str | None = None, **amounts: float | None) -> ApplyFn:
-        """An ``fn`` adding one event to ``key``: ``count += 1`` and each ``column += amount``.
-
-        An amount of None adds nothing (like SQL ``SUM`` skipping NULL); the event still
-        counts. Amounts must be finite ints or floats; ``key``, ``count`` and ``event`` are
-        reserved column names.
-        """
-        if not isinstance(key, str):
-            raise ValueError(f"a totals key must be a str, got {type(key).__name__}")
-        if event is not None and not isinstance(event, str):
-            raise ValueError(f"event must be a str id or None, got {type(event).__name__}")
-        for col, val in amounts.items():
-            _check_ident("amount column", col)
-            if col.lower() in _RESERVED:
-                raise ValueError(f"amount column {col!r} is reserved; rename it")
-            if val is None:
-                continue
-            if isinstance(val, bool) or not isinstance(val, int | float):
-                raise ValueError(f"amount {col}={val!r} must be an int, a float or None")
-            if not math.isfinite(val):
-                raise ValueError(f"amount {col}={val!r} is not finite; pass None for missing")
-        cols = sorted(amounts)
-
-        def fn(conn: sqlite3.Connection) -> None:
-            self._ensure(conn, cols, with_events=event is not None)
-            names = "".join(f', "{c}"' for c in cols)
-            marks = ", ?" * len(cols)
-            sets = "".join(f', "{c}" = "{c}" + excluded."{c}"' for c in cols)
-            conn.execute(
-                f'INSERT INTO "{self.table}" (key, count{names}) VALUES (?, 1{marks}) '
-                f"ON CONFLICT(key) DO UPDATE SET count = count + 1{sets}",
-                (key, *(amounts[c] if amounts[c] is not None else 0 for c in cols)),
-            )
-            if event is not None:
-                all_cols = self._columns(conn, self.table)
-                sel = ", ".join(f'"{c}"' for c in all_cols if c != "key")
-                conn.execute(
-                    f'INSERT INTO "{self.events_table}" (event, key, {sel}) '
-                    f'SELECT ?, key, {sel} FROM "{self.table}" WHERE key = ?',
-                    (event, key),
-                )
-
-        return fn
-
-    @staticmethod
-    def _columns(conn: sqlite3.Connection, table: str) -> list[str]:
-        return [row[1] for row in conn.execute(f'PRAGMA table_info("{table}")')]
-
-    def _ensure(self, conn: sqlite3.Connection, cols: list[str], *, with_events: bool) -> None:
-        conn.execute(
-            f'CREATE TABLE IF NOT EXISTS "{self.table}" '
-            "(key TEXT PRIMARY KEY, count INTEGER NOT NULL DEFAULT 0)"
-        )
-        if with_events:
-            conn.execute(
-                f'CREATE TABLE IF NOT EXISTS "{self.events_table}" (event TEXT PRIMARY KEY, '
-                "key TEXT NOT NULL, count INTEGER NOT NULL DEFAULT 0)"
-            )
-        have = set(self._columns(conn, self.table))
-        # Every sum column exists in both tables, so the events row can copy them all.
-        wanted = have.union(cols) - {"key", "count"}
-        tables = [self.table, self.events_table] if with_events else [self.table]
-        for table in tables:
-            present = have if table == self.table else set(self._columns(conn, table))
-            for c in sorted(wanted - present):
-                conn.execute(f'ALTER TABLE "{table}" ADD COLUMN "{c}" NUMERIC NOT NULL DEFAULT 0')
-
-    def totals(self, conn: sqlite3.Connection) -> dict[str, dict[str, Any]]:
-        """``key -> {"count": n, <column>: sum, ...}`` (empty before the first event)."""
-        return {row.pop("key"): row for row in self._rows(conn, self.table, "key")}
-
-    def events(self, conn: sqlite3.Connection) -> list[dict[str, Any]]:
-        """Every event row (``event``, ``key``, running ``count`` and sums), in applied order."""
-        return self._rows(conn, self.events_table, "rowid")
-
-    def _rows(self, conn: sqlite3.Connection, table: str, order: str) -> list[dict[str, Any]]:
-        cols = self._columns(conn, table)
-        if not cols:
-            return []
-        cur = conn.execute(f'SELECT * FROM "{table}" ORDER BY {order}')
-        names = [d[0] for d in cur.description]
-        return [dict(zip(names, row, strict=True)) for row in cur]
-
-
-def add_to_totals(key: str, *, event: str | None = None, **amounts: float | None) -> ApplyFn:
-    """``RunningTotals("totals").add(key, event=..., **amounts)``: an ``fn`` for ``apply``."""
-    return RunningTotals().add(key, event=event, **amounts)
