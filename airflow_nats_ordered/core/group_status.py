@@ -1,0 +1,112 @@
+"""A group's state as ``status`` shows it: :class:`GroupState` and the problems an operator
+must act on.
+
+Guarantees: the snapshot is read with plain gets and is never used to decide ownership;
+``problems`` names every deleted commit record, a deleted or re-created stream, and each
+member's own reported problems, each with the action that fixes it.
+:class:`GroupSnapshot` holds this verb of :class:`~.group.GroupStore`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from nats.js.errors import KeyDeletedError, KeyNotFoundError
+from nats.js.kv import KeyValue
+
+from .commits import CommitRecord
+from .errors import StreamNotFoundError
+from .group_stream import GroupStreamIdentity
+from .streams import describe
+
+
+@dataclass
+class GroupState:
+    """A snapshot for ``status``: read with plain gets, never used for ownership."""
+
+    leases: dict[int, tuple[str, int]] = field(default_factory=dict)  # p -> (member, rev)
+    commits: dict[int, CommitRecord] = field(default_factory=dict)
+    members: dict[str, dict[str, Any]] = field(default_factory=dict)
+    leader: str | None = None
+    assignment: bytes | None = None
+    blocked: dict[int, str] = field(default_factory=dict)
+    #: what needs an operator: deleted commit records, a re-created stream, and each
+    #: member's own ``problems`` (from its heartbeat) prefixed with the member id
+    problems: list[str] = field(default_factory=list)
+
+
+class GroupSnapshot(GroupStreamIdentity):
+    """The ``status`` snapshot of :class:`~.group.GroupStore` (a mixin: it supplies the
+    lease bucket ``leases`` and the state bucket ``state``)."""
+
+    leases: KeyValue
+
+    async def snapshot(self) -> GroupState:
+        """Read the group's state for ``status``, with ``problems`` an operator must act on."""
+        snap = GroupState()
+        recorded_stream = ""
+        for kv, prefix in ((self.leases, "lease"), (self.state, "state")):
+            try:
+                keys = await kv.keys()
+            except Exception:  # nats-py raises NoKeysError on an empty bucket
+                keys = []
+            for key in keys:
+                try:
+                    e = await kv.get(key)
+                except (KeyNotFoundError, KeyDeletedError):
+                    continue
+                val = e.value or b""
+                if prefix == "lease":
+                    if key.startswith("p."):
+                        snap.leases[int(key[2:])] = (json.loads(val)["member"], e.revision or 0)
+                    elif key.startswith("m."):
+                        snap.members[key[2:]] = json.loads(val)
+                    elif key == "leader":
+                        snap.leader = json.loads(val)["member"]
+                else:
+                    if key.startswith("c."):
+                        snap.commits[int(key[2:])] = CommitRecord.from_json(val)
+                    elif key == "assignment":
+                        snap.assignment = val
+                    elif key.startswith("blocked."):
+                        snap.blocked[int(key[8:])] = val.decode()
+                    elif key == "stream":
+                        recorded_stream = json.loads(val).get("created", "")
+        snap.problems = await self._stream_problems(recorded_stream)
+        snap.problems += await self._deleted_commit_problems(snap.commits)
+        for m, info in sorted(snap.members.items()):
+            snap.problems += [f"{m}: {p}" for p in info.get("problems") or []]
+        return snap
+
+    async def _stream_problems(self, recorded: str) -> list[str]:
+        try:
+            live = await describe(self.nc, self.cfg.stream)
+        except StreamNotFoundError:
+            return [
+                f"stream {self.cfg.stream} does not exist: the group's positions refer to a "
+                f"deleted stream (remove the group: `nats-ordered group delete --stream "
+                f"{self.cfg.stream} --group {self.cfg.group}`)"
+            ]
+        if recorded and live.created and recorded != live.created:
+            return [self._recreated_message(recorded, live.created)]
+        return []
+
+    async def _deleted_commit_problems(self, commits: dict[int, CommitRecord]) -> list[str]:
+        """Partitions whose ``c.<n>`` has a delete marker (it existed, then was deleted)."""
+        prefix = f"$KV.{self.cfg.state_bucket}.c."
+        info = await self.nc.jetstream().stream_info(
+            f"KV_{self.cfg.state_bucket}", subjects_filter=f"{prefix}*"
+        )
+        gone = sorted(
+            int(subject[len(prefix) :])
+            for subject in info.state.subjects or {}
+            if int(subject[len(prefix) :]) not in commits
+        )
+        return [
+            f"partition {p}: commit record c.{p} was deleted; the member that claims it next "
+            "applies its missing_commit policy: fail (the default: the partition is not "
+            "processed), earliest or latest (--missing-commit earliest|latest)"
+            for p in gone
+        ]
