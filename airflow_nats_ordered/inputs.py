@@ -1,4 +1,8 @@
-"""Record readers for the ``nats-ordered publish`` command: JSON lines, CSV and Parquet.
+"""Record readers for the ``nats-ordered publish`` command: JSON lines, CSV and Parquet files.
+
+This module reads files (:func:`open_records`) and in-memory rows (:func:`records_from_rows`);
+what a row becomes is :mod:`.input_records` and the ``order_by`` rule :mod:`.input_order`
+(every name stays importable from here).
 
 Every input row becomes an :class:`InputRecord`:
 
@@ -32,25 +36,30 @@ least one of the first :data:`PROBE_ROWS` objects (or of all of them, when sorti
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import csv
-import datetime as dt
-import decimal
 import difflib
 import gzip
 import hashlib
 import io
 import json
-import math
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any, NamedTuple
+from typing import IO, Any
 
-from .core.errors import ConfigError
-from .core.keys import KeyTextError, key_field_text, key_text
+from .core.keys import key_text
+from .input_order import numeric_columns, sorted_rows
+from .input_records import (
+    CLI_NAMES,
+    PYTHON_NAMES,
+    InputError,
+    InputRecord,
+    dumps_payload,
+    json_safe,
+    key_and_msg_id,
+)
 
 __all__ = [
     "FORMATS",
@@ -63,6 +72,7 @@ __all__ = [
     "json_safe",
     "key_text",
     "open_records",
+    "records_from_rows",
 ]
 
 #: Input formats and the file extensions that select them (a trailing ``.gz`` is allowed
@@ -78,123 +88,6 @@ PROBE_ROWS = 1000
 
 _PARQUET_BATCH = 8192
 _MAX_EXAMPLE_COLUMNS = 30
-
-
-class InputError(ConfigError):
-    """The input file cannot be read as asked (format, missing field, malformed row)."""
-
-
-class InputRecord(NamedTuple):
-    """One input row, ready for ``OrderedPublisher.publish(key, payload, msg_id=...)``."""
-
-    key: str | None
-    payload: bytes
-    msg_id: str | None
-    where: str
-
-
-# ---------------------------------------------------------------------------- values
-
-
-def json_safe(value: Any) -> Any:
-    """``value`` converted to types ``json.dumps`` writes as standard JSON.
-
-    Timestamps, dates and times become ISO 8601 strings (with the offset when the value
-    has a time zone); durations seconds (float); decimals strings (exact); bytes base64
-    strings; NaN and infinities ``null``; maps objects (or lists of ``[key, value]`` pairs
-    when a key is not a string); lists, tuples and structs recursively.
-    """
-    if value is None or isinstance(value, bool | int | str):
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dt.datetime | dt.date | dt.time):
-        return value.isoformat()
-    if isinstance(value, dt.timedelta):
-        return value.total_seconds()
-    if isinstance(value, decimal.Decimal):
-        return str(value) if value.is_finite() else None
-    if isinstance(value, bytes | bytearray | memoryview):
-        return base64.b64encode(bytes(value)).decode("ascii")
-    if isinstance(value, dict):
-        return {str(k): json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        # pyarrow returns a map column as a list of (key, value) tuples
-        if value and all(isinstance(x, tuple) and len(x) == 2 for x in value):
-            if all(isinstance(k, str) for k, _ in value):
-                return {k: json_safe(v) for k, v in value}
-            return [[json_safe(k), json_safe(v)] for k, v in value]
-        return [json_safe(x) for x in value]
-    if hasattr(value, "isoformat"):  # e.g. pandas.Timestamp for nanosecond timestamps
-        return value.isoformat()
-    return str(value)
-
-
-def _dumps(row: Any) -> bytes:
-    return json.dumps(row, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
-
-
-# ---------------------------------------------------------------------------- sorting
-
-
-def _sort_value(value: Any) -> tuple[Any, ...]:
-    """A total order over one column's values: nulls last, numbers, strings, then the rest."""
-    if value is None or value == "" or (isinstance(value, float) and math.isnan(value)):
-        return (1,)
-    if isinstance(value, bool | int | float | decimal.Decimal):
-        return (0, 0, value)
-    if isinstance(value, str):
-        return (0, 1, value)
-    if isinstance(value, dt.datetime):
-        # naive and aware timestamps never share a typed column; compare their text otherwise
-        return (0, 2, value.isoformat()) if value.tzinfo is None else (0, 3, value)
-    if isinstance(value, dt.date | dt.time | dt.timedelta | bytes):
-        return (0, 4, type(value).__name__, value)
-    return (0, 9, _dumps(json_safe(value)))
-
-
-def _numeric_columns(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> set[str]:
-    """CSV columns whose every non-empty value is a number (sorted numerically, not as text)."""
-    numeric = set()
-    for col in columns:
-        seen = False
-        for row in rows:
-            v = row.get(col)
-            if v is None or v == "":
-                continue
-            try:
-                f = float(v)
-            except ValueError:
-                break
-            if math.isnan(f):
-                break
-            seen = True
-        else:
-            if seen:
-                numeric.add(col)
-    return numeric
-
-
-def _sorted_rows(
-    rows: list[tuple[str, dict[str, Any]]], order_by: Sequence[str], csv_numeric: set[str]
-) -> list[tuple[str, dict[str, Any]]]:
-    def sort_key(item: tuple[str, dict[str, Any]]) -> tuple[Any, ...]:
-        row = item[1]
-        out = []
-        for col in order_by:
-            v = row.get(col)
-            if col in csv_numeric and v not in (None, ""):
-                v = float(v)
-            out.append(_sort_value(v))
-        return tuple(out)
-
-    try:
-        return sorted(rows, key=sort_key)  # stable: equal rows keep their file order
-    except TypeError as exc:  # pragma: no cover - values of one type always compare
-        raise InputError(
-            f"cannot sort by {', '.join(order_by)}: the columns hold values that do not "
-            f"compare ({exc}); sort by columns with one type of value"
-        ) from None
 
 
 # ---------------------------------------------------------------------------- formats
@@ -251,7 +144,7 @@ class RecordReader:
         python_terms: bool = False,
     ) -> None:
         #: how errors name the fields: CLI flags, or (``python_terms``) parameter names
-        self.flags = dict(_PYTHON_NAMES if python_terms else _CLI_NAMES)
+        self.flags = dict(PYTHON_NAMES if python_terms else CLI_NAMES)
         self.path = path
         self.name = "stdin" if path == "-" else path
         self.format = detect_format(path, fmt)
@@ -394,7 +287,7 @@ class RecordReader:
             self.columns = list(seen)
             if loaded:
                 self._check_columns(self.columns, complete=False, scope="Fields in the file")
-            return iter(_sorted_rows(loaded, self.order_by, set()))
+            return iter(sorted_rows(loaded, self.order_by, set()))
         head: list[tuple[str, dict[str, Any]]] = []
         missing = set(need)
         for item in rows:
@@ -436,8 +329,8 @@ class RecordReader:
         if self.order_by:
             loaded = list(rows)
             return iter(
-                _sorted_rows(
-                    loaded, self.order_by, _numeric_columns([r for _, r in loaded], self.order_by)
+                sorted_rows(
+                    loaded, self.order_by, numeric_columns([r for _, r in loaded], self.order_by)
                 )
             )
         return rows
@@ -486,7 +379,7 @@ class RecordReader:
         self._check_key_types(source.schema_arrow)
         rows = self._parquet_rows(source)
         if self.order_by:
-            return iter(_sorted_rows(list(rows), self.order_by, set()))
+            return iter(sorted_rows(list(rows), self.order_by, set()))
         return rows
 
     def _check_key_types(self, schema: Any) -> None:
@@ -535,11 +428,13 @@ class RecordReader:
         parquet = self.format == "parquet"
         for where, row in self._guarded(self._rows):
             self.rows_read += 1
-            key, msg_id = _texts(row, key_field, id_field, f"{self.name} {where}", self.flags)
+            key, msg_id = key_and_msg_id(
+                row, key_field, id_field, f"{self.name} {where}", self.flags
+            )
             if parquet:
                 row = json_safe(row)
             try:
-                payload = _dumps(row)
+                payload = dumps_payload(row)
             except (TypeError, ValueError) as exc:
                 raise InputError(f"{self.name} {where} cannot be written as JSON: {exc}") from None
             yield InputRecord(key, payload, msg_id, where)
@@ -599,44 +494,12 @@ def records_from_rows(
             if not isinstance(row, Mapping):
                 raise InputError(f"{where} is a {type(row).__name__}, not an object")
             checked.append((where, dict(row)))
-        numbered = _sorted_rows(checked, order_by, set())
+        numbered = sorted_rows(checked, order_by, set())
     for where, row in numbered:
         if not isinstance(row, Mapping):
             raise InputError(f"{where} is a {type(row).__name__}, not an object")
-        key, msg_id = _texts(row, key_field, msg_id_field, where, _PYTHON_NAMES)
-        yield InputRecord(key, _dumps(json_safe(dict(row))), msg_id, where)
-
-
-_CLI_NAMES = {
-    "key_field": "--key-field",
-    "msg_id_field": "--msg-id-field",
-    "order_by": "--order-by",
-}
-_PYTHON_NAMES = {"key_field": "key_field", "msg_id_field": "msg_id_field", "order_by": "order_by"}
-
-
-def _texts(
-    row: Mapping[str, Any],
-    key_field: str | None,
-    id_field: str | None,
-    where: str,
-    names: Mapping[str, str],
-) -> tuple[str | None, str | None]:
-    """The key and msg-id text of one row (from its values as read, before they are made
-    JSON-safe), or :class:`InputError` naming the row, the field and the value."""
-    try:
-        key = key_field_text(row.get(key_field)) if key_field is not None else None
-    except KeyTextError as exc:
-        raise InputError(
-            exc.message_for(f"{where}: {names['key_field']} {key_field!r} value")
-        ) from None
-    try:
-        msg_id = key_text(row.get(id_field)) if id_field is not None else None
-    except KeyTextError as exc:
-        raise InputError(
-            exc.message_for(f"{where}: {names['msg_id_field']} {id_field!r} value")
-        ) from None
-    return key, msg_id
+        key, msg_id = key_and_msg_id(row, key_field, msg_id_field, where, PYTHON_NAMES)
+        yield InputRecord(key, dumps_payload(json_safe(dict(row))), msg_id, where)
 
 
 def content_digest(path: str | Path, *, size: int = 10) -> str:
