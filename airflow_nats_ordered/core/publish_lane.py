@@ -1,0 +1,366 @@
+"""One partition's in-order lane of the ordered publisher: its batches, resends and acks.
+
+Internal to :class:`~.publisher.OrderedPublisher`, which owns one :class:`_Lane` per
+partition and re-exports every name here.
+
+Technique (measured in ``bench/``, reasons in ``docs/benchmarks.md``)
+--------------------------------------------------------------------
+Each partition is sent as a *fast-ingest batch* (ADR-50, nats-server >= 2.14) in gap mode
+``fail``: the messages are plain publishes whose reply subject carries the batch id, the
+batch sequence and an operation; the server acknowledges every N messages (flow control)
+and, because a gap ends the batch, **what the server stored of a batch is always a prefix
+of what was sent**. On any failure (timeout, gap, lost connection, server restart, leader
+change) the publisher starts a new batch and resends every unacknowledged record, in order,
+with the same msg-ids: the already stored prefix is de-duplicated, the rest is appended.
+Two batches can only ever store the same sequence of records, each in order, so a record is
+always stored after its predecessor. A batch is committed (one round trip, which returns the
+partition's last stream sequence) when it reaches ``batch_size`` records, when the
+partition has been idle for ``linger`` seconds, and on
+:meth:`~.publisher.OrderedPublisher.flush`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import random
+import time
+from collections import deque
+from typing import TYPE_CHECKING
+
+from nats.errors import Error as NatsError
+
+from . import wire
+from .publish_summary import PartitionSummary
+
+if TYPE_CHECKING:
+    from .publisher import OrderedPublisher
+
+# the publisher's logger, as before the lane had its own module
+log = logging.getLogger("airflow_nats_ordered.core.publisher")
+
+# Server error codes (nats-server errors.json).
+_ERR_BATCH_UNKNOWN = 10208  # the batch is gone (abandoned, leader change): start another
+_ERR_FAST_BATCH_DISABLED = 10205  # the stream's allow_batched is off
+_ERR_TOO_MANY_BATCHES = 10211  # HTTP 429: the stream has 1,000 batches open; retry later
+_FLOW_MAX = 500  # the server never acknowledges less often than every 500 messages
+_MAX_BACKOFF = 1.0  # seconds between resends of a failing partition, at most
+_EMPTY_HDR = b"NATS/1.0\r\n\r\n"
+
+
+class _Retry(Exception):
+    """The current batch is lost; resend every unacknowledged record in a new batch."""
+
+
+class _Fatal(Exception):
+    """This partition cannot make progress; fail its remaining records."""
+
+
+class _Rec:
+    """One accepted record: payload and its encoded header block."""
+
+    __slots__ = ("data", "hdr")
+
+    def __init__(self, data: bytes, hdr: bytes) -> None:
+        self.data = data
+        self.hdr = hdr
+
+
+class _Lane:
+    """One partition: its queue, its current fast batch and its acknowledgements."""
+
+    def __init__(self, pub: OrderedPublisher, partition: int) -> None:
+        self.pub = pub
+        self.cfg = pub.config
+        self.p = partition
+        self.subject = pub.stream.subject(partition)
+        self.subject_b = self.subject.encode()
+        self.inbox = f"{pub._inbox}.{partition}"
+        self.reply_prefix = b""
+        self.queue: deque[_Rec] = deque()
+        self.inflight: deque[_Rec] = deque()
+        self.replies: deque[tuple[str, bytes]] = deque()
+        self.wake = asyncio.Event()
+        self.idle = asyncio.Event()
+        self.idle.set()
+        self.summary = PartitionSummary(partition)
+        self.resume_left = 0  # positions still to pass over on resume (start_after)
+        self.error: str | None = None
+        self.batch_id: str | None = None
+        self.batch_seq = 0
+        self.acked_bseq = 0
+        self.flow = self.cfg.flow
+        self.broken = False
+        self.slot = False  # holds one of the publisher's max_open_batches
+        self.caller_ids = False  # a record of this partition carries the caller's msg-id
+        self._resent_hi = 0  # highest producer seq ever put back to be resent
+        self._batches = itertools.count(1)
+        self._failing_since: float | None = None
+        self._attempt = 0
+        self.task: asyncio.Task[None] | None = None
+
+    # -- accepting -----------------------------------------------------------------------
+    def accept(self, rec: _Rec) -> None:
+        self.summary.accepted += 1
+        if self.error is not None:
+            self.summary.failed += 1
+            self.pub._release(1, len(rec.data))
+            return
+        self.queue.append(rec)
+        self.idle.clear()
+        self.wake.set()
+
+    # -- the sender loop -------------------------------------------------------------------
+    async def run(self) -> None:
+        while True:
+            try:
+                if not await self._step():
+                    return
+            except _Retry as exc:
+                await self._recover(str(exc))
+            except _Fatal as exc:
+                self._fail(str(exc))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # never leave records unaccounted for
+                log.exception("partition %d: unexpected publisher error", self.p)
+                self._fail(f"unexpected error: {exc!r}")
+
+    async def _step(self) -> bool:
+        self._drain_replies()
+        if self.broken:
+            await self._await_reply(final=True)
+            return True
+        if self.queue:
+            if self.batch_id is None:
+                await self._open()
+            elif self._window_open():
+                await self._send_window()
+                if self.batch_seq >= self.cfg.batch_size:
+                    await self._commit()
+            else:
+                await self._await_reply()
+            return True
+        if self.batch_id is not None:
+            # more records may come: wait a linger for them before committing, unless
+            # other partitions wait for a batch slot
+            if (
+                not self.pub._flushing
+                and not self.pub._slot_waiters
+                and await self._wait_work(self.cfg.linger)
+            ):
+                return True
+            await self._commit()
+            return True
+        self.idle.set()
+        if self.pub._closing:
+            return False
+        await self._wait_work(None)
+        return True
+
+    async def _wait_work(self, timeout: float | None, replies_only: bool = False) -> bool:
+        """Wait for a reply (or, unless ``replies_only``, a new record); False on timeout."""
+        self.wake.clear()
+        if self.replies or (self.queue and not replies_only):
+            return True
+        try:
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
+            # that races with the event, and close() would then wait forever
+            async with asyncio.timeout(timeout):
+                await self.wake.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    def _window_open(self) -> bool:
+        out = self.batch_seq - self.acked_bseq
+        return out < self.cfg.max_in_flight and out < self.flow * 2
+
+    async def _publish(self, rec: _Rec, op: int) -> None:
+        self.batch_seq += 1
+        reply = b"%s%d.%d.$FI" % (self.reply_prefix, self.batch_seq, op)
+        try:
+            await wire.send(self.pub.nc, self.pub._fast, self.subject_b, reply, rec.hdr, rec.data)
+        except NatsError as exc:
+            raise _Retry(f"send failed: {type(exc).__name__}: {exc}") from exc
+
+    async def _open(self) -> None:
+        if not self.slot:
+            self.pub._slot_waiters += 1
+            try:
+                await self.pub._batch_slots.acquire()
+            finally:
+                self.pub._slot_waiters -= 1
+            self.slot = True
+        # batch ids are per stream on the server: unique per publisher, partition and batch
+        self.batch_id = f"{self.pub._run_tag}p{self.p}b{next(self._batches)}"
+        # <inbox>.<partition>.<batch id>.<flow>.<gap mode>.<batch seq>.<op>.$FI (ADR-50)
+        self.reply_prefix = f"{self.inbox}.{self.batch_id}.{self.cfg.flow}.fail.".encode()
+        self.batch_seq = 0
+        self.acked_bseq = 0
+        self.flow = self.cfg.flow
+        self.broken = False
+        rec = self.queue.popleft()
+        self.inflight.append(rec)
+        await self._publish(rec, 0)
+        # the first reply says whether the server takes the batch and at what flow
+        await self._await_reply()
+
+    async def _send_window(self) -> None:
+        q, inflight = self.queue, self.inflight
+        while q and self._window_open() and self.batch_seq < self.cfg.batch_size:
+            rec = q.popleft()
+            inflight.append(rec)
+            await self._publish(rec, 1)
+
+    async def _commit(self) -> None:
+        """End the batch without storing another message; the reply acknowledges it all."""
+        self.batch_seq += 1
+        reply = b"%s%d.3.$FI" % (self.reply_prefix, self.batch_seq)
+        try:
+            await wire.send(self.pub.nc, self.pub._fast, self.subject_b, reply, _EMPTY_HDR, b"")
+        except NatsError as exc:
+            raise _Retry(f"commit failed: {type(exc).__name__}: {exc}") from exc
+        self.broken = True  # nothing more goes into this batch; wait for its final ack
+        await self._await_reply(final=True)
+
+    async def _await_reply(self, final: bool = False) -> None:
+        """Wait for one reply of the current batch (or, with ``final``, for its end)."""
+        deadline = time.monotonic() + self.cfg.ack_timeout
+        current = self.batch_id
+        while self.batch_id == current and current is not None:
+            if self.replies:
+                bid, data = self.replies.popleft()
+                if self._handle(bid, data) and not final:
+                    return
+                continue
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise _Retry(f"no acknowledgement within {self.cfg.ack_timeout:g}s")
+            await self._wait_work(left, replies_only=True)
+
+    def _drain_replies(self) -> None:
+        while self.replies:
+            bid, data = self.replies.popleft()
+            self._handle(bid, data)
+
+    def _handle(self, bid: str, data: bytes) -> bool:
+        """Apply one reply; True if it belonged to the current batch."""
+        if bid != self.batch_id:
+            return False  # a late reply of an abandoned batch: its records get resent anyway
+        try:
+            msg = json.loads(data)
+        except ValueError:
+            return False
+        err = msg.get("error")
+        if err:
+            code = err.get("err_code")
+            desc = f"{err.get('description', 'error')} (err_code {code})"
+            if "count" in msg:  # the final ack of a batch stopped by this error
+                self._ack_to(int(msg.get("count") or 0))
+            self._end_batch()
+            if code == _ERR_BATCH_UNKNOWN or err.get("code") == 503:
+                raise _Retry(f"server dropped the batch: {desc}")
+            if code == _ERR_TOO_MANY_BATCHES or err.get("code") == 429:
+                raise _Retry(f"server limit reached: {desc}")
+            if code == _ERR_FAST_BATCH_DISABLED:
+                raise _Fatal(
+                    f"stream {self.pub.stream.name} does not allow fast batch publishing: "
+                    f"{desc}; run `nats-ordered provision` for it (sets allow_batched)"
+                )
+            raise _Fatal(f"server refused a record of partition {self.p}: {desc}")
+        kind = msg.get("type")
+        if kind == "ack":
+            self._ack_to(int(msg.get("seq") or 0))
+            self.flow = max(1, int(msg.get("msgs") or self.flow))
+            return True
+        if kind == "gap":
+            self.broken = True  # the server abandons the batch; its final ack follows
+            return True
+        if "batch" in msg:  # final PubAck of the batch
+            self._ack_to(int(msg.get("count") or 0))
+            seq = int(msg.get("seq") or 0)
+            if seq:
+                self.summary.last_seq = max(self.summary.last_seq, seq)
+            self._end_batch()
+            self.broken = False
+            if self.inflight:  # a gap: the server stored a prefix; resend the rest
+                self.summary.retries += 1
+                self._requeue()
+            return True
+        return False
+
+    def _ack_to(self, bseq: int) -> None:
+        n = min(bseq, self.batch_seq) - self.acked_bseq
+        if n <= 0:
+            return
+        n = min(n, len(self.inflight))
+        inflight = self.inflight
+        nbytes = 0
+        for _ in range(n):
+            nbytes += len(inflight.popleft().data)
+        self.acked_bseq += n
+        self.summary.acked += n
+        self.pub._release(n, nbytes)
+        self._failing_since = None
+        self._attempt = 0
+
+    async def _recover(self, reason: str) -> None:
+        if self.pub.nc.is_closed:
+            self._fail(f"{reason}; the NATS connection is closed")
+            return
+        now = time.monotonic()
+        if self._failing_since is None:
+            self._failing_since = now
+        self.summary.retries += 1
+        self._end_batch()
+        self.broken = False
+        self._requeue()
+        if now - self._failing_since > self.cfg.delivery_timeout:
+            self._fail(f"{reason}; gave up after {self.cfg.delivery_timeout:g}s of retries")
+            return
+        self._attempt += 1
+        # jittered, so partitions refused together (err 10211) do not retry together
+        delay = min(_MAX_BACKOFF, 0.05 * 2 ** min(self._attempt, 5) * (0.5 + random.random()))
+        log.warning(
+            "partition %d: %s; resending %d records in %.2fs",
+            self.p,
+            reason,
+            len(self.queue),
+            delay,
+        )
+        await asyncio.sleep(delay)
+
+    def _requeue(self) -> None:
+        """Put the unacknowledged records back at the head of the queue, to be resent.
+
+        Acknowledgements are in order, so they are producer seqs ``acked+1 ..``; ``resent``
+        counts each of them once, however often it is resent."""
+        n = len(self.inflight)
+        last = self.summary.acked + n
+        if last > self._resent_hi:
+            self.summary.resent += last - max(self.summary.acked, self._resent_hi)
+            self._resent_hi = last
+        self.queue.extendleft(reversed(self.inflight))
+        self.inflight.clear()
+
+    def _end_batch(self) -> None:
+        """Forget the current batch and give its slot back."""
+        self.batch_id = None
+        if self.slot:
+            self.slot = False
+            self.pub._batch_slots.release()
+
+    def _fail(self, reason: str) -> None:
+        self._end_batch()
+        n = len(self.queue) + len(self.inflight)
+        nbytes = sum(len(r.data) for r in self.queue) + sum(len(r.data) for r in self.inflight)
+        self.queue.clear()
+        self.inflight.clear()
+        self.summary.failed += n
+        self.error = self.summary.error = reason
+        self.pub._release(n, nbytes)
+        self.idle.set()
+        log.error("partition %d: %s; %d records not stored", self.p, reason, n)
