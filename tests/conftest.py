@@ -46,6 +46,19 @@ if (
     os.environ["AIRFLOW_HOME"] = _airflow_home
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 
+# Property tests check results, never speed: hypothesis' default 200 ms deadline per example
+# is a wall-clock budget that a loaded 2-core machine misses (DeadlineExceeded on a correct
+# assignment), so no deadline, and no health check that times data generation.
+try:
+    from hypothesis import HealthCheck, settings
+
+    settings.register_profile(
+        "nats-ordered", deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    )
+    settings.load_profile("nats-ordered")
+except ImportError:  # hypothesis is a dev dependency; only the property tests need it
+    pass
+
 
 @pytest.fixture
 def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
