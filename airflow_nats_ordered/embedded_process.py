@@ -102,7 +102,7 @@ def _run_coro_sync(factory: Callable[[], Coroutine[Any, Any, _T]]) -> _T:
     thread.join()
     if "error" in box:
         raise box["error"]
-    return box["value"]  # type: ignore[no-any-return]
+    return box["value"]
 
 
 def _die_with_parent_fn() -> Callable[[], None] | None:

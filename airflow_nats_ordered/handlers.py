@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +40,7 @@ _SCOPE = ("stream", "group")
 
 def _instantiate(path: str, cls: type, scope: dict[str, str | None]) -> Any:
     """``cls()``, passing those of ``stream`` and ``group`` that its ``__init__`` names."""
+    params: Mapping[str, inspect.Parameter]
     try:
         params = inspect.signature(cls).parameters
     except (TypeError, ValueError):  # a builtin or C class: no introspectable signature

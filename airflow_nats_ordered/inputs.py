@@ -47,7 +47,7 @@ import os
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 from .core.keys import key_text
 from .input_order import numeric_columns, sorted_rows
@@ -165,7 +165,7 @@ class RecordReader:
         self.rows_read = 0
         self.columns: list[str] = []
         self._stdin = stdin
-        self._closers: list[Callable[[], None]] = []
+        self._closers: list[Callable[[], object]] = []
         self._used = False
         self._keep: Any = None
         try:
@@ -195,7 +195,7 @@ class RecordReader:
             ) from None
         self._closers.append(raw.close)
         if self.path.lower().endswith(".gz"):
-            gz: IO[bytes] = gzip.GzipFile(fileobj=raw)
+            gz = cast(IO[bytes], gzip.GzipFile(fileobj=raw))
             self._closers.append(gz.close)
             return gz
         return raw

@@ -172,7 +172,9 @@ class MemberMetrics(Collector):
             t0 = time.monotonic()
             if not self.nc.is_closed and self.nc.is_connected:
                 with contextlib.suppress(Exception):
-                    await self.nc.flush(timeout=max(self.stale_after, self.probe_interval))
+                    # nats-py annotates flush's timeout as int; it is seconds, a float works
+                    timeout = max(self.stale_after, self.probe_interval)
+                    await self.nc.flush(timeout=timeout)  # type: ignore[arg-type]
                     done = time.monotonic()
                     self.roundtrip_seconds = done - t0
                     self.last_roundtrip_ok = done
@@ -239,13 +241,13 @@ class MemberMetrics(Collector):
 
     def _member_metrics(self) -> Iterator[Metric]:
         w, names, values = self.worker, list(self.labels), list(self.labels.values())
-        for key, value in list(w.stats.items()):
+        for key, count in list(w.stats.items()):
             c = CounterMetricFamily(
                 f"{PREFIX}_member_{key}",
                 STAT_HELP.get(key, f"Worker.stats[{key!r}] of the member"),
                 labels=names,
             )
-            c.add_metric(values, value)
+            c.add_metric(values, count)
             yield c
         gauges: list[tuple[str, str, float | None]] = [
             ("owned_partitions", "partitions the member processes now", len(self._claimed())),

@@ -130,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+class _StderrHandler(logging.StreamHandler):
     """Writes to whatever ``sys.stderr`` is at the time (it may be replaced, e.g. in tests)."""
 
     def emit(self, record: logging.LogRecord) -> None:

@@ -15,7 +15,14 @@ import math
 import os
 import re
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Callable,
+    Coroutine,
+    Iterable,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -395,7 +402,7 @@ class Command:
     name: str
     help: str
     configure: Callable[[argparse.ArgumentParser], None]
-    run: Callable[[argparse.Namespace, ConnectionOptions], Awaitable[int]]
+    run: Callable[[argparse.Namespace, ConnectionOptions], Coroutine[Any, Any, int]]
     description: str = ""
     #: False for a command whose ``configure`` adds the connection flags itself (to each of
     #: its own subcommands: argparse reads a parser's flags only before its subcommand)

@@ -109,9 +109,9 @@ def _spec_from_args(args: argparse.Namespace, current: PartitionedStream | None)
         subject_prefix=_keep(args.subject_prefix, current and current.prefix, None),
         replicas=_keep(args.replicas, current and current.replicas, 1),
         storage=_keep(args.storage, current and current.storage, "file"),
-        max_age=_limit(args.max_age, cfg and cfg.max_age),
-        max_bytes=_limit(args.max_bytes, cfg and cfg.max_bytes),  # type: ignore[arg-type]
-        max_msgs=_limit(args.max_msgs, cfg and cfg.max_msgs),  # type: ignore[arg-type]
+        max_age=_limit(args.max_age, cfg.max_age if cfg else None),
+        max_bytes=_limit(args.max_bytes, cfg.max_bytes if cfg else None),  # type: ignore[arg-type]
+        max_msgs=_limit(args.max_msgs, cfg.max_msgs if cfg else None),  # type: ignore[arg-type]
         max_msg_size=_limit(args.max_msg_size, cfg and cfg.max_msg_size),  # type: ignore[arg-type]
         duplicate_window=_keep(
             args.duplicate_window,

@@ -93,7 +93,7 @@ async def _read(nc: NATS, stream_name: str, group: str) -> dict[str, Any]:
     if snap.assignment:
         generation = Assignment.from_json(snap.assignment).generation
     now = time.time()
-    parts = []
+    parts: list[dict[str, Any]] = []
     for p in lag.partitions:
         c = snap.commits.get(p.partition)
         parts.append(

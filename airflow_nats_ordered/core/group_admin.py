@@ -430,7 +430,7 @@ async def partition_rates(nc: NATS, stream: str, window: float = 3600.0) -> dict
             described.name,
             config=api.ConsumerConfig(
                 deliver_policy=api.DeliverPolicy.BY_START_TIME,
-                opt_start_time=since.isoformat().replace("+00:00", "Z"),
+                opt_start_time=since,  # nats-py sends it as RFC 3339 UTC
                 ack_policy=api.AckPolicy.NONE,
                 filter_subject=described.subject(p),
                 mem_storage=True,

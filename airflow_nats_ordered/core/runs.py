@@ -222,10 +222,14 @@ class SourceRecord(Protocol):
     A record may also carry ``headers`` (a dict of extra headers, e.g. from Spark's
     ``headers`` column)."""
 
-    key: str | None
-    payload: bytes
-    msg_id: str | None
-    where: str
+    @property
+    def key(self) -> str | bytes | None: ...
+    @property
+    def payload(self) -> bytes: ...
+    @property
+    def msg_id(self) -> str | None: ...
+    @property
+    def where(self) -> str: ...
 
 
 @dataclass

@@ -78,7 +78,8 @@ def audit_query(
 ) -> tuple[str, list[object]]:
     """The SELECT (and its arguments) of ``cols`` of every ``kind`` row of ``scope``
     (optionally of one partition), in commit order."""
-    where, args = "WHERE kind = ? AND stream = ? AND grp = ?", [kind, *scope]
+    where = "WHERE kind = ? AND stream = ? AND grp = ?"
+    args: list[object] = [kind, *scope]
     if partition is not None:
         where, args = f"{where} AND partition = ?", [*args, partition]
     return f"SELECT {cols} FROM {AUDIT_TABLE} {where} ORDER BY id", args

@@ -149,6 +149,7 @@ class NatsPublishOperator(BaseOperator):
             return
         rows = self.records
         if rows is None:
+            assert self.records_callable is not None  # __init__ requires exactly one source
             rows = import_callable(self.records_callable, "records_callable")(**self.op_kwargs)
         yield from records_from_rows(
             rows, key_field=self.key_field, msg_id_field=self.msg_id_field, order_by=self.order_by

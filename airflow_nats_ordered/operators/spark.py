@@ -132,7 +132,9 @@ class NatsSparkPublishOperator(SparkSubmitOperator):
         self._hook = None  # built again with the settings above
         return hook
 
-    def execute(self, context: Any) -> dict[str, Any]:
+    # the run's ledger record goes to XCom as execute's return value (the Spark provider's
+    # operator returns nothing, so its annotation says None)
+    def execute(self, context: Any) -> dict[str, Any]:  # type: ignore[override]
         producer_id = self.producer_id or default_producer_id(context)
         hook = self.prepare(producer_id)
 

@@ -101,6 +101,8 @@ def _task() -> tuple[Any, int, int]:
     from pyspark import TaskContext
 
     tc = TaskContext.get()
+    if tc is None:
+        raise RuntimeError("the nats-ordered writer runs inside a Spark task only")
     return tc, tc.partitionId(), tc.attemptNumber()
 
 

@@ -96,7 +96,7 @@ class NatsGroupDrainTrigger(BaseTrigger):
         remaining = None
         if self.timeout is not None:
             remaining = max(0.0, self.timeout - (time.time() - self.started))
-        base = {"stream": self.stream, "group": self.group}
+        base: dict[str, Any] = {"stream": self.stream, "group": self.group}
         try:
             async with NatsHook(self.nats_conn_id).aconnect() as nc:
                 progress = await wait_drained(
