@@ -4,6 +4,7 @@ exposes their token floor (``fencing_floor``) next to on_assign/on_revoke/close.
 from __future__ import annotations
 
 import asyncio
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,11 @@ from airflow_nats_ordered.core.errors import ConfigError
 from airflow_nats_ordered.core.fenced_sink import FencedSqliteSink
 from airflow_nats_ordered.handlers import load_handler
 
-EXAMPLE = "airflow_nats_ordered.examples.aircraft_totals:AircraftTotals"
+# the flights handler as the pool loads it: the dags folder on the path (PYTHONPATH=dags)
+DAGS = Path(__file__).resolve().parents[1] / "dags"
+if str(DAGS) not in sys.path:
+    sys.path.insert(0, str(DAGS))
+EXAMPLE = "flights.handlers:AircraftTotals"
 
 
 def test_loader_scopes_the_example_sink_to_the_workers_stream_and_group(tmp_path, monkeypatch):

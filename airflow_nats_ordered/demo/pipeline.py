@@ -1,5 +1,8 @@
 """`make demo`: ``flights_ordered_pipeline`` through a real Airflow, Spark and worker pool.
 
+``python -m airflow_nats_ordered.demo`` (or ``.demo.pipeline``), from a source checkout:
+``--dags`` is the repository's ``dags/`` folder by default.
+
 1. a throw-away Airflow home under ``.demo/`` (SQLite metadata DB, LocalExecutor), the
    repository's ``dags/`` as its DAGs folder, and an embedded nats-server;
 2. the worker pool as a deployment runs it: ``nats-ordered pool --size 3 --conn-id
@@ -40,7 +43,8 @@ from typing import Any
 DAG_ID = "flights_ordered_pipeline"
 STREAM = "FLIGHTS"
 GROUP = "aircraft-totals"
-ROOT = Path(__file__).resolve().parents[1]
+#: the repository's dags folder: the DAGs and their handler are not in the installed package
+DAGS = Path(__file__).resolve().parents[2] / "dags"
 BIN = Path(sys.executable).parent
 
 
@@ -227,13 +231,21 @@ def wait_runs(
         time.sleep(1)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m airflow_nats_ordered.pipeline_demo")
+def main(
+    argv: list[str] | None = None, prog: str = "python -m airflow_nats_ordered.demo.pipeline"
+) -> int:
+    ap = argparse.ArgumentParser(prog=prog)
     ap.add_argument("--workdir", default=".demo", help="server store, Airflow home, sink, logs")
     ap.add_argument("--days", type=int, default=2, help="days of 2013 to run (default 2)")
     ap.add_argument("--year", action="store_true", help="all 365 days of 2013")
     ap.add_argument("--timeout", type=float, default=None, help="seconds (default: per day)")
+    ap.add_argument(
+        "--dags", type=Path, default=DAGS, help="the dags folder (default: the checkout's dags/)"
+    )
     args = ap.parse_args(argv)
+    dags = args.dags.resolve()
+    if not (dags / "flights" / "handlers.py").is_file():
+        ap.error(f"{dags} has no flights/handlers.py: pass the repository's dags folder")
     n_days = 365 if args.year else args.days
     if n_days < 2:
         ap.error("--days must be at least 2 (a member is killed during the second day)")
@@ -241,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     days = [(first + dt.timedelta(days=i)).isoformat() for i in range(n_days)]
     rerun = days[0]
 
-    from .embedded import NatsServer
+    from ..embedded import NatsServer
 
     t0 = time.monotonic()
     work = Path(args.workdir).resolve()
@@ -254,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         env = dict(
             os.environ,
             AIRFLOW_HOME=str(home),
-            AIRFLOW__CORE__DAGS_FOLDER=str(ROOT / "dags"),
+            AIRFLOW__CORE__DAGS_FOLDER=str(dags),
             AIRFLOW__CORE__LOAD_EXAMPLES="False",
             AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION="True",
             AIRFLOW__CORE__EXECUTION_API_SERVER_URL=f"http://127.0.0.1:{api_port}/execution/",
@@ -268,9 +280,7 @@ def main(argv: list[str] | None = None) -> int:
             FLIGHTS_STREAM=STREAM,
             FLIGHTS_GROUP=GROUP,
             FLIGHTS_LAST_DAY=days[-1],
-            PYTHONPATH=os.pathsep.join(
-                p for p in (str(ROOT / "dags"), os.environ.get("PYTHONPATH")) if p
-            ),
+            PYTHONPATH=os.pathsep.join(p for p in (str(dags), os.environ.get("PYTHONPATH")) if p),
             PYSPARK_PYTHON=sys.executable,
             PYTHONUNBUFFERED="1",
             PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",

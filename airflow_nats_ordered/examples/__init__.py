@@ -1,1 +1,0 @@
-"""Example handlers for ``nats-ordered worker`` (used by ``make demo``)."""
