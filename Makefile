@@ -31,16 +31,18 @@ test: venv
 	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 demo: venv
-	$(BIN)/python -m airflow_nats_ordered.pipeline_demo
+	$(BIN)/python -m airflow_nats_ordered.demo
 
 bench: venv
 	$(BIN)/python bench/run.py && $(BIN)/python bench/worker_bench.py && $(BIN)/python bench/drain_bench.py && $(BIN)/python bench/spark_bench.py
 
 CODE_DIRS := $(wildcard airflow_nats_ordered dags spark_apps bench tests)
 
+# ruff over all the code; mypy over the package (its settings: [tool.mypy] in pyproject.toml)
 lint: venv
 	$(BIN)/ruff check $(CODE_DIRS)
 	$(BIN)/ruff format --check $(CODE_DIRS)
+	$(BIN)/mypy
 
 format: venv
 	$(BIN)/ruff format $(CODE_DIRS)
