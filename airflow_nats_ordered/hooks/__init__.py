@@ -1,0 +1,1 @@
+"""Airflow hook: NatsHook reads a ``nats`` connection and connects (imports Airflow)."""

@@ -1,0 +1,1 @@
+"""Airflow operators: provision, publish, Spark publish, group rebalance and reset."""

@@ -1,0 +1,1 @@
+"""Airflow sensor: NatsGroupDrainSensor waits until a group has processed a run."""
