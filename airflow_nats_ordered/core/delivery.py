@@ -1,0 +1,470 @@
+"""Delivering an owned partition's messages to the handler (:class:`PartitionDelivery`).
+
+One task per partition a member owns (:meth:`PartitionDelivery._run_partition`) reads it
+with a :class:`~.reader.PartitionReader` from the committed position and hands its messages
+to the handler one by one (or batch by batch): with retries, the poison policy (dead letters
+in :mod:`.dead_letters`), commits at a cadence, and on hand-over a last commit, the lease's
+release and ``on_revoke``. Before anything of a newly granted partition is handled, the
+group's committed position and the sink's applied position are checked against the
+stream's history (:mod:`.continuity`); a partition whose positions are not part of it any
+more, or whose sink can neither apply nor skip a message, is held for an operator.
+
+Guarantees (each tested by breaking it in ``tests/test_worker_chaos.py``)
+------------------------------------------------------------------------
+* **Order.** One task per partition reads it from the committed position with one reader,
+  and calls the handler message by message (or batch by batch) in stream order.
+* **At-least-once.** Positions are committed after the handler returned, every
+  ``commit_every`` messages / ``commit_interval`` seconds and on hand-over, so a crash
+  re-delivers at most the uncommitted tail; a fenced sink makes it effectively-once.
+* **Fenced handlers stop.** A handler that raises :class:`Fenced` (its sink saw a newer
+  token) stops the partition at once, without retrying, dead-lettering or committing.
+* **Poison messages.** A failing handler is retried with backoff; then the message goes to
+  the dead-letter subject with its headers and the error (and processing moves on), or the
+  partition blocks and reports why (``poison="block"``). Never a silent skip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from nats.errors import Error as NatsError
+
+from .continuity import Position, delivering, divergence, stopped_reason
+from .dead_letters import DeadLettering
+from .errors import (
+    BatchFailed,
+    NatsOrderedError,
+    OrderConflict,
+    StreamNotFoundError,
+)
+from .group import (
+    Fenced,
+    Grant,
+    GroupStore,
+    LeaseLost,
+    StateWentBack,
+    StreamRecreated,
+)
+from .message import HDR_MSG_ID, AppliedPosition, BatchHandler, Handler, Message
+from .owned import OwnedPartition
+from .partitioning import partition_subject
+from .reader import PartitionReader
+from .routing_check import route_key
+
+# the worker's logger: records keep the name they had before the worker was split up
+log = logging.getLogger("airflow_nats_ordered.core.worker")
+
+
+class PartitionDelivery(DeadLettering):
+    """The processing verbs of :class:`~.worker.Worker` (a mixin: a partition's task shares
+    the member's state - its store, owned partitions, statistics and problems - and hands
+    the partition back through the member's bookkeeping when it ends)."""
+
+    store: GroupStore
+    handler: Handler | BatchHandler
+    on_revoke: Callable[[int], Any] | None
+    applied_position: AppliedPosition | None
+    owned: dict[int, OwnedPartition]
+    _is_async: bool
+    _last_yield: float
+    _back_off: Callable[[int, str], None]
+    _audit: Callable[..., None]
+
+    async def _run_partition(self, o: OwnedPartition) -> None:
+        p, grant = o.partition, o.grant
+        subject = partition_subject(self.stream.prefix, p)
+        reader = PartitionReader(
+            self.nc,
+            self.stream.name,
+            subject,
+            grant.committed + 1,
+            self.cfg.fetch_batch,
+            self._buffer_share,
+            lambda seq, msg_id: self._verify_position(p, seq, msg_id),
+            grant.committed_id or None,
+        )
+        last, last_id = grant.committed, grant.committed_id or None
+        last_commit = time.monotonic()
+        since_commit = 0
+        graceful = False
+        given_up = False  # fenced or lease lost: stop without committing, free what is held
+        halted = False  # the handler could not finish a message: stop here, commit before it
+        #: why the partition must stop and wait for an operator (positions that are not in
+        #: the stream's history any more, a message the sink can neither apply nor skip)
+        stopped: str | None = None
+        try:
+            stopped = await self._continuity(o)
+            while stopped is None and not o.revoke.is_set() and not halted:
+                if not o.lease.valid:
+                    raise LeaseLost(f"lease of partition {p} expired locally")
+                wait = max(0.05, min(0.5, o.lease.valid_until - time.monotonic()))
+                try:
+                    fetched = await reader.fetch(timeout=wait)
+                except StateWentBack as exc:
+                    stopped = self._went_back(p, str(exc), None, exc.last_seq)
+                    break
+                msgs, rejected = self._messages(o, fetched)
+                step = max(1, len(msgs)) if self.cfg.batch_handler else 1
+                for i in range(0, len(msgs), step):
+                    if o.revoke.is_set():
+                        break
+                    if time.monotonic() >= o.lease.valid_until:
+                        raise LeaseLost(f"lease of partition {p} expired locally")
+                    chunk = msgs[i : i + step]
+                    try:
+                        done = await self._deliver(o, chunk, rejected)
+                    except OrderConflict as exc:
+                        stopped = self._refused(chunk[0], exc)
+                        break
+                    if done:
+                        last = chunk[done - 1].stream_seq
+                        last_id = chunk[done - 1].headers.get(HDR_MSG_ID)
+                        since_commit += done
+                    if done < len(chunk):
+                        halted = True
+                        break
+                    if self._commit_due(since_commit, last_commit) and await self._commit(
+                        grant, last, last_id
+                    ):
+                        since_commit, last_commit = 0, time.monotonic()
+                # handled: let go of them before fetching more (the byte bound counts on it)
+                msgs = chunk = []
+                if stopped is None and (
+                    self._commit_due(since_commit, last_commit)
+                    and await self._commit(grant, last, last_id)
+                ):
+                    since_commit, last_commit = 0, time.monotonic()
+            if stopped is not None:
+                # no commit: what was handled since the last one may be past the stream's end
+                given_up = True
+                await self._hold(o, stopped)
+            else:
+                graceful = True
+        except Fenced as exc:
+            self.stats["fenced"] += 1
+            given_up = True
+            log.warning("member %s: %s", self.member, exc)
+        except (StreamRecreated, StreamNotFoundError) as exc:
+            # positions refer to the old (or a deleted) stream: stop without committing;
+            # claims back off and report it until an operator resets the group
+            given_up = True
+            self._report("stream", str(exc))
+            log.error("member %s: partition %d: %s", self.member, p, exc)
+        except LeaseLost as exc:
+            if not o.lost:  # (already counted if the heartbeat found it lost)
+                self.stats["leases_lost"] += 1
+            given_up = True
+            log.warning("member %s: %s", self.member, exc)
+        except NatsOrderedError as exc:
+            # the handler's applied_position hook failed (its sink is unavailable): give the
+            # partition back and claim it again later, as when on_assign fails
+            given_up = True
+            log.warning("member %s: partition %d: %s", self.member, p, exc)
+            self._back_off(p, str(exc))
+        except (NatsError, TimeoutError) as exc:
+            # e.g. dead-lettering failed during a server blip: hand the partition back with
+            # what was done committed; it is claimed again on the next tick
+            log.warning("member %s: partition %d stopped by %r", self.member, p, exc)
+            graceful = True
+        except asyncio.CancelledError:
+            pass
+        finally:
+            o.finishing = True  # from here on a lost lease must not cancel the clean-up
+            stopped_at = time.time()  # processing has stopped: the end of this owner's window
+            try:
+                await reader.close()
+                async with o.lock:
+                    o.releasing = True
+                    if graceful and o.lease.valid:
+                        with contextlib.suppress(Fenced, NatsError, asyncio.TimeoutError):
+                            await self.store.commit(grant, last, last_id)
+                        with contextlib.suppress(NatsError, asyncio.TimeoutError):
+                            await self.store.release(o.lease)
+                    elif given_up:
+                        # no commit (a newer owner may exist), but a lease key still at our
+                        # revision is ours: delete it (compare-and-set, so never a newer
+                        # owner's) so the partition moves at once rather than after a TTL
+                        with contextlib.suppress(NatsError, asyncio.TimeoutError):
+                            await self.store.release(o.lease)
+            finally:
+                # even if the clean-up above is interrupted: a partition left in `owned`
+                # without a live task would never be claimed again by this member
+                o.releasing = True
+                if self.owned.get(p) is o:  # never drop a newer claim of the same partition
+                    del self.owned[p]
+                self._audit(
+                    kind="released",
+                    partition=p,
+                    token=grant.token,
+                    at=stopped_at,
+                    graceful=graceful,
+                    last=last,
+                )
+            if self.on_revoke is not None:
+                with contextlib.suppress(Exception):
+                    r = self.on_revoke(p)
+                    if inspect.isawaitable(r):
+                        await r
+            log.info("member %s released partition %d at seq %d", self.member, p, last)
+
+    async def _sink_position(self, p: int) -> tuple[int, str | None] | None:
+        """The sink's applied position of ``p`` from the handler's ``applied_position``
+        hook (None without a hook, or if the sink applied nothing)."""
+        if self.applied_position is None:
+            return None
+        try:
+            r = self.applied_position(p)
+            r = await r if inspect.isawaitable(r) else r
+            if r is None:
+                return None
+            seq, msg_id = r
+            return int(seq), (str(msg_id) if msg_id else None)
+        except Exception as exc:
+            raise NatsOrderedError(
+                f"applied_position({p}) failed: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    async def _continuity(self, o: OwnedPartition) -> str | None:
+        """Check, before anything of a newly granted partition is handled, that the group's
+        committed position and the sink's applied position are still part of the stream's
+        history. The blocked reason (with the operator action) if not, else None."""
+        p, grant = o.partition, o.grant
+        subject = self.stream.subject(p)
+        positions = [
+            Position(
+                grant.committed, grant.committed_id or None, f"the group's commit record c.{p}"
+            )
+        ]
+        sink = await self._sink_position(p)
+        if sink is not None:
+            positions.append(Position(sink[0], sink[1], "the sink's applied position"))
+        problems: list[str] = []
+        anchor: int | None = None
+        last_seq = 0
+        for pos in positions:
+            found = await self.store.stored_at(pos.seq)
+            last_seq = found.last_seq
+            why = divergence(pos, subject, found)
+            if why is not None:
+                problems.append(why)
+            elif pos is positions[0]:
+                anchor = pos.seq
+        if not problems:
+            self._report(f"continuity.{p}", None)
+            return None
+        return self._went_back(p, "; ".join(problems), anchor, last_seq)
+
+    def _went_back(self, p: int, problem: str, anchor: int | None, last_seq: int) -> str:
+        return stopped_reason(self.stream.name, self.cfg.group, p, problem, anchor, last_seq)
+
+    async def _verify_position(self, p: int, seq: int, msg_id: str | None) -> None:
+        """Before the reader of ``p`` re-creates its consumer: the stream is the one the
+        group's positions refer to, and still holds the last message handed out."""
+        await self.store.check_stream()
+        found = await self.store.stored_at(seq)
+        why = divergence(
+            Position(seq, msg_id, "the reader's position"), self.stream.subject(p), found
+        )
+        if why is not None:
+            raise StateWentBack(why, found.last_seq)
+
+    def _refused(self, m: Message, exc: OrderConflict) -> str:
+        return (
+            f"stopped at seq {m.stream_seq}: the handler's sink can neither apply nor skip it "
+            f"({type(exc).__name__}: {exc}), so it is not retried or dead-lettered. If the "
+            "stream's stored state went back, the operator action is to rewind the sink and "
+            "reset the group to the last sequence both still agree on"
+        )
+
+    async def _hold(self, o: OwnedPartition, reason: str) -> None:
+        """Stop handling ``o`` and say why (blocked marker, problems) until it is revoked
+        (e.g. by an operator's reset, which takes the lease): the lease is kept, so no other
+        member resumes it meanwhile, and nothing is committed."""
+        p = o.partition
+        o.blocked = reason
+        self.stats["stopped"] += 1
+        log.error("member %s: partition %d %s", self.member, p, reason)
+        self._report(f"continuity.{p}", f"partition {p}: {reason}")
+        written = False
+        while not o.revoke.is_set():
+            if not written:
+                with contextlib.suppress(NatsError, TimeoutError):
+                    await self.store.set_blocked(p, reason)
+                    written = True
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(1.0):
+                    await o.revoke.wait()
+
+    def _messages(
+        self, o: OwnedPartition, fetched: list[tuple[int, Any]]
+    ) -> tuple[list[Message], dict[int, str]]:
+        """The handler's view of fetched deliveries, and why those that must not reach it
+        are rejected (by stream sequence): a key that does not hash to this partition, a
+        missing key where the stream requires one, an undecodable key header."""
+        p, token, partitions = o.partition, o.grant.token, self.stream.partitions
+        keys_required = bool(getattr(self.stream, "keys_required", False))
+        msgs: list[Message] = []
+        rejected: dict[int, str] = {}
+        for seq, m in fetched:
+            headers = m.headers or {}
+            key, why = route_key(headers, p, partitions, keys_required=keys_required)
+            if why is not None:
+                rejected[seq] = why
+            msgs.append(Message(key or "", m.data, headers, p, seq, token, m.subject))
+        return msgs, rejected
+
+    def _buffer_share(self) -> int:
+        """One partition's share of ``max_buffer_bytes``."""
+        return self.cfg.max_buffer_bytes // max(1, len(self.owned))
+
+    def _commit_due(self, since_commit: int, last_commit: float) -> bool:
+        return since_commit > 0 and (
+            since_commit >= self.cfg.commit_every
+            or time.monotonic() - last_commit >= self.cfg.commit_interval
+        )
+
+    async def _commit(self, grant: Grant, seq: int, msg_id: str | None) -> bool:
+        """Commit; a transient failure (server restart) is retried at the next commit point.
+        Fenced propagates: a newer owner exists."""
+        try:
+            await self.store.commit(grant, seq, msg_id)
+            return True
+        except (NatsError, TimeoutError) as exc:
+            log.warning(
+                "member %s: committing partition %d at %d failed (%s); will retry",
+                self.member,
+                grant.partition,
+                seq,
+                exc,
+            )
+            return False
+
+    async def _call(self, arg: Any) -> None:
+        # the msg-ids of what is handed over, for a sink the handler gives no msg_id
+        batch = arg if isinstance(arg, list) else [arg]
+        ids = {(m.partition, m.stream_seq): i for m in batch if (i := m.headers.get(HDR_MSG_ID))}
+        token = delivering.set(ids)
+        try:
+            r = self.handler(arg)
+            if self._is_async or inspect.isawaitable(r):
+                await r
+        finally:
+            delivering.reset(token)
+        if not self._is_async and time.monotonic() - self._last_yield > 0.005:
+            # a synchronous handler never yields: give the heartbeat and the other partitions
+            # a turn at least every 5 ms, or leases would starve and expire
+            self._last_yield = time.monotonic()
+            await asyncio.sleep(0)
+
+    async def _deliver(
+        self, o: OwnedPartition, msgs: list[Message], rejected: Mapping[int, str] | None = None
+    ) -> int:
+        """Hand ``msgs`` (one message, or one batch in batch mode) to the handler, with
+        retries and the poison policy. Returns how many of ``msgs``, from the first, are
+        done (applied, or dead-lettered); fewer than all when the partition must stop
+        before the next one: blocked and then revoked, or revoked while retrying (the next
+        owner tries it again).
+
+        A message in ``rejected`` (its stream sequence -> why: misrouted, keyless on a
+        keyed stream, malformed key) is never handed to the handler: it goes straight to
+        the poison policy, and a batch is cut before it.
+
+        A batch handler reports partial progress by raising :class:`BatchFailed`
+        (``applied=n``): retries resume at message n, and only a message that keeps failing
+        is dead-lettered. Any other exception means nothing of the batch was applied; once
+        its retries are spent, the batch's messages are retried one at a time, so only the
+        ones that fail on their own are dead-lettered."""
+        rejected = rejected or {}
+        batch_mode = self.cfg.batch_handler
+        one_by_one = not batch_mode
+        done = attempt = 0
+        while done < len(msgs):
+            why = rejected.get(msgs[done].stream_seq)
+            if why is not None:
+                self.stats["rejected"] += 1
+                if not await self._poison(
+                    o, msgs[done], f"{why} (not handed to the handler)", None
+                ):
+                    return done
+                done, attempt = done + 1, 0
+                continue
+            end = next(
+                (i for i in range(done + 1, len(msgs)) if msgs[i].stream_seq in rejected),
+                len(msgs),
+            )
+            chunk = msgs[done : done + 1] if one_by_one else msgs[done:end]
+            try:
+                await self._call(chunk if batch_mode else chunk[0])
+                applied, error = len(chunk), None
+            except (asyncio.CancelledError, Fenced, OrderConflict):
+                # a fenced sink told the handler a newer owner exists, or it can neither
+                # apply nor skip the message: stop, no retry, no dead letter
+                raise
+            except BatchFailed as exc:
+                applied, error = (min(exc.applied, len(chunk) - 1) if batch_mode else 0), exc
+            except Exception as exc:
+                applied, error = 0, exc
+            if applied:
+                o.processed += applied
+                self.stats["processed"] += applied
+                if not o.processed_once:
+                    await self._first_applied(o)
+                done, attempt = done + applied, 0
+            if error is None:
+                continue
+            self.stats["handler_errors"] += 1
+            if attempt < self.cfg.max_retries:
+                attempt += 1
+                self.stats["retries"] += 1
+                await asyncio.sleep(self.cfg.retry_backoff * 2 ** (attempt - 1))
+                if not o.lease.valid:
+                    raise LeaseLost(f"lease of partition {o.partition} expired") from error
+                if o.revoke.is_set():
+                    return done  # moving or stopping: the next owner retries it
+                continue
+            if len(chunk) - applied > 1 and not isinstance(error, BatchFailed):
+                # an all-or-nothing batch keeps failing: find the culprit(s) one by one
+                one_by_one, attempt = True, 0
+                continue
+            if not await self._poison(
+                o, msgs[done], f"{type(error).__name__}: {error}", attempt + 1, error
+            ):
+                return done
+            done, attempt = done + 1, 0
+        return done
+
+    async def _poison(
+        self,
+        o: OwnedPartition,
+        m: Message,
+        reason: str,
+        attempts: int | None,
+        error: BaseException | None = None,
+    ) -> bool:
+        """Apply the poison policy to ``m`` (failed ``attempts`` times, or None: rejected
+        without a handler call). True once it is dead-lettered (processing moves on); False
+        if the partition must stop before it: blocked (the lease is kept, nobody may skip
+        it, until the partition is revoked), or revoked while dead-lettering."""
+        if self.cfg.poison == "block":
+            tried = f" after {attempts} attempts" if attempts is not None else ""
+            o.blocked = f"blocked at seq {m.stream_seq}{tried}: {reason}"
+            log.error("member %s: partition %d %s", self.member, o.partition, o.blocked)
+            await self.store.set_blocked(o.partition, o.blocked)
+            # keep the lease (nobody may skip the message), stop processing
+            await o.revoke.wait()
+            return False
+        if not o.lease.valid:
+            raise LeaseLost(f"lease of partition {o.partition} expired") from error
+        return await self._dead_letter(o, m, reason)
+
+    async def _first_applied(self, o: OwnedPartition) -> None:
+        o.processed_once = True
+        # past any message an earlier owner blocked on: clear the marker
+        with contextlib.suppress(NatsError, TimeoutError):
+            await self.store.set_blocked(o.partition, None)

@@ -1,0 +1,286 @@
+"""A partition's reader (:class:`PartitionReader`): one partition, in order, from a sequence on.
+
+Guarantees: the worker's only way to read a partition. What it hands out is in stream
+order with nothing skipped: an ack-none pull consumer re-sends nothing, so every delivery's
+consumer sequence must follow the previous one (idle heartbeats name the last one sent, so
+even a lost *last* delivery is noticed); on a gap, a reconnect, an unexpected status or
+silence, the consumer is re-created at the first sequence not yet handed out, after the
+worker's ``verify`` hook confirmed that position is still part of the stream's history.
+Memory is bounded twice: at most ``2 * batch`` messages and ``budget()`` bytes buffered or
+requested per partition (a single larger message is still read, alone).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from nats.aio.client import Client as NATS
+from nats.errors import Error as NatsError
+from nats.js import api
+from nats.js.errors import NotFoundError
+
+from .message import HDR_MSG_ID
+
+# the worker's logger: records keep the name they had before the worker was split up
+log = logging.getLogger("airflow_nats_ordered.core.worker")
+
+
+def _sequences(reply: str) -> tuple[int, int]:
+    """(stream sequence, consumer sequence) from a JetStream delivery's reply subject, in
+    both ACK subject formats."""
+    t = reply.split(".")
+    # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>            (v1)
+    # $JS.ACK.<domain>.<acchash>.<stream>.<consumer>.<delivered>.<sseq>.<cseq>...     (v2)
+    return (int(t[5]), int(t[6])) if len(t) == 9 else (int(t[7]), int(t[8]))
+
+
+class PartitionReader:
+    """Reads one partition from a start sequence with an ack-none pull consumer, keeping at
+    most two pull requests in flight: pipelined, and bounded twice. At most ``2 * batch``
+    messages, and at most ``budget()`` bytes, are buffered or requested for a partition at
+    any time (each request carries ``max_bytes``), so lease renewals never queue behind
+    megabytes of data on the shared connection and memory does not grow with message size.
+    A single message larger than half the budget is still read: alone, once nothing else
+    is buffered or in flight (the server ends a request whose next message does not fit
+    with a 409 "Message Size Exceeds MaxBytes" and never sends that message).
+
+    With ack-none nothing is re-sent, so nothing may be lost between server and handler:
+    every delivery's consumer sequence must follow the previous one, and the idle
+    heartbeats of pending requests name the last consumer sequence the server sent (so a
+    lost *last* delivery is noticed within about ``HEARTBEAT`` seconds, not only when a
+    later message arrives). On a gap, a reconnect of the client, an unexpected status, or
+    silence past the request expiry, the consumer is re-created at the first sequence not
+    yet handed out; anything delivered twice is dropped."""
+
+    EXPIRES = 5.0
+    HEARTBEAT = 1.0  # the server requires EXPIRES >= 2 * HEARTBEAT
+
+    def __init__(
+        self,
+        nc: NATS,
+        stream: str,
+        subject: str,
+        start: int,
+        batch: int,
+        budget: Callable[[], int],
+        verify: Callable[[int, str | None], Awaitable[Any]] | None = None,
+        start_id: str | None = None,
+    ) -> None:
+        #: awaited with (the last sequence handed out, its Nats-Msg-Id) before the consumer
+        #: is re-created (never before the first): raises if that position is no longer
+        #: part of the stream (a re-created stream, or stored state that went back)
+        self.verify = verify
+        self._opened = False
+        self.nc = nc
+        self.js = nc.jetstream()
+        self.stream = stream
+        self.subject = subject
+        self.next_seq = max(1, start)
+        #: the Nats-Msg-Id of the message at next_seq - 1 (None if unknown)
+        self.last_id = start_id
+        self.batch = batch
+        self.budget = budget
+        self.sub: Any = None
+        self.consumer = ""
+        self.inbox = ""
+        self._buf: deque[tuple[int, Any, int]] = deque()  # (stream seq, message, size)
+        self._buf_bytes = 0
+        # pull requests in flight, oldest first (the server serves them in order):
+        # [messages still due, bytes still allowed, messages received]
+        self._requests: deque[list[int]] = deque()
+        self._oversize = False  # the next message alone exceeds a request's max_bytes
+        self._ready = asyncio.Event()
+        self._last_activity = 0.0
+        self._lost = False
+        self._cseq = 0  # the last consumer sequence received
+        self._reconnects = 0
+
+    @staticmethod
+    def _size(m: Any) -> int:
+        """A delivery's size as the server counts it against ``max_bytes`` (approximately:
+        subject, reply subject, headers and data)."""
+        hdr = sum(len(k) + len(v) + 4 for k, v in m.headers.items()) + 12 if m.headers else 0
+        return len(m.subject) + len(m.reply) + hdr + len(m.data)
+
+    def _end_request(self, status: str) -> None:
+        """The oldest request ended early (expired, or its next message did not fit)."""
+        if not self._requests:
+            return
+        req = self._requests.popleft()
+        if status == "409" and req[2] == 0:
+            self._oversize = True  # not even the first message fitted: read it alone
+
+    async def _on_msg(self, m: Any) -> None:
+        self._last_activity = time.monotonic()
+        h = m.headers
+        status = h.get("Status") if h else None
+        if status:
+            desc = h.get("Description", "")
+            if status == "100":
+                last = h.get("Nats-Last-Consumer", "")
+                if last.isdigit() and int(last) > self._cseq and not self._lost:
+                    log.warning(
+                        "reader of %s: deliveries %d..%s lost on the wire; re-reading from seq %d",
+                        self.subject,
+                        self._cseq + 1,
+                        last,
+                        self.next_seq,
+                    )
+                    self._lost = True
+            elif status == "408" or (status == "409" and desc == "Message Size Exceeds MaxBytes"):
+                self._end_request(status)
+            elif status == "409" and desc == "Batch Completed":
+                pass  # sent after the last message of a request that asked for heartbeats
+            else:  # 409 consumer deleted / leadership change, 503, ...
+                log.info(
+                    "reader of %s: status %s %s; re-creating the consumer",
+                    self.subject,
+                    status,
+                    desc,
+                )
+                self._lost = True
+            self._ready.set()
+            return
+        if self._lost or not m.reply:
+            return  # the consumer is being re-created from next_seq; or not a delivery
+        seq, cseq = _sequences(m.reply)
+        if cseq != self._cseq + 1:
+            log.warning(
+                "reader of %s: delivery %d after %d (lost on the wire); re-reading from seq %d",
+                self.subject,
+                cseq,
+                self._cseq,
+                self.next_seq,
+            )
+            self._lost = True
+            self._ready.set()
+            return
+        self._cseq = cseq
+        size = self._size(m)
+        if self._requests:
+            req = self._requests[0]
+            req[0] -= 1
+            req[1] -= size
+            req[2] += 1
+            if req[0] <= 0:
+                self._requests.popleft()
+        self._buf.append((seq, m, size))
+        self._buf_bytes += size
+        self._ready.set()
+
+    async def _open(self) -> None:
+        await self.close()
+        if self._opened and self.verify is not None:
+            # a consumer lost with its stream (or with the servers' stored state) must not
+            # resume on a stream that hands out the sequences after next_seq again
+            await self.verify(self.next_seq - 1, self.last_id)
+        self._opened = True
+        info = await self.js.add_consumer(
+            self.stream,
+            config=api.ConsumerConfig(
+                deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
+                opt_start_seq=self.next_seq,
+                ack_policy=api.AckPolicy.NONE,
+                filter_subject=self.subject,
+                inactive_threshold=30.0,
+                mem_storage=True,
+                num_replicas=1,
+            ),
+        )
+        self.consumer = info.name or ""
+        self.inbox = self.nc.new_inbox()
+        self.sub = await self.nc.subscribe(self.inbox, cb=self._on_msg)
+        self._lost = False
+        self._oversize = False
+        self._cseq = 0
+        self._reconnects = self.nc.stats["reconnects"]
+        self._last_activity = time.monotonic()
+
+    async def _pull(self, batch: int, max_bytes: int | None) -> None:
+        req: dict[str, int] = {
+            "batch": batch,
+            "expires": int(self.EXPIRES * 1e9),
+            "idle_heartbeat": int(self.HEARTBEAT * 1e9),
+        }
+        if max_bytes is not None:
+            req["max_bytes"] = max_bytes
+        await self.nc.publish(
+            f"$JS.API.CONSUMER.MSG.NEXT.{self.stream}.{self.consumer}",
+            json.dumps(req).encode(),
+            reply=self.inbox,
+        )
+        self._requests.append([batch, max_bytes if max_bytes is not None else 1 << 62, 0])
+
+    async def _pull_what_fits(self) -> None:
+        """Top up to two requests in flight within the count and byte bounds."""
+        if self._oversize:
+            if not self._requests and not self._buf:
+                self._oversize = False
+                await self._pull(1, None)  # one message, whatever its size
+            return
+        budget = self.budget()
+        while len(self._requests) < 2:
+            due = sum(r[0] for r in self._requests)
+            allowed = sum(max(0, r[1]) for r in self._requests)
+            room = min(budget // 2, budget - self._buf_bytes - allowed)
+            if due + len(self._buf) > self.batch or room < budget // 4:
+                return
+            await self._pull(self.batch, max(1, room))
+
+    async def fetch(self, timeout: float) -> list[tuple[int, Any]]:
+        """Up to ``batch`` (stream seq, message) pairs in order; [] after ``timeout``.
+        What a previous call returned counts as released (handled) from now on."""
+        try:
+            silent = time.monotonic() - self._last_activity > self.EXPIRES + 2
+            if (
+                self.sub is None
+                or self._lost
+                or (self._requests and silent)
+                or self.nc.stats["reconnects"] != self._reconnects
+            ):
+                await self._open()
+            await self._pull_what_fits()
+        except (NatsError, NotFoundError, TimeoutError) as exc:
+            log.info("reader of %s: %s; retrying at seq %d", self.subject, exc, self.next_seq)
+            await self.close()
+            await asyncio.sleep(min(timeout, 0.5))
+            return []
+        if not self._buf:
+            self._ready.clear()
+            try:
+                async with asyncio.timeout(timeout):
+                    await self._ready.wait()
+            except TimeoutError:
+                return []
+        out = []
+        buf = self._buf
+        while buf and len(out) < self.batch:
+            seq, m, size = buf.popleft()
+            self._buf_bytes -= size
+            if seq < self.next_seq:
+                continue  # re-delivered after the consumer was re-created
+            out.append((seq, m))
+            self.next_seq = seq + 1
+        if out:
+            self.last_id = (out[-1][1].headers or {}).get(HDR_MSG_ID)
+        return out
+
+    async def close(self) -> None:
+        if self.sub is not None:
+            with contextlib.suppress(Exception):
+                await self.sub.unsubscribe()
+            self.sub = None
+        if self.consumer:
+            with contextlib.suppress(Exception):
+                await self.js.delete_consumer(self.stream, self.consumer)
+            self.consumer = ""
+        self._buf.clear()
+        self._buf_bytes = 0
+        self._requests.clear()
