@@ -1083,10 +1083,11 @@ def print_memory_big(res: dict[str, Any]) -> None:
 
 def code_version() -> dict[str, Any]:
     """Which code was measured: the commit, whether the tree is dirty, and a hash of the
-    worker module (CLI processes import the file as it is when they start)."""
+    core's modules (CLI processes import the files as they are when they start; the worker
+    is spread over several of them)."""
     import hashlib
 
-    import airflow_nats_ordered.core.worker as worker_mod
+    import airflow_nats_ordered.core as core_pkg
 
     def git(*args: str) -> str:
         try:
@@ -1096,7 +1097,7 @@ def code_version() -> dict[str, Any]:
         except (OSError, subprocess.SubprocessError):
             return ""
 
-    src = Path(worker_mod.__file__).read_bytes()
+    src = b"".join(p.read_bytes() for p in sorted(Path(core_pkg.__file__).parent.glob("*.py")))
     return {
         "commit": git("rev-parse", "--short", "HEAD"),
         "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
