@@ -399,6 +399,7 @@ class PartitionDelivery(DeadLettering):
                 len(msgs),
             )
             chunk = msgs[done : done + 1] if one_by_one else msgs[done:end]
+            error: Exception | None
             try:
                 await self._call(chunk if batch_mode else chunk[0])
                 applied, error = len(chunk), None

@@ -259,7 +259,7 @@ class PartitionReader:
                     await self._ready.wait()
             except TimeoutError:
                 return []
-        out = []
+        out: list[tuple[int, Any]] = []
         buf = self._buf
         while buf and len(out) < self.batch:
             seq, m, size = buf.popleft()
