@@ -438,10 +438,10 @@ class ConnectionOptions:
         try:
             return cls.from_mapping(values)
         except ConfigError as exc:
-            name = getattr(exc, "field", None)
-            if name in from_env_vars:
+            field_name = getattr(exc, "field", None)
+            if field_name in from_env_vars:
                 raise _config_error(
-                    name, f"{exc} (from environment variable {from_env_vars[name]})"
+                    field_name, f"{exc} (from environment variable {from_env_vars[field_name]})"
                 ) from None
             raise
 
