@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import nats
@@ -143,3 +144,40 @@ def test_snapshot_reports_each_members_own_problems_with_its_id(shared_nats_serv
 
     snap = asyncio.run(go())
     assert snap.problems == ["m1: partition 2: on_assign failed"]
+
+
+def test_taking_a_lease_over_retries_when_a_renewal_lands_between_read_and_delete(
+    shared_nats_server, unique_name, monkeypatch
+):
+    """reset/grant take a holder's lease by deleting it at the revision they read; a renewal
+    landing in between makes the server refuse the delete (wrong last sequence), which
+    nats-py raises as a plain BadRequestError from KeyValue.delete. It must be read again
+    and retried, not fail the reset (seen in a loaded CI run: err_code=10071)."""
+    from airflow_nats_ordered.core import leases as leases_mod
+
+    real = leases_mod.latest_entry
+
+    async def go():
+        nc, store = await _store(shared_nats_server.url, unique_name, ttl=30.0)
+        a = await store.acquire("p.0", "a")
+        value, _ = await real(nc, store.cfg.lease_bucket, "p.0")
+        claim = json.loads(value)["claim"]
+        calls = 0
+
+        async def renewal_in_between(*args):
+            nonlocal calls
+            calls += 1
+            entry = await real(*args)
+            if calls == 1:
+                await store.renew(a)  # the holder renews after the read: its revision moves
+            return entry
+
+        monkeypatch.setattr(leases_mod, "latest_entry", renewal_in_between)
+        await store._take_lease_from(0, claim)
+        after = await real(nc, store.cfg.lease_bucket, "p.0")
+        await nc.close()
+        return calls, after
+
+    calls, after = asyncio.run(go())
+    assert calls == 2, "the refused delete was not read again"
+    assert after is None or after[0] is None, f"the lease was not taken: {after}"

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nats.aio.client import Client as NATS
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.errors import APIError, KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from .errors import NatsOrderedError
@@ -118,14 +118,8 @@ class GroupLeases:
         revision (a lost reply of an applied renewal) does not keep the lease held."""
         lease.valid_until = 0.0
         for _ in range(2):
-            try:
-                await self.leases.delete(lease.key, last=lease.revision)
+            if await _delete_at(self.leases, lease.key, lease.revision):
                 return
-            except KeyWrongLastSequenceError:
-                pass
-            except Exception as exc:  # an APIError for the wrong-last case on some servers
-                if getattr(exc, "err_code", None) not in (10071, 10164):
-                    raise
             ours = await self._ours(lease)
             if ours is None:
                 return
@@ -160,8 +154,23 @@ class GroupLeases:
             cur = await latest_entry(self.nc, self.cfg.lease_bucket, key)
             if cur is None or cur[0] is None or json.loads(cur[0]).get("claim") != claim:
                 return
-            try:
-                await self.leases.delete(key, last=cur[1])
+            if await _delete_at(self.leases, key, cur[1]):
                 return
-            except KeyWrongLastSequenceError:
-                continue  # renewed meanwhile: read again
+            # renewed meanwhile: read again
+
+
+async def _delete_at(kv: KeyValue, key: str, revision: int) -> bool:
+    """Delete ``key`` if its last revision is still ``revision``; False if it changed.
+
+    nats-py's ``KeyValue.delete`` does not translate the server's wrong-last-sequence
+    refusal (err_code 10071, or 10164 on some servers) into ``KeyWrongLastSequenceError``
+    as ``update`` does: it raises the plain ``BadRequestError``."""
+    try:
+        await kv.delete(key, last=revision)
+        return True
+    except KeyWrongLastSequenceError:
+        return False
+    except APIError as exc:
+        if exc.err_code in (10071, 10164):
+            return False
+        raise
