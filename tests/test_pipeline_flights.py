@@ -203,7 +203,14 @@ def test_days_in_order_rerun_applies_nothing_twice_and_reprocessing_gives_the_sa
     settings = FlightsSettings(stream=stream, group=GROUP, sink_db=str(db))
     done = reprocess_from("2013-01-02", settings)
     assert done["positions"], done
-    assert len(_sink(db)[0]) == published[1], "the sink should keep exactly day 1"
+
+    def day_1(rows: list[tuple]) -> list[tuple]:
+        return [r for r in rows if "-2013-01-01T" in r[2]]  # the flight id carries its day
+
+    # the pool keeps running and starts applying day 2 again as soon as the group is reset,
+    # so only day 1 is fixed here: kept exactly (the re-application is checked below)
+    assert day_1(_sink(db)[0]) == day_1(sink[0]), "the sink should keep exactly day 1"
+    assert len(day_1(sink[0])) == published[1]
     states, verified = _run(dag, 2)
     assert states == ALL_OK, states
     assert verified["verified"], verified
