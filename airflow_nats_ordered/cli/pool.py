@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from ..core.connection import ConnectionOptions
 from ..core.errors import ConfigError
-from ..embedded import _die_with_parent_fn
+from ..embedded_process import _die_with_parent_fn
 from ..metrics import MemberEndpoint, MetricsServer, serve_pool
 from .common import (
     EXIT_INCOMPLETE,
