@@ -16,7 +16,12 @@ from typing import IO, Any
 
 from ..core.connection import ConnectionOptions
 from ..core.errors import ConfigError
-from ..core.publisher import OrderedPublisher, PublishError, PublishSummary
+from ..core.publisher import (
+    OrderedPublisher,
+    PublishError,
+    PublishSummary,
+    check_producer_id,
+)
 from ..core.runs import Refusals, publish_record
 from ..inputs import FORMATS, InputError, InputRecord, content_digest, open_records
 from .common import (
@@ -76,11 +81,13 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--producer-id",
+        type=producer_id_arg,
         metavar="ID",
         help="id of this logical run, mixed into derived msg-ids: a rerun with the same id "
         "stores nothing twice, a different id publishes again (default for a file: "
         "file-<digest of its content>, so rerunning the same file de-duplicates; for stdin: "
-        "a new id per run). The summary shows the id used",
+        "a new id per run). Must not be empty or blank. The summary shows the id used; after "
+        "an input error, re-publish the fixed file with the id the error names",
     )
     p.add_argument(
         "--allow-keyless",
@@ -296,6 +303,22 @@ class _Signals:
         return EXIT_SIGTERM if self.signum == signal.SIGTERM else EXIT_SIGINT
 
 
+def producer_id_arg(text: str) -> str:
+    """``--producer-id``'s value: refused (exit 2) when empty or blank, which is what an
+    unset shell variable gives; taken as "not given" it would publish everything again."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is empty: a producer id must name the run (an unset shell variable, "
+            'as in --producer-id "$RUN_ID" with RUN_ID unset, gives an empty value). Pass a '
+            "stable id such as orders-2026-11-23, or leave --producer-id out: a file is then "
+            "published as file-<digest of its content>"
+        )
+    try:
+        return check_producer_id(text, "--producer-id")
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _producer_id(args: argparse.Namespace) -> str | None:
     """``--producer-id``, else for a file ``file-<digest of its content>`` (a rerun of the
     same content de-duplicates wherever the file lives), else None: the publisher makes a
@@ -305,6 +328,30 @@ def _producer_id(args: argparse.Namespace) -> str | None:
     if args.file == "-":
         return None
     return f"file-{content_digest(args.file)}"
+
+
+def _republish_hint(args: argparse.Namespace, pub: OrderedPublisher, read: int) -> str:
+    """What makes "re-publishing the fixed file stores them only once" true: the same
+    producer id. A derived msg-id is a digest of the producer id, the record's position in
+    its partition, its key and its payload, so the records before the bad one get the same
+    ids again from the fixed file, but only under the same producer id; the default id of a
+    file follows its content, which the fix changes."""
+    if read == 0 or args.file == "-":
+        return ""  # nothing was published; stdin's id is printed in its own note
+    if args.msg_id_field:
+        return ""  # msg-ids come from the file: any producer id de-duplicates them
+    same = "the same " if args.producer_id is not None else ""
+    return (
+        f" To store them only once, re-publish the fixed file with {same}--producer-id "
+        f"{pub.producer_id} (within the stream's duplicate window)"
+        + (
+            "; without it the fixed file gets a new default id (its content changed) and "
+            "those records are stored again"
+            if args.producer_id is None
+            else ""
+        )
+        + "."
+    )
 
 
 def _publisher_knobs(args: argparse.Namespace) -> dict[str, Any]:
@@ -408,7 +455,9 @@ async def _publish(
     report["producer_id"] = pub.producer_id
     report["interrupted"] = signals.stop.is_set()
     if input_error is not None:
+        input_error = InputError(f"{input_error}{_republish_hint(args, pub, read)}")
         report["error"] = str(input_error)
+        report["republish_with"] = f"--producer-id {pub.producer_id}"
     _print_publish(report, summary, refusals, as_json=args.json)
     if args.producer_id is None and args.file == "-":
         print_err(
@@ -416,7 +465,7 @@ async def _publish(
             f"records again without duplicates, pass --producer-id {pub.producer_id}"
         )
     if input_error is not None:
-        raise input_error  # printed as "error: ...", exit 2
+        raise input_error from None  # printed as "error: ...", exit 2
     if signals.stop.is_set():
         return signals.exit_code
     return EXIT_INCOMPLETE if summary.failed or refusals.total else EXIT_OK

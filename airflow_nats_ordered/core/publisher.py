@@ -96,6 +96,28 @@ from .streams import PartitionedStream, describe
 log = logging.getLogger(__name__)
 
 
+def check_producer_id(
+    producer_id: str,
+    name: str = "producer_id",
+    left_out: str = "a new unique id per publisher",
+) -> str:
+    """``producer_id`` if it can name a run: a non-blank string without line breaks; else
+    ConfigError naming ``name`` (the parameter, flag or option in the caller's terms) and
+    saying what leaving it out gives (``left_out``).
+
+    An empty or blank id is refused rather than read as "none given": it is what an unset
+    variable (``"$RUN_ID"``, a template that rendered empty) gives, and each such publish
+    would then get a new unique id and store everything again."""
+    if not isinstance(producer_id, str) or not producer_id.strip():
+        raise ConfigError(
+            f"{name} is empty ({producer_id!r}): name the logical run with a stable, non-blank "
+            "id (e.g. '<dag>.<task>.<logical date>'; an unset variable gives an empty one), so "
+            f"that a rerun stores nothing twice; or leave {name} out ({left_out})"
+        )
+    _check_header_value(name, producer_id)
+    return producer_id
+
+
 @dataclass(frozen=True)
 class PublisherConfig:
     """Knobs of the ordered publisher (Kafka names in brackets).
@@ -117,8 +139,10 @@ class PublisherConfig:
     its remaining records are reported as failed.
     ``producer_id``: mixed into derived msg-ids and sent as a header; give each logical run a
     stable id (the Airflow run id, say) so a rerun de-duplicates but a new run does not.
-    Left empty, each publisher gets a unique one (``OrderedPublisher.producer_id``), so
-    records of unrelated publishers never share a msg-id.
+    Left out (``None``), each publisher gets a unique one (``OrderedPublisher.producer_id``),
+    so records of unrelated publishers never share a msg-id. An empty or blank string is
+    refused (ConfigError): it is what an unset variable gives, and taking it for "no id"
+    would publish a rerun again instead of de-duplicating it.
 
     The stream's ``duplicate_window`` must cover :attr:`longest_resend`, the longest time
     after its first send that a record can be sent again; :meth:`OrderedPublisher.start`
@@ -133,7 +157,7 @@ class PublisherConfig:
     max_open_batches: int = 256
     ack_timeout: float = 5.0
     delivery_timeout: float = 120.0
-    producer_id: str = ""
+    producer_id: str | None = None
     allow_keyless: bool = False
 
     def __post_init__(self) -> None:
@@ -151,7 +175,8 @@ class PublisherConfig:
                 raise ConfigError(f"{name} must be > 0 seconds, got {getattr(self, name)!r}")
         if self.linger < 0:
             raise ConfigError(f"linger must be >= 0 seconds, got {self.linger!r}")
-        _check_header_value("producer_id", self.producer_id)
+        if self.producer_id is not None:
+            check_producer_id(self.producer_id)
 
     @property
     def flow(self) -> int:
@@ -559,6 +584,7 @@ class OrderedPublisher:
 __all__ = [
     "OrderedPublisher",
     "PublisherConfig",
+    "check_producer_id",
     "PublishError",
     "PublishSummary",
     "PartitionSummary",

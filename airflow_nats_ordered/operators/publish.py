@@ -9,7 +9,7 @@ from typing import Any
 from airflow.sdk import BaseOperator
 
 from ..core.errors import ConfigError
-from ..core.publisher import PublisherConfig
+from ..core.publisher import PublisherConfig, check_producer_id
 from ..core.runs import RunResult, publish_run
 from ..hooks.nats import NatsHook
 from ..inputs import InputRecord, open_records, records_from_rows
@@ -44,6 +44,19 @@ def default_producer_id(context: Mapping[str, Any]) -> str:
     index = getattr(ti, "map_index", -1)
     mapped = f".{index}" if index is not None and index >= 0 else ""
     return f"{ti.dag_id}.{ti.task_id}{mapped}.{when}"
+
+
+def _checked_producer_id(task_id: Any, producer_id: Any) -> str:
+    """An operator's ``producer_id``; an empty or blank one (an unset variable, a template
+    that rendered empty) is refused naming the parameter, never replaced by the default."""
+    try:
+        return check_producer_id(
+            str(producer_id),
+            "producer_id",
+            "the default <dag id>.<task id>.<logical date>",
+        )
+    except ConfigError as exc:
+        raise ConfigError(f"NatsPublishOperator {task_id!r}: {exc}") from None
 
 
 class NatsPublishOperator(BaseOperator):
@@ -119,6 +132,8 @@ class NatsPublishOperator(BaseOperator):
                 "column holding each record's partition key), or allow_keyless=True for "
                 "round-robin without per-key order"
             )
+        if producer_id is not None:
+            _checked_producer_id(kwargs.get("task_id"), producer_id)
         self.stream = stream
         self.key_field = key_field
         self.path = path
@@ -156,7 +171,12 @@ class NatsPublishOperator(BaseOperator):
         )
 
     def execute(self, context: Any) -> dict[str, Any]:
-        producer_id = self.producer_id or default_producer_id(context)
+        # checked again once rendered: a template can render empty
+        producer_id = (
+            default_producer_id(context)
+            if self.producer_id is None
+            else _checked_producer_id(self.task_id, self.producer_id)
+        )
         knobs = {**self.publisher_config, "allow_keyless": self.allow_keyless}
         config = PublisherConfig(**knobs, producer_id=producer_id)
         hook = NatsHook(self.nats_conn_id)

@@ -121,7 +121,12 @@ class SinkOptions:
                 )
                 why = (
                     " (name the run: the same input gets the same producer id on every retry "
-                    "and re-submit, a different input a new one)"
+                    "and re-submit, a different input a new one"
+                    + (
+                        "; it is given but empty or blank, as an unset variable gives it)"
+                        if required in opts
+                        else ")"
+                    )
                     if required == "producerid"
                     else ""
                 )
