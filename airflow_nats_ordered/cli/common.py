@@ -25,11 +25,13 @@ from collections.abc import (
 )
 from dataclasses import dataclass
 from typing import IO, Any
+from urllib.parse import urlsplit
 
 from nats.aio.client import Client as NATS
 
 from ..core.connection import ConnectionOptions, connect
 from ..core.errors import ConfigError
+from ..core.streams import STREAM_NAME_RULE, check_stream_name
 
 #: Exit codes of every command (listed in ``nats-ordered --help`` by :data:`EXIT_CODES_HELP`).
 EXIT_OK = 0
@@ -157,6 +159,32 @@ def positive_float(text: str) -> float:
     return value
 
 
+_GROUP_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")  # GroupConfig's rule (core/group_config.py)
+
+
+def stream_name(text: str) -> str:
+    """``--stream``'s value (argparse ``type=``): a name a partitioned stream can have,
+    checked before connecting, so ``NOPE.X`` or ``'A B'`` is a usage error (exit 2) naming
+    the flag and the allowed characters instead of a server error."""
+    try:
+        return check_stream_name(text)
+    except ConfigError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a stream name: use {STREAM_NAME_RULE}"
+        ) from None
+
+
+def group_name(text: str) -> str:
+    """``--group``'s value (argparse ``type=``): 1-64 letters, digits, '_' or '-' (a group
+    names KV buckets and subject tokens), checked before connecting."""
+    if not _GROUP_RE.fullmatch(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a group name: use 1-64 letters, digits, '_' or '-' "
+            "(no dots, spaces, wildcards or slashes)"
+        )
+    return text
+
+
 def format_duration(seconds: float) -> str:
     """Compact text of a duration: 3600 -> ``1h``, 5400 -> ``1h30m``, 0.5 -> ``0.5s``."""
     if seconds <= 0:
@@ -246,7 +274,9 @@ def add_connection_flags(parser: argparse.ArgumentParser) -> None:
         action="append",
         metavar="URL",
         help="NATS server URL; repeat or give a comma list for a cluster "
-        "(default: $NATS_URL, else nats://127.0.0.1:4222)",
+        "(default: $NATS_URL, else nats://127.0.0.1:4222). No credentials in it "
+        "(user:password@ or token@ is refused): use NATS_USER/NATS_PASSWORD or NATS_TOKEN; "
+        "$NATS_URL may carry them",
     )
     g.add_argument("--creds", metavar="FILE", help="NATS credentials (.creds) file [NATS_CREDS]")
     g.add_argument("--nkey", metavar="FILE", help="file holding an nkey user seed [NATS_NKEY]")
@@ -293,6 +323,8 @@ def connection_options(
         servers = tuple(s.strip() for v in args.server for s in v.split(",") if s.strip())
         if not servers:
             raise ConfigError("--server is empty; give a URL such as nats://127.0.0.1:4222")
+        for server in servers:
+            _refuse_url_credentials(server)
     overrides: dict[str, Any] = {
         "servers": servers,
         "creds_file": args.creds,
@@ -312,6 +344,31 @@ def connection_options(
         overrides["user"] = args.user
         overrides["password"] = password
     return ConnectionOptions.from_env(env, **overrides)
+
+
+def _refuse_url_credentials(server: str) -> None:
+    """A ``--server`` URL with ``user:password@`` or ``token@`` is refused (ConfigError, the
+    secret not repeated): secrets never go on command lines, where ``ps`` shows them to
+    every user of the host. ``NATS_URL`` may carry them: the environment is not shown."""
+    raw = server if "://" in server else f"nats://{server}"
+    try:
+        netloc = urlsplit(raw).netloc
+    except ValueError:
+        return  # not a URL: ConnectionOptions says what is wrong with it
+    if "@" not in netloc:
+        return
+    userinfo, host = netloc.rsplit("@", 1)
+    scheme = raw.split("://", 1)[0]
+    where = (
+        "the environment variables NATS_USER and NATS_PASSWORD (or --user NAME and NATS_PASSWORD)"
+        if ":" in userinfo
+        else "the environment variable NATS_TOKEN"
+    )
+    raise ConfigError(
+        f"--server {scheme}://***@{host} carries credentials, and secrets never go on the "
+        "command line (ps shows it to every user of the host): pass --server "
+        f"{scheme}://{host} and put them in {where}; NATS_URL may carry them too"
+    )
 
 
 #: connection flags (argparse dests) that --conn-id replaces

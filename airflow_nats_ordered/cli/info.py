@@ -7,14 +7,24 @@ import argparse
 
 from ..core.connection import ConnectionOptions
 from ..core.streams import describe, stream_contents, subjects_text
-from .common import EXIT_OK, Command, connected, format_duration, format_table, print_json
+from .common import (
+    EXIT_OK,
+    Command,
+    connected,
+    format_duration,
+    format_table,
+    print_json,
+    stream_name,
+)
 
 #: stray subjects listed one per row in the table (all of them in --json)
 STRAY_ROWS = 20
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--stream", required=True, metavar="S", help="partitioned stream")
+    p.add_argument(
+        "--stream", required=True, type=stream_name, metavar="S", help="partitioned stream"
+    )
     p.add_argument("--json", action="store_true", help="print a JSON object")
 
 

@@ -9,6 +9,7 @@ from ..core.connection import ConnectionOptions
 from ..core.errors import StreamNotFoundError
 from ..core.streams import (
     DEFAULT_DUPLICATE_WINDOW,
+    STREAM_NAME_RULE,
     PartitionedStream,
     ProvisionResult,
     Strays,
@@ -26,11 +27,18 @@ from .common import (
     parse_size,
     positive_int,
     print_json,
+    stream_name,
 )
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--stream", required=True, metavar="S", help="stream name")
+    p.add_argument(
+        "--stream",
+        required=True,
+        type=stream_name,
+        metavar="S",
+        help=f"stream name: {STREAM_NAME_RULE}",
+    )
     p.add_argument(
         "--partitions",
         required=True,

@@ -37,6 +37,7 @@ from .common import (
     positive_size,
     print_err,
     print_json,
+    stream_name,
 )
 
 #: The flag that publishes keyless records (named in refusals, in this interface's terms).
@@ -44,7 +45,13 @@ _KEYLESS = "--allow-keyless"
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--stream", required=True, metavar="S", help="partitioned stream to publish to")
+    p.add_argument(
+        "--stream",
+        required=True,
+        type=stream_name,
+        metavar="S",
+        help="partitioned stream to publish to",
+    )
     p.add_argument(
         "file",
         metavar="FILE",

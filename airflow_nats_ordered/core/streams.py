@@ -59,6 +59,19 @@ MAX_PARTITIONS = 4096
 PROVISION_TIMEOUT = 120.0
 
 
+#: what a stream name may hold, in words (messages of the CLI and the operators)
+STREAM_NAME_RULE = "1-200 letters, digits, '_' or '-' (no dots, spaces, wildcards or slashes)"
+
+
+def check_stream_name(name: str) -> str:
+    """``name`` if a partitioned stream may be called so (:data:`STREAM_NAME_RULE`: JetStream
+    refuses '.', '*', '>', blanks and path separators, and the stream's KV buckets and
+    dead-letter stream take their names from it); else ConfigError saying the rule."""
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
+        raise ConfigError(f"stream name {name!r} is not valid: use {STREAM_NAME_RULE}")
+    return name
+
+
 @dataclass(frozen=True)
 class StreamSpec:
     """What a partitioned stream should look like.
@@ -81,11 +94,7 @@ class StreamSpec:
     description: str | None = None
 
     def __post_init__(self) -> None:
-        if not _NAME_RE.match(self.name or ""):
-            raise ConfigError(
-                f"stream name {self.name!r} is not valid: use letters, digits, '_' or '-' "
-                "(no dots, spaces or wildcards)"
-            )
+        check_stream_name(self.name)
         if not isinstance(self.partitions, int) or not 1 <= self.partitions <= MAX_PARTITIONS:
             raise ConfigError(
                 f"partitions must be an integer from 1 to {MAX_PARTITIONS}, got {self.partitions!r}"
@@ -327,7 +336,9 @@ def _from_info(info: api.StreamInfo) -> PartitionedStream:
 
 
 async def describe(nc: NATS, name: str) -> PartitionedStream:
-    """Read a partitioned stream's contract (P, prefix, hash) from the server."""
+    """Read a partitioned stream's contract (P, prefix, hash) from the server. A name no
+    partitioned stream can have is refused (ConfigError) before asking the server."""
+    check_stream_name(name)
     js = nc.jetstream()
     try:
         info = await js.stream_info(name)
