@@ -128,16 +128,17 @@ def test_rerunning_a_complete_publish_stores_nothing_and_the_ledger_says_why(
 
 
 def test_drain_sensor_fails_fast_when_no_worker_consumes_the_group(
-    nats_url, unique_name, monkeypatch
+    nats_url, unique_name, monkeypatch, capfd
 ):
     monkeypatch.setenv("AIRFLOW_CONN_NATS_DEFAULT", nats_connection(nats_url))
     _stream_and_group(nats_url, unique_name)
-    t0 = time.monotonic()
-    with dag_file(PIPELINE, stream=unique_name, n=50, no_members_timeout=2, timeout=120) as dag:
+    # the sensor's timeout (600 s) is far beyond the no-members bound (2 s): failing for the
+    # reason below, not for the timeout, is what "fails fast" means (no wall-clock budget)
+    with dag_file(PIPELINE, stream=unique_name, n=50, no_members_timeout=2, timeout=600) as dag:
         run = dag.test()
-    took = time.monotonic() - t0
+    out = capfd.readouterr()
     assert task_states(run)["drained"] == "failed", task_states(run)
-    assert took < 60, f"took {took:.0f}s to give up on a group nobody consumes"
+    assert "no worker pool is consuming group" in out.out + out.err
 
 
 OPERATE = """
@@ -208,17 +209,15 @@ def test_drain_sensor_fails_with_the_reason_when_a_partition_is_blocked(
             raise RuntimeError("ledger rejected record -1")
 
     _stream_and_group(nats_url, unique_name)
-    t0 = time.monotonic()
     with (
-        dag_file(POISONED, stream=unique_name, n=50, no_members_timeout=30, timeout=120) as dag,
+        dag_file(POISONED, stream=unique_name, n=50, no_members_timeout=30, timeout=600) as dag,
         BackgroundPool(
             nats_url, _config(unique_name, poison="block", max_retries=0), handler, size=1
         ),
     ):
         run = dag.test()
-    took = time.monotonic() - t0
     out = capfd.readouterr()
+    # failed for the block (its reason), long before the sensor's 600 s timeout
     assert task_states(run)["drained"] == "failed", task_states(run)
     assert "ledger rejected record -1" in out.out + out.err
     assert "Fix the handler" in out.out + out.err
-    assert took < 60, f"took {took:.0f}s to report the blocked partition"
