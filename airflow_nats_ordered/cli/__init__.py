@@ -12,6 +12,11 @@ Usage (``nats-ordered COMMAND --help`` for every flag)::
     nats-ordered status --stream ORDERS --group billing [--wait-drained [--timeout 10m]]
     nats-ordered status --stream ORDERS --group billing --watch [--interval 2s]
     nats-ordered group delete --stream ORDERS --group billing [--force] [--dead-letters]
+    nats-ordered group list [--stream ORDERS] [--json]
+    nats-ordered group describe --stream ORDERS --group billing     # = status
+    nats-ordered group reset --stream ORDERS --group billing --to earliest|latest|seq:N|time:T \\
+        [--partitions 0,3-5] [--dry-run | --execute]
+    nats-ordered dead-letters list|show SEQ|replay|purge --stream ORDERS --group billing
 
 Every command takes the connection flags (``--server``, ``--creds``, ``--nkey``, ``--user``,
 ``--tls-ca``/``--tls-cert``/``--tls-key``, ``--connect-timeout``) on top of the ``nats`` CLI
@@ -48,7 +53,7 @@ import nats.errors
 import nats.js.errors
 
 from ..core.errors import NatsOrderedError
-from . import group, info, pool, provision, publish, status, worker
+from . import dead_letters, group, info, pool, provision, publish, status, worker
 from .common import (
     EXIT_CODES_HELP,
     EXIT_FAILED,
@@ -85,6 +90,7 @@ COMMANDS: list[Command] = [
     status.COMMAND,
     info.COMMAND,
     group.COMMAND,
+    dead_letters.COMMAND,
 ]
 
 

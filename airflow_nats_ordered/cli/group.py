@@ -1,4 +1,5 @@
-"""``nats-ordered group``: administer a consumer group as a whole (``group delete``)."""
+"""``nats-ordered group``: administer consumer groups as ``kafka-consumer-groups.sh`` does:
+``group list``, ``group describe`` (``status``), ``group reset``, ``group delete``."""
 
 from __future__ import annotations
 
@@ -6,10 +7,12 @@ import argparse
 
 from ..core.connection import ConnectionOptions
 from ..core.group import GroupConfig
-from ..core.group_admin import GroupInUseError, delete_group
+from ..core.group_admin import GroupInUseError, GroupNotFoundError, delete_group
+from . import group_list, group_reset, status
 from .common import (
     EXIT_INCOMPLETE,
     EXIT_OK,
+    EXIT_USAGE,
     Command,
     add_connection_flags,
     connected,
@@ -46,15 +49,50 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
     d.add_argument("--json", action="store_true", help="print the result as a JSON object")
     add_connection_flags(d)
+    group_list.configure(actions, p)
+    group_reset.configure(actions, p)
+    s = actions.add_parser(
+        "describe",
+        help="show one group per partition: the same as `nats-ordered status`",
+        description="An alias of `nats-ordered status` (Kafka's `kafka-consumer-groups.sh "
+        "--describe`): owner, fencing token, committed position and lag per partition, live "
+        "members, dead letters and problems; every flag of status works here.",
+        epilog=p.epilog,
+        formatter_class=p.formatter_class,
+    )
+    status.configure(s)
+    add_connection_flags(s)
 
 
 async def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
+    if args.action == "list":
+        return await group_list.run(args, options)
+    if args.action == "reset":
+        return await group_reset.run(args, options)
+    if args.action == "describe":
+        return await status.run(args, options)
+    return await _delete(args, options)
+
+
+async def _delete(args: argparse.Namespace, options: ConnectionOptions) -> int:
     GroupConfig(args.stream, args.group)  # a malformed name is a usage error before connecting
     async with connected(options) as nc:
         try:
             done = await delete_group(
                 nc, args.stream, args.group, force=args.force, dead_letters=args.dead_letters
             )
+        except GroupNotFoundError as exc:
+            kept = (
+                f"; its {exc.dead_letters_kept:,} dead letter(s) are kept: pass --dead-letters "
+                "to purge them (see them with `nats-ordered dead-letters list`)"
+                if exc.dead_letters_kept
+                else ""
+            )
+            print_err(
+                f"error: group {args.group} of stream {args.stream} does not exist: it has no "
+                f"state (no KV buckets){kept}"
+            )
+            return EXIT_USAGE
         except GroupInUseError as exc:
             print_err(
                 f"error: group {args.group} of stream {args.stream} has {len(exc.members)} live "
@@ -96,7 +134,7 @@ async def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
 
 COMMAND = Command(
     "group",
-    "administer a consumer group: `group delete` removes its state",
+    "administer consumer groups: list, describe, reset (positions), delete",
     configure,
     run,
     connection_flags=False,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import json
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -26,7 +27,7 @@ from nats.js.errors import BucketNotFoundError, NoKeysError, NotFoundError
 from .assignor import Assignment, assign, imbalance, moves
 from .errors import ConfigError, NatsOrderedError
 from .group import GroupConfig, GroupStore, RebalancePolicy
-from .streams import describe, partition_bounds
+from .streams import describe, partition_bounds, partition_stats
 
 #: Suffix of the dead-letter stream of a partitioned stream: ``ORDERS`` -> ``ORDERS_DLQ``.
 DEAD_LETTER_SUFFIX = "_DLQ"
@@ -46,7 +47,16 @@ class GroupInUseError(NatsOrderedError):
 
 
 class GroupNotFoundError(NatsOrderedError):
-    """Neither of the group's buckets exists (and it has no dead letters)."""
+    """Neither of the group's buckets exists (and, when they were to be purged, it has no
+    dead letters). ``dead_letters_kept`` counts the group's dead letters left in place
+    because purging them was not asked for, so a caller can word the fix in its own terms
+    (the Python API's ``dead_letters=True``, the CLI's ``--dead-letters``)."""
+
+    def __init__(self, message: str, stream: str, group: str, dead_letters_kept: int = 0) -> None:
+        super().__init__(message)
+        self.stream = stream
+        self.group = group
+        self.dead_letters_kept = dead_letters_kept
 
 
 @dataclass(frozen=True)
@@ -84,7 +94,7 @@ async def live_members(nc: NATS, stream: str, group: str) -> list[str]:
     return sorted(k[2:] for k in keys if k.startswith("m."))
 
 
-async def _dead_letter_prefix(nc: NATS, stream: str) -> str | None:
+async def dead_letter_prefix(nc: NATS, stream: str) -> str | None:
     """The subject prefix of ``stream``'s dead-letter stream (from its ``<prefix>.dlq.>``
     subject, so it is known even when the partitioned stream is gone); None if absent."""
     try:
@@ -100,12 +110,16 @@ async def _dead_letter_prefix(nc: NATS, stream: str) -> str | None:
 async def dead_letters(nc: NATS, stream: str, group: str) -> DeadLetters:
     """Count ``group``'s dead letters in ``<stream>_DLQ``."""
     name = dead_letter_stream(stream)
-    prefix = await _dead_letter_prefix(nc, stream)
+    prefix = await dead_letter_prefix(nc, stream)
     if prefix is None:
         return DeadLetters(name, f"<prefix>.dlq.{group}.*", 0, exists=False)
     subjects = f"{prefix}.dlq.{group}.*"
     info = await nc.jetstream().stream_info(name, subjects_filter=subjects)
     return DeadLetters(name, subjects, sum((info.state.subjects or {}).values()), exists=True)
+
+
+#: :func:`dead_letters` under a name a ``dead_letters`` parameter does not hide
+_count_dead_letters = dead_letters
 
 
 async def _other_groups(nc: NATS, stream: str, group: str) -> list[str]:
@@ -165,14 +179,18 @@ async def delete_group(
     if dead_letters:
         purged, dlq_deleted, kept = await _remove_dead_letters(nc, stream, group)
     if not deleted and not purged and not dlq_deleted:
+        left = 0 if dead_letters else (await _count_dead_letters(nc, stream, group)).messages
         raise GroupNotFoundError(
             f"group {group} of stream {stream} does not exist: no bucket {cfg.lease_bucket} "
             f"or {cfg.state_bucket}"
             + (
-                ""
-                if dead_letters
-                else " (its dead letters, if any, are kept without dead_letters=True)"
-            )
+                f"; its {left} dead letter(s) are kept: pass dead_letters=True to purge them"
+                if left
+                else ""
+            ),
+            stream,
+            group,
+            left,
         )
     return GroupDeleted(
         stream,
@@ -209,7 +227,136 @@ async def _remove_dead_letters(nc: NATS, stream: str, group: str) -> tuple[int, 
     return found.messages, True, None
 
 
-ResetTarget = Literal["earliest", "latest"] | Mapping[int, int]
+#: where :func:`reset_group` puts a group: ``"earliest"``, ``"latest"``, ``{partition:
+#: sequence}``, one stream sequence for every partition (an int), or a time (an aware
+#: datetime)
+ResetTarget = Literal["earliest", "latest"] | Mapping[int, int] | int | dt.datetime
+
+
+@dataclass(frozen=True)
+class PartitionReset:
+    """One partition of a reset plan: its committed position now and the one it gets, with
+    the partition's messages (count, first and last sequence) and its lease holder.
+    ``lag_before``/``lag_after`` are counted as ``status`` counts lag."""
+
+    partition: int
+    committed: int
+    target: int
+    first: int
+    last: int
+    messages: int
+    owner: str | None
+
+    @property
+    def lag_before(self) -> int:
+        return _lag(self.last, self.committed, self.messages)
+
+    @property
+    def lag_after(self) -> int:
+        return _lag(self.last, self.target, self.messages)
+
+
+def _lag(last: int, committed: int, messages: int) -> int:
+    from .drain import lag  # drain imports this module
+
+    return lag(last, committed, messages)
+
+
+@dataclass(frozen=True)
+class ResetPlan:
+    """What :func:`reset_group` would do (:func:`plan_reset`), nothing written yet."""
+
+    stream: str
+    group: str
+    partitions: list[PartitionReset]
+    live_members: list[str]
+
+
+async def _first_since(nc: NATS, stream: str, subject: str, when: dt.datetime) -> int | None:
+    """The stream sequence of the first message on ``subject`` stored at or after ``when``
+    (read from the stream leader), or None if there is none."""
+    req = {"start_time": when.astimezone(dt.UTC).isoformat(), "next_by_subj": subject}
+    resp = await nc.request(
+        f"$JS.API.STREAM.MSG.GET.{stream}", json.dumps(req).encode(), timeout=5.0
+    )
+    body = json.loads(resp.data or b"{}")
+    if "error" in body:
+        if body["error"].get("code") == 404:
+            return None
+        raise NatsOrderedError(
+            f"reading stream {stream} at {when.isoformat()} failed: "
+            f"{body['error'].get('description')}"
+        )
+    return int(body["message"]["seq"])
+
+
+async def plan_reset(
+    nc: NATS,
+    stream: str,
+    group: str,
+    *,
+    to: ResetTarget,
+    partitions: Sequence[int] | None = None,
+) -> ResetPlan:
+    """Where :func:`reset_group` would put each partition, and where it is now; writes
+    nothing. Every target is checked here, so a reset is all or nothing. Raises
+    :class:`~.errors.ConfigError` for a target or partition that does not exist, and
+    NatsOrderedError when the group has no state."""
+    described = await describe(nc, stream)
+    if isinstance(to, bool):
+        raise ConfigError(f"a reset target is a position, not {to!r}")
+    if isinstance(to, str) and to not in ("earliest", "latest"):
+        raise ConfigError(
+            f"to must be 'earliest', 'latest', a sequence, a time or {{partition: seq}}, got {to!r}"
+        )
+    if isinstance(to, Mapping):
+        chosen = sorted(int(p) for p in to) if partitions is None else list(partitions)
+    else:
+        chosen = list(range(described.partitions)) if partitions is None else list(partitions)
+    wrong = [p for p in chosen if not 0 <= p < described.partitions]
+    if wrong:
+        raise ConfigError(
+            f"stream {stream} has partitions 0 to {described.partitions - 1}; {wrong} do not exist"
+        )
+    if isinstance(to, int):
+        stream_last = int((await nc.jetstream().stream_info(stream)).state.last_seq or 0)
+        if not 0 <= to <= stream_last:
+            raise ConfigError(
+                f"sequence {to} is not a position of stream {stream}: it must be 0 to "
+                f"{stream_last} (its last message); a position past the end would skip "
+                "messages not yet published"
+            )
+    if isinstance(to, dt.datetime) and to.tzinfo is None:
+        raise ConfigError(f"the time {to.isoformat()} has no time zone: give it one (UTC: +00:00)")
+    targets: dict[int, tuple[int, int, int]] = {}  # p -> (target, first, last)
+    for p in chosen:
+        first, last = await partition_bounds(nc, described, p)
+        if isinstance(to, str):
+            targets[p] = (max(0, first - 1) if to == "earliest" else last, first, last)
+        elif isinstance(to, int):  # one stream-wide position: past the partition's end = its end
+            targets[p] = (min(to, last), first, last)
+        elif isinstance(to, dt.datetime):
+            since = await _first_since(nc, stream, described.subject(p), to)
+            targets[p] = (last if since is None else since - 1, first, last)
+        else:
+            seq = int(to[p])
+            if not 0 <= seq <= last:
+                raise ConfigError(
+                    f"the position of partition {p} must be 0 to {last} (its last message), "
+                    f"got {seq}: a position past the end would skip messages not yet published"
+                )
+            targets[p] = (seq, first, last)
+    store = await GroupStore.attach(nc, stream, group)
+    snap = await store.snapshot()
+    counts = {s.partition: s.messages for s in await partition_stats(nc, described)}
+    plan = []
+    for p, (seq, first, last) in targets.items():
+        rec, _ = await store.read_commit(p)
+        owner = snap.leases.get(p, (None, 0))[0]
+        plan.append(
+            PartitionReset(p, rec.seq if rec else 0, seq, first, last, counts.get(p, 0), owner)
+        )
+    return ResetPlan(stream, group, plan, await live_members(nc, stream, group))
 
 
 @dataclass(frozen=True)
@@ -220,6 +367,8 @@ class GroupReset:
     group: str
     positions: dict[int, tuple[int, int]]
     live_members: list[str]
+    #: the plan it carried out (each partition's position, messages and owner before)
+    plan: ResetPlan | None = field(default=None, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -242,8 +391,12 @@ async def reset_group(
     """Rewind or skip a group's committed positions (Kafka's ``--reset-offsets``).
 
     ``to``: ``"earliest"`` (re-process everything still in the stream), ``"latest"`` (skip
-    everything stored so far) or ``{partition: sequence}`` (the next message processed is
-    the first after that sequence). ``partitions`` limits it (default: all, or the mapping's).
+    everything stored so far), ``{partition: sequence}`` (the next message processed is
+    the first after that sequence), a stream sequence for every partition (an int: each
+    partition resumes with its first message after it), or an aware datetime (each
+    partition resumes with its first message stored at or after it; a partition with none
+    skips to its end). ``partitions`` limits it (default: all, or the mapping's).
+    :func:`plan_reset` shows the same without writing.
 
     Fenced: each reset record carries a new fencing token, so a running member's next commit
     fails and it hands the partition over; nobody can write an old position back. The sink
@@ -256,39 +409,13 @@ async def reset_group(
             f"resetting group {group} of stream {stream} re-processes or skips messages: pass "
             "confirm=True to do it"
         )
-    described = await describe(nc, stream)
-    if isinstance(to, str):
-        if to not in ("earliest", "latest"):
-            raise ConfigError(f"to must be 'earliest', 'latest' or {{partition: seq}}, got {to!r}")
-        chosen = list(range(described.partitions)) if partitions is None else list(partitions)
-    else:
-        chosen = sorted(int(p) for p in to) if partitions is None else list(partitions)
-    wrong = [p for p in chosen if not 0 <= p < described.partitions]
-    if wrong:
-        raise ConfigError(
-            f"stream {stream} has partitions 0 to {described.partitions - 1}; {wrong} do not exist"
-        )
-    # every target is checked before the first write: a reset is all or nothing
-    targets: dict[int, int] = {}
-    for p in chosen:
-        first, last = await partition_bounds(nc, described, p)
-        if isinstance(to, str):
-            targets[p] = max(0, first - 1) if to == "earliest" else last
-            continue
-        seq = int(to[p])
-        if not 0 <= seq <= last:
-            raise ConfigError(
-                f"the position of partition {p} must be 0 to {last} (its last message), got "
-                f"{seq}: a position past the end would skip messages not yet published"
-            )
-        targets[p] = seq
+    plan = await plan_reset(nc, stream, group, to=to, partitions=partitions)
     store = await GroupStore.attach(nc, stream, group)
-    members = await live_members(nc, stream, group)
     done: dict[int, tuple[int, int]] = {}
-    for p, seq in targets.items():
-        before, _ = await store.reset(p, seq)
-        done[p] = (before, seq)
-    return GroupReset(stream, group, done, members)
+    for part in plan.partitions:
+        before, _ = await store.reset(part.partition, part.target)
+        done[part.partition] = (before, part.target)
+    return GroupReset(stream, group, done, plan.live_members, plan)
 
 
 @dataclass(frozen=True)
