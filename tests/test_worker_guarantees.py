@@ -22,10 +22,11 @@ from airflow_nats_ordered.core.worker import HDR_ERROR, Worker, WorkerConfig
 
 
 async def _dead_letters(nc, stream, expect):
-    """The dead-letter stream's messages: at least ``expect`` (within 5 s), and any more."""
+    """The dead-letter stream's messages: at least ``expect`` (waited for up to 60 s, a
+    bound on a hang), and any more."""
     sub = await nc.jetstream().pull_subscribe(">", stream=f"{stream}_DLQ")
     got = []
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
             got += await sub.fetch(10, timeout=0.5)
@@ -54,7 +55,7 @@ def test_a_fenced_partition_is_released_at_once_not_after_a_ttl(shared_nats_serv
         intruder = await (await GroupStore.open(nc, cfg.group_config)).grant(0, "intruder")
         await _publish(nc, unique_name, 100, 10, 1)  # the next commit meets the newer token
         t0 = time.monotonic()
-        await _until(lambda: 0 in w.owned and w.owned[0].grant.token > intruder.token, 5)
+        await _until(lambda: 0 in w.owned and w.owned[0].grant.token > intruder.token, 60)
         moved = time.monotonic() - t0
         await _until(lambda: rec.count >= 110)
         await w.stop()
@@ -93,7 +94,7 @@ def test_a_failing_on_assign_is_retried_with_backoff_and_reported(shared_nats_se
         await asyncio.sleep(w.cfg.group_config.renew_interval + 0.2)  # a heartbeat
         snap = await w.store.snapshot()
         healthy.set()
-        await _until(lambda: rec.count >= 50, timeout=15)
+        await _until(lambda: rec.count >= 50, timeout=60)
         await asyncio.sleep(w.cfg.group_config.renew_interval + 0.2)
         after = await w.store.snapshot()
         await w.stop()
@@ -135,7 +136,7 @@ def test_a_dead_letter_stream_that_cannot_be_created_backs_off_and_holds_the_par
         await asyncio.sleep(3.0)
         held = (len(attempts), rec.count, sorted(w.problems.values()))
         await js.delete_stream(blocker)
-        await _until(lambda: rec.count >= 19, timeout=15)
+        await _until(lambda: rec.count >= 19, timeout=60)
         dead = await _dead_letters(nc, unique_name, 1)
         await w.stop()
         await nc.close()
@@ -183,7 +184,7 @@ def test_on_assign_of_a_partition_waits_for_its_pending_on_revoke(shared_nats_se
         cfg = _cfg(unique_name, lease_ttl=1.0)
         w = Worker(nc, cfg, h, on_assign=h.on_assign, on_revoke=h.on_revoke)
         await w.start()
-        await _until(lambda: events.count("assign") >= 2, timeout=10)
+        await _until(lambda: events.count("assign") >= 2, timeout=60)
         await w.stop()
         await nc.close()
 
@@ -289,7 +290,7 @@ def test_the_reader_holds_at_most_its_byte_share_and_still_reads_a_larger_messag
                 await pub.publish("k", (b"%d:" % i).ljust(big if i == 60 else 20_000, b"x"))
         w = Worker(nc, _cfg(unique_name, max_buffer_bytes=budget), handler)
         await w.start()
-        await _until(lambda: len(order) >= 120, timeout=30)
+        await _until(lambda: len(order) >= 120, timeout=60)
         await w.stop()
         await nc.close()
 
@@ -312,12 +313,12 @@ def test_wait_assigned_returns_once_the_member_and_the_pool_have_claimed_their_p
         nc = await _setup(shared_nats_server.url, unique_name, 10, partitions=4)
         w = Worker(nc, _cfg(unique_name), rec)
         await w.start()
-        await w.wait_assigned(timeout=10)
+        await w.wait_assigned(timeout=60)
         alone = (set(w.claimed), set(w.assigned))
         await w.stop()
         cfg = _cfg(unique_name, group="pooled", member="pool")
         async with WorkerPool(shared_nats_server.url, cfg, rec, size=5) as pool:
-            await pool.wait_assigned(timeout=15)
+            await pool.wait_assigned(timeout=60)
             claimed = [set(x.claimed) for x in pool.workers]
             idle = next(x for x in pool.workers if not x.assigned)
             with pytest.raises(TimeoutError, match="has not claimed its assignment"):
@@ -358,11 +359,11 @@ def test_the_sinks_fencing_floor_raises_the_token_of_the_grant(shared_nats_serve
         nc = await _setup(shared_nats_server.url, unique_name, 10, partitions=2)
         w = Worker(nc, _cfg(unique_name), rec)  # the group's records exist
         await w.start()
-        await w.wait_assigned(timeout=10)
+        await w.wait_assigned(timeout=60)
         await w.stop()
         w = Worker(nc, _cfg(unique_name, member="m2"), rec, fencing_floor=fencing_floor)
         await w.start()
-        await w.wait_assigned(timeout=10)
+        await w.wait_assigned(timeout=60)
         tokens = {p: o.grant.token for p, o in w.owned.items()}
         await w.stop()
         await nc.close()
