@@ -21,8 +21,10 @@ from .common import (
     add_connection_flags,
     connected,
     format_table,
+    group_name,
     positive_int,
     print_json,
+    stream_name,
 )
 from .group_reset import partition_list
 
@@ -41,8 +43,10 @@ def _sequences(text: str) -> list[int]:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--stream", required=True, metavar="S", help="partitioned stream")
-    p.add_argument("--group", required=True, metavar="G", help="consumer group")
+    p.add_argument(
+        "--stream", required=True, type=stream_name, metavar="S", help="partitioned stream"
+    )
+    p.add_argument("--group", required=True, type=group_name, metavar="G", help="consumer group")
 
 
 def _partitions(p: argparse.ArgumentParser, what: str) -> None:

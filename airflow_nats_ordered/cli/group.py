@@ -18,6 +18,7 @@ from .common import (
     connected,
     print_err,
     print_json,
+    stream_name,
 )
 
 
@@ -34,7 +35,9 @@ def configure(p: argparse.ArgumentParser) -> None:
         epilog=p.epilog,
         formatter_class=p.formatter_class,
     )
-    d.add_argument("--stream", required=True, metavar="S", help="partitioned stream")
+    d.add_argument(
+        "--stream", required=True, type=stream_name, metavar="S", help="partitioned stream"
+    )
     d.add_argument("--group", required=True, metavar="G", help="consumer group to delete")
     d.add_argument(
         "--force",

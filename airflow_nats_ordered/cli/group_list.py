@@ -10,7 +10,7 @@ from typing import Any
 from ..core.connection import ConnectionOptions
 from ..core.group_listing import find_groups, summarize_group
 from ..core.streams import describe
-from .common import EXIT_OK, add_connection_flags, connected, format_table, print_json
+from .common import EXIT_OK, add_connection_flags, connected, format_table, print_json, stream_name
 
 
 def configure(actions: Any, parent: argparse.ArgumentParser) -> None:
@@ -26,7 +26,10 @@ def configure(actions: Any, parent: argparse.ArgumentParser) -> None:
         formatter_class=parent.formatter_class,
     )
     g.add_argument(
-        "--stream", metavar="S", help="only the groups of this stream (default: every stream)"
+        "--stream",
+        type=stream_name,
+        metavar="S",
+        help="only the groups of this stream (default: every stream)",
     )
     g.add_argument("--json", action="store_true", help="print a JSON object")
     add_connection_flags(g)

@@ -12,7 +12,15 @@ from ..core.errors import ConfigError
 from ..core.group import GroupConfig
 from ..core.group_admin import PartitionReset, ResetTarget, plan_reset, reset_group
 from ..core.group_listing import require_group
-from .common import EXIT_OK, add_connection_flags, connected, format_table, print_json
+from .common import (
+    EXIT_OK,
+    add_connection_flags,
+    connected,
+    format_table,
+    group_name,
+    print_json,
+    stream_name,
+)
 
 TO_HELP = (
     "earliest (re-process everything still in the stream), latest (skip everything stored "
@@ -79,8 +87,10 @@ def configure(actions: Any, parent: argparse.ArgumentParser) -> None:
         epilog=parent.epilog,
         formatter_class=parent.formatter_class,
     )
-    r.add_argument("--stream", required=True, metavar="S", help="partitioned stream")
-    r.add_argument("--group", required=True, metavar="G", help="consumer group")
+    r.add_argument(
+        "--stream", required=True, type=stream_name, metavar="S", help="partitioned stream"
+    )
+    r.add_argument("--group", required=True, type=group_name, metavar="G", help="consumer group")
     r.add_argument("--to", required=True, type=reset_target, metavar="TARGET", help=TO_HELP)
     r.add_argument(
         "--partitions",
