@@ -1,5 +1,9 @@
 """``nats-ordered status``: a group's owners, fencing tokens, committed positions and lag;
-with ``--wait-drained``, wait until the group has processed everything published so far."""
+with ``--wait-drained``, wait until the group has processed everything published so far.
+
+A wait never hangs on a group nobody consumes: with no live member for
+``--no-members-timeout`` (default 60s) it exits 1, and a group that has no state yet (the
+workers are starting) is waited for within the same bound."""
 
 from __future__ import annotations
 
@@ -20,10 +24,13 @@ from nats.aio.client import Client as NATS
 from ..core.assignor import Assignment
 from ..core.connection import ConnectionOptions
 from ..core.drain import (
+    DEFAULT_NO_MEMBERS_TIMEOUT,
     DrainProgress,
     DrainTimeoutError,
+    NoMembersError,
     PartitionBlockedError,
     StrayMessagesError,
+    group_exists,
     group_lag,
     wait_drained,
 )
@@ -56,9 +63,11 @@ def configure(p: argparse.ArgumentParser) -> None:
         "--wait-drained",
         action="store_true",
         help="first wait until every partition's committed position reaches its last "
-        "sequence as of now (progress on stderr), then show the status; exit 1 on "
-        "--timeout, 3 as soon as a partition is blocked on a poison message or when the "
-        "stream holds stray messages (on subjects no worker reads)",
+        "sequence as of now (progress on stderr), then show the status. A group with no "
+        "state yet (workers still starting) is waited for. Exit 1 on --timeout or when no "
+        "member is alive for --no-members-timeout (nobody consumes the group), 3 as soon "
+        "as a partition is blocked on a poison message or when the stream holds stray "
+        "messages (on subjects no worker reads)",
     )
     p.add_argument(
         "--watch",
@@ -77,6 +86,15 @@ def configure(p: argparse.ArgumentParser) -> None:
         type=parse_duration,
         metavar="DURATION",
         help="with --wait-drained: give up after this long, e.g. 90s, 10m (default: no limit)",
+    )
+    p.add_argument(
+        "--no-members-timeout",
+        type=parse_duration,
+        metavar="DURATION",
+        help="with --wait-drained: exit 1 once no member of the group has been alive (or, "
+        "for a group with no state yet, none has joined) for this long since the command "
+        f"started; 0 waits anyway (default {DEFAULT_NO_MEMBERS_TIMEOUT:g}s: a pool restarts "
+        "a crashed member well within it)",
     )
 
 
@@ -213,6 +231,13 @@ class _DrainProgressLine:
         if not progress.done and now - self.shown < 1.0:
             return
         self.shown = now
+        if progress.group_missing and not progress.done:
+            self._write(
+                f"waiting for group {self.group} to appear: no worker has joined it yet "
+                f"({format_duration(round(progress.elapsed))})",
+                False,
+            )
+            return
         behind = progress.behind
         at_mark = len(progress.marks) - len(behind)
         text = (
@@ -223,8 +248,11 @@ class _DrainProgressLine:
             shown = ", ".join(f"{p} at {c} of {m}" for p, (c, m) in list(behind.items())[:4])
             text += f"; behind: partition {shown}{', ...' if len(behind) > 4 else ''}"
         text += f" ({format_duration(round(progress.elapsed))})"
+        self._write(text, progress.done)
+
+    def _write(self, text: str, last: bool) -> None:
         if self.tty:
-            sys.stderr.write(f"\r{text}\x1b[K" + ("\n" if progress.done else ""))
+            sys.stderr.write(f"\r{text}\x1b[K" + ("\n" if last else ""))
         else:
             sys.stderr.write(text + "\n")
         sys.stderr.flush()
@@ -297,6 +325,8 @@ async def _watch(nc: NATS, args: argparse.Namespace) -> int:
 async def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
     if args.timeout is not None and not args.wait_drained:
         raise ConfigError("--timeout applies to --wait-drained; pass both, or neither")
+    if args.no_members_timeout is not None and not args.wait_drained:
+        raise ConfigError("--no-members-timeout applies to --wait-drained; pass both, or neither")
     if args.watch and args.wait_drained:
         raise ConfigError("--watch and --wait-drained do not combine; pass one of them")
     if args.interval is not None and not args.watch:
@@ -311,12 +341,16 @@ async def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
             return await _watch(nc, args)
         if args.wait_drained:
             timeout = args.timeout or None  # 0 / "unlimited": no limit
+            no_members = args.no_members_timeout
+            if no_members is None:
+                no_members = DEFAULT_NO_MEMBERS_TIMEOUT
             try:
                 await wait_drained(
                     nc,
                     args.stream,
                     args.group,
                     timeout=timeout,
+                    no_members_timeout=no_members or None,  # 0: wait anyway
                     on_progress=_DrainProgressLine(args.group),
                 )
             except DrainTimeoutError as exc:
@@ -326,6 +360,9 @@ async def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
                     f"{len(exc.behind)} partition(s) behind (see the table); check that its "
                     "workers run and make progress, or raise --timeout"
                 )
+            except NoMembersError as exc:
+                code = EXIT_INCOMPLETE
+                failure = f"{exc} (or raise --no-members-timeout; 0 waits for them without limit)"
             except StrayMessagesError as exc:
                 code = EXIT_FAILED
                 failure = str(exc)
@@ -336,14 +373,29 @@ async def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
                     "Fix the handler and restart the group's workers (the next owner retries "
                     "the message), or run them with --poison dead-letter to set it aside"
                 )
-        out = await _read(nc, args.stream, args.group)
+        if failure is not None and not await group_exists(nc, args.stream, args.group):
+            out = _no_state(args.stream, args.group, failure)
+        else:
+            out = await _read(nc, args.stream, args.group)
     if args.json:
         print_json(out)
-    else:
+    elif "partitions" in out:
         _print_table(out)
     if failure is not None:
         print_err(f"error: {failure}")
     return code
+
+
+def _no_state(stream: str, group: str, failure: str) -> dict[str, Any]:
+    """What ``--json`` prints when a wait ended before the group had any state: there is no
+    table to show, only that nothing drained and why."""
+    return {
+        "stream": stream,
+        "group": group,
+        "exists": False,
+        "drained": False,
+        "problems": [failure],
+    }
 
 
 COMMAND = Command(

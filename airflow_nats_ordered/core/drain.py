@@ -9,8 +9,11 @@ mark; by default the marks are the partitions' last sequences at the time of the
 :func:`wait_drained` watches the commit records with a KV watcher (the server pushes each
 commit; nothing is polled), so an Airflow trigger can sit on it for hours at no cost. It
 fails fast when a partition is blocked on a poison message (``poison="block"``), because
-waiting longer cannot help, and it raises :class:`DrainTimeoutError` naming the partitions
-still behind when ``timeout`` passes.
+waiting longer cannot help, when nobody consumes the group (no live member for
+``no_members_timeout``, :data:`DEFAULT_NO_MEMBERS_TIMEOUT` by default), and it raises
+:class:`DrainTimeoutError` naming the partitions still behind when ``timeout`` passes. A
+group that has no state yet (no worker has joined it: the workers were started a moment ago,
+or are about to be) is waited for, within the same two bounds.
 
 Stray messages (stored on subjects that are not partition subjects, see
 :class:`.streams.Strays`) are never read by any worker, so a stream holding them is never
@@ -28,15 +31,35 @@ from dataclasses import dataclass
 
 import nats.errors
 from nats.aio.client import Client as NATS
+from nats.js.errors import BucketNotFoundError, NotFoundError
 from nats.js.kv import KV_DEL, KV_PURGE
 
 from .errors import ConfigError, NatsOrderedError
 from .group import CommitRecord, GroupState, GroupStore, StreamRecreated
 from .group_admin import live_members
-from .streams import PartitionStats, Strays, describe, stray_messages, stream_contents
+from .group_config import GroupConfig
+from .streams import (
+    PartitionedStream,
+    PartitionStats,
+    Strays,
+    describe,
+    stray_messages,
+    stream_contents,
+)
 
 #: seconds between checks of what the server does not push: live members, the stream
 CHECK_EVERY = 2.0
+
+#: seconds between two looks for the buckets of a group that has no state yet
+GROUP_CHECK_EVERY = 0.5
+
+#: default ``no_members_timeout`` of :func:`wait_drained` (and of ``status --wait-drained``
+#: and the drain sensor): 60 s is long enough for a supervised member to come back (a dead
+#: member's heartbeat lasts one lease TTL, 5 s by default, and ``nats-ordered pool`` restarts
+#: a member after 1 s, doubling per exit in a row: five crashes in a row are back within
+#: ~36 s) and for the first member of a just-started pool to create the group, and short
+#: enough that a wait on a group nobody consumes fails within a minute instead of hanging
+DEFAULT_NO_MEMBERS_TIMEOUT = 60.0
 
 
 class DrainTimeoutError(NatsOrderedError):
@@ -51,6 +74,20 @@ class DrainTimeoutError(NatsOrderedError):
 class NoMembersError(NatsOrderedError):
     """No member of the group has been alive for the allowed time: nothing is consuming
     the group, so waiting longer cannot help until workers are started."""
+
+
+class NoGroupStateError(NatsOrderedError):
+    """The group has no state yet: no worker has ever joined it (its KV buckets do not
+    exist). A wrong group name looks the same, so the message names both causes."""
+
+    def __init__(self, stream: str, group: str) -> None:
+        super().__init__(
+            f"group {group} of stream {stream} has no state yet: no worker has joined it. "
+            f"Start a worker (`nats-ordered worker --stream {stream} --group {group} "
+            "--handler ...`), or check the group name"
+        )
+        self.stream = stream
+        self.group = group
 
 
 class StrayMessagesError(NatsOrderedError):
@@ -140,10 +177,25 @@ def group_lag(
     return GroupLag(stream, group, tuple(parts), strays)
 
 
+async def group_exists(nc: NATS, stream: str, group: str) -> bool:
+    """Whether the group has state: its buckets exist (the first member to join creates
+    them, and only ``group delete`` removes them)."""
+    js = nc.jetstream()
+    cfg = GroupConfig(stream, group)
+    try:
+        await js.key_value(cfg.lease_bucket)
+        await js.key_value(cfg.state_bucket)
+    except (BucketNotFoundError, NotFoundError):
+        return False
+    return True
+
+
 async def read_lag(nc: NATS, stream: str, group: str) -> GroupLag:
-    """Read a group's lag now, with the stream's strays (raises NatsOrderedError if the
-    group has no state yet)."""
+    """Read a group's lag now, with the stream's strays (raises :class:`NoGroupStateError`,
+    a NatsOrderedError, if the group has no state yet)."""
     described = await describe(nc, stream)
+    if not await group_exists(nc, stream, group):
+        raise NoGroupStateError(stream, group)
     store = await GroupStore.attach(nc, stream, group)
     contents = await stream_contents(nc, described)
     return group_lag(stream, group, contents.partitions, await store.snapshot(), contents.strays)
@@ -156,6 +208,8 @@ class DrainProgress:
     marks: Mapping[int, int]
     committed: Mapping[int, int]
     elapsed: float
+    #: True while the group has no state yet (no worker has joined it): nothing committed
+    group_missing: bool = False
 
     @property
     def behind(self) -> dict[int, tuple[int, int]]:
@@ -178,7 +232,7 @@ async def wait_drained(
     *,
     marks: Mapping[int, int] | None = None,
     timeout: float | None = None,
-    no_members_timeout: float | None = None,
+    no_members_timeout: float | None = DEFAULT_NO_MEMBERS_TIMEOUT,
     on_progress: Callable[[DrainProgress], None] | None = None,
 ) -> DrainProgress:
     """Return once every partition's committed position has reached its mark.
@@ -186,21 +240,30 @@ async def wait_drained(
     ``marks`` maps partition -> stream sequence (e.g. the high-water marks a publisher
     reported); partitions left out are not waited for. By default the marks are every
     partition's last sequence now. ``timeout`` in seconds (None: no limit). ``on_progress``
-    is called with the state once the current commits are known and after every commit.
+    is called with the state once the current commits are known and after every commit
+    (and, while the group has no state yet, every :data:`GROUP_CHECK_EVERY` seconds with
+    ``group_missing`` set).
+
+    ``no_members_timeout`` (seconds, default :data:`DEFAULT_NO_MEMBERS_TIMEOUT`; None: wait
+    anyway) bounds how long the group may go without a live member, counted from the start
+    of the call: a wait on a group nobody consumes ends instead of hanging. A group that has
+    no state yet (no worker has joined it) is waited for, not refused: workers started just
+    before (or after) the call create it; the wait for it ends within the same bounds.
+    When every mark is already reached (e.g. marks at 0) it returns at once, state or not.
 
     Raises :class:`StrayMessagesError` when the stream holds stray messages (checked at the
     start, and every :data:`CHECK_EVERY` seconds while the stream still accepts them),
     :class:`PartitionBlockedError` as soon as a partition still short of its mark is
     blocked on a poison message, :class:`DrainTimeoutError` when ``timeout`` passes,
-    :class:`NoMembersError` when ``no_members_timeout`` is set and no member of the group has
-    been alive for that long (membership is checked every :data:`CHECK_EVERY` seconds: an
-    expired heartbeat sends no event), ``StreamRecreated`` when the stream was deleted and
-    created again (the group's positions no longer mean anything), and NatsOrderedError if
-    the group has no state yet (no worker ever joined it).
+    :class:`NoMembersError` when no member of the group has been alive for
+    ``no_members_timeout`` seconds, or the group still has no state then (membership is
+    checked every :data:`CHECK_EVERY` seconds: an expired heartbeat sends no event),
+    ``StreamRecreated`` when the stream was deleted and created again (the group's positions
+    no longer mean anything), and :class:`~.errors.StreamNotFoundError` if the stream does
+    not exist.
     """
     t0 = time.monotonic()
     described = await describe(nc, stream)
-    store = await GroupStore.attach(nc, stream, group)
     contents = await stream_contents(nc, described)
     if contents.strays:
         raise StrayMessagesError(contents.strays)
@@ -214,10 +277,20 @@ async def wait_drained(
                 f"marks name partitions {wrong} but stream {stream} has partitions 0 to "
                 f"{described.partitions - 1}; pass the marks the publisher reported for it"
             )
+    if not await group_exists(nc, stream, group):
+        nothing = DrainProgress(marks, {}, time.monotonic() - t0, group_missing=True)
+        if nothing.done:
+            if on_progress is not None:
+                on_progress(nothing)
+            return nothing
+        await _wait_for_group(
+            nc, described, group, marks, t0, timeout, no_members_timeout, on_progress
+        )
+    store = await GroupStore.attach(nc, stream, group)
     committed: dict[int, int] = {}
     commit_rev: dict[int, int] = {}  # revision of each partition's latest commit record
     blocked: dict[int, tuple[str, int]] = {}  # reason, revision of the marker
-    members_seen = time.monotonic()  # the no-members countdown starts with the wait
+    members_seen = t0  # the no-members countdown starts with the wait
     next_check = 0.0
     # the watcher first delivers each key's current value, then a None marker, then every
     # change as the server stores it
@@ -301,19 +374,66 @@ async def wait_drained(
         await asyncio.shield(watcher.stop())
 
 
+async def _wait_for_group(
+    nc: NATS,
+    described: PartitionedStream,
+    group: str,
+    marks: Mapping[int, int],
+    t0: float,
+    timeout: float | None,
+    no_members_timeout: float | None,
+    on_progress: Callable[[DrainProgress], None] | None,
+) -> None:
+    """Return once the group has state (its first member created its buckets); raise
+    :class:`DrainTimeoutError` at ``timeout`` and :class:`NoMembersError` at
+    ``no_members_timeout`` (both from ``t0``), :class:`StrayMessagesError` when a stray
+    lands on a wildcard stream meanwhile. Polls every :data:`GROUP_CHECK_EVERY` seconds:
+    bucket creation sends no event a client could watch without the buckets."""
+    stream = described.name
+    next_check = time.monotonic() + CHECK_EVERY
+    while not await group_exists(nc, stream, group):
+        now = time.monotonic()
+        elapsed = now - t0
+        if timeout is not None and elapsed >= timeout:
+            raise _timeout_error(stream, group, timeout, marks, {}, group_missing=True)
+        if no_members_timeout is not None and elapsed > no_members_timeout:
+            raise _no_members_error(
+                stream, group, no_members_timeout, marks, {}, group_missing=True
+            )
+        if now >= next_check:
+            next_check = now + CHECK_EVERY
+            if not described.explicit_subjects:  # a wildcard stream may take new strays
+                strays = await stray_messages(nc, described)
+                if strays:
+                    raise StrayMessagesError(strays)
+        if on_progress is not None:
+            on_progress(DrainProgress(marks, {}, elapsed, group_missing=True))
+        step = GROUP_CHECK_EVERY
+        for bound in (timeout, no_members_timeout):
+            if bound is not None:
+                step = min(step, max(0.05, bound - elapsed))
+        await asyncio.sleep(step)
+
+
 def _no_members_error(
     stream: str,
     group: str,
     after: float,
     marks: Mapping[int, int],
     committed: Mapping[int, int],
+    group_missing: bool = False,
 ) -> NoMembersError:
     behind = len(DrainProgress(marks, committed, 0.0).behind)
+    why = (
+        f"the group has no state yet: no worker joined it within {after:g}s"
+        if group_missing
+        else f"no member has been alive for {after:g}s"
+    )
     return NoMembersError(
-        f"no worker pool is consuming group {group} of stream {stream}: no member has been "
-        f"alive for {after:g}s while {behind} partition(s) are behind their mark. Start the "
-        f"workers (`nats-ordered worker --stream {stream} --group {group} --handler ...`), "
-        "then retry"
+        f"no worker pool is consuming group {group} of stream {stream}: {why} while "
+        f"{behind} partition(s) are behind their mark. Start the workers (`nats-ordered "
+        f"worker --stream {stream} --group {group} --handler ...`), then retry"
+        + ("; or check the group name" if group_missing else "")
     )
 
 
@@ -323,12 +443,14 @@ def _timeout_error(
     timeout: float,
     marks: Mapping[int, int],
     committed: Mapping[int, int],
+    group_missing: bool = False,
 ) -> DrainTimeoutError:
     behind = DrainProgress(marks, committed, timeout).behind
     shown = ", ".join(f"{p} at {c} of {m}" for p, (c, m) in list(behind.items())[:5])
     more = f" and {len(behind) - 5} more" if len(behind) > 5 else ""
+    missing = " (the group has no state yet: no worker has joined it)" if group_missing else ""
     return DrainTimeoutError(
-        f"group {group} of stream {stream} did not drain within {timeout:g}s: "
+        f"group {group} of stream {stream} did not drain within {timeout:g}s{missing}: "
         f"{len(behind)} partition(s) behind their mark (partition {shown}{more}). Check that "
         f"its workers are running and making progress (`nats-ordered status --stream {stream} "
         f"--group {group}`), or pass a longer timeout",

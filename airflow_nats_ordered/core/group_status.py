@@ -2,8 +2,9 @@
 must act on.
 
 Guarantees: the snapshot is read with plain gets and is never used to decide ownership;
-``problems`` names every deleted commit record, a deleted or re-created stream, and each
-member's own reported problems, each with the action that fixes it.
+``problems`` names every blocked partition (its blocked marker, with the reason), every
+deleted commit record, a deleted or re-created stream, and each member's own reported
+problems, each with the action that fixes it.
 :class:`GroupSnapshot` holds this verb of :class:`~.group.GroupStore`.
 """
 
@@ -32,9 +33,21 @@ class GroupState:
     leader: str | None = None
     assignment: bytes | None = None
     blocked: dict[int, str] = field(default_factory=dict)
-    #: what needs an operator: deleted commit records, a re-created stream, and each
-    #: member's own ``problems`` (from its heartbeat) prefixed with the member id
+    #: what needs an operator: blocked partitions, deleted commit records, a deleted or
+    #: re-created stream, and each member's own ``problems`` (from its heartbeat) prefixed
+    #: with the member id
     problems: list[str] = field(default_factory=list)
+
+
+def blocked_problems(blocked: dict[int, str]) -> list[str]:
+    """One problem per blocked partition (its ``blocked.<n>`` marker): the partition
+    processes nothing until the message is dealt with, whatever its lag says."""
+    return [
+        f"partition {p} is blocked: {reason}. Fix the handler and restart the group's "
+        "workers (the next owner retries the message), or run them with the dead-letter "
+        "policy (`--poison dead-letter`) to set the message aside"
+        for p, reason in sorted(blocked.items())
+    ]
 
 
 class GroupSnapshot(GroupStreamIdentity):
@@ -75,9 +88,12 @@ class GroupSnapshot(GroupStreamIdentity):
                     elif key == "stream":
                         recorded_stream = json.loads(val).get("created", "")
         snap.problems = await self._stream_problems(recorded_stream)
+        snap.problems += blocked_problems(snap.blocked)
         snap.problems += await self._deleted_commit_problems(snap.commits)
+        # a member holding a partition reports the reason its marker holds: said once above
+        said = {f"partition {p}: {reason}" for p, reason in snap.blocked.items()}
         for m, info in sorted(snap.members.items()):
-            snap.problems += [f"{m}: {p}" for p in info.get("problems") or []]
+            snap.problems += [f"{m}: {p}" for p in info.get("problems") or [] if p not in said]
         return snap
 
     async def _stream_problems(self, recorded: str) -> list[str]:
