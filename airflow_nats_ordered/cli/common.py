@@ -32,6 +32,7 @@ from nats.aio.client import Client as NATS
 from ..core.connection import ConnectionOptions, connect
 from ..core.errors import ConfigError
 from ..core.streams import STREAM_NAME_RULE, check_stream_name
+from .airflow_connection import airflow_connection_options
 
 #: Exit codes of every command (listed in ``nats-ordered --help`` by :data:`EXIT_CODES_HELP`).
 EXIT_OK = 0
@@ -369,66 +370,6 @@ def _refuse_url_credentials(server: str) -> None:
         "command line (ps shows it to every user of the host): pass --server "
         f"{scheme}://{host} and put them in {where}; NATS_URL may carry them too"
     )
-
-
-#: connection flags (argparse dests) that --conn-id replaces
-_FLAG_DESTS = (
-    "server",
-    "creds",
-    "nkey",
-    "user",
-    "tls_ca",
-    "tls_cert",
-    "tls_key",
-    "connect_timeout",
-)
-
-
-def airflow_connection_options(args: argparse.Namespace) -> ConnectionOptions:
-    """The options of Airflow connection ``--conn-id``, through :class:`NatsHook` (so
-    ``AIRFLOW_CONN_*`` variables and secrets backends work). Airflow is imported only here:
-    every other command line works without it. Raises ConfigError saying what to fix."""
-    conn_id = args.conn_id
-    given = [f"--{d.replace('_', '-')}" for d in _FLAG_DESTS if getattr(args, d, None)]
-    if given:
-        raise ConfigError(
-            f"--conn-id {conn_id} takes every connection setting from the Airflow connection; "
-            f"drop {', '.join(given)} (or drop --conn-id and give the flags)"
-        )
-    try:
-        from airflow.sdk.exceptions import AirflowNotFoundException
-
-        from ..hooks.nats import NatsHook
-    except ImportError as exc:
-        raise ConfigError(
-            f"--conn-id {conn_id} reads an Airflow connection, but Airflow cannot be imported "
-            f"({exc}); install it (pip install 'airflow-nats-ordered[airflow]') or give the "
-            "connection with --server/--creds/--user... flags or NATS_* variables"
-        ) from None
-    _airflow_logs_to_stderr()
-    try:
-        return NatsHook(conn_id).get_options()
-    except AirflowNotFoundException:
-        raise ConfigError(
-            f"Airflow connection {conn_id!r} is not defined: add it (`airflow connections add "
-            f"{conn_id} --conn-type nats --conn-host HOST:4222`, or the environment variable "
-            f"AIRFLOW_CONN_{conn_id.upper()} as JSON or URI; one that does not parse reads as "
-            "not defined) or pass the right --conn-id"
-        ) from None
-
-
-def _not_ours(record: logging.LogRecord) -> bool:
-    return not record.name.startswith("airflow_nats_ordered")
-
-
-def _airflow_logs_to_stderr() -> None:
-    """Importing Airflow points the root logger at stdout at INFO; a command's stdout is
-    its output (``--json``). Its handlers move to stderr, and leave this package's records
-    to the CLI's own handler (shown per ``-v``, not twice)."""
-    for h in logging.getLogger().handlers:
-        if isinstance(h, logging.StreamHandler) and h.stream in (sys.stdout, sys.__stdout__):
-            h.setStream(sys.stderr)
-            h.addFilter(_not_ours)
 
 
 @contextlib.asynccontextmanager

@@ -191,7 +191,9 @@ class NatsHook(BaseHook):
         self._options: ConnectionOptions | None = None
 
     @staticmethod
-    def _options_of(conn_id: str, conn: Any) -> ConnectionOptions:
+    def options_of(conn_id: str, conn: Any) -> ConnectionOptions:
+        """The :class:`ConnectionOptions` of connection ``conn`` (an Airflow ``Connection``
+        however it was looked up); a ConfigError names ``conn_id`` and the field to fix."""
         return options_from_connection(
             conn_id,
             host=conn.host,
@@ -204,13 +206,13 @@ class NatsHook(BaseHook):
     def get_options(self) -> ConnectionOptions:
         if self._options is None:
             conn = self.get_connection(self.nats_conn_id)
-            self._options = self._options_of(self.nats_conn_id, conn)
+            self._options = self.options_of(self.nats_conn_id, conn)
         return self._options
 
     async def aget_options(self) -> ConnectionOptions:
         if self._options is None:
             conn = await BaseHook.aget_connection(self.nats_conn_id)
-            self._options = self._options_of(self.nats_conn_id, conn)
+            self._options = self.options_of(self.nats_conn_id, conn)
         return self._options
 
     def get_conn(self) -> ConnectionOptions:
