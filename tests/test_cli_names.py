@@ -13,7 +13,6 @@ import pytest
 from spark_helpers import on_server
 
 from airflow_nats_ordered import cli
-from airflow_nats_ordered.cli.common import group_name, stream_name
 from airflow_nats_ordered.core.errors import ConfigError
 from airflow_nats_ordered.core.streams import describe
 from airflow_nats_ordered.embedded import NatsServer
@@ -56,6 +55,8 @@ def test_python_callers_get_the_rule_too(nats_url):
 
 
 def test_name_types_accept_good_names_and_refuse_a_trailing_newline():
+    from airflow_nats_ordered.cli.common import group_name, stream_name
+
     assert stream_name("ORDERS_v-2") == "ORDERS_v-2"
     assert group_name("billing-1") == "billing-1"
     for check in (stream_name, group_name):
