@@ -16,6 +16,7 @@ Usage (``nats-ordered COMMAND --help`` for every flag)::
     nats-ordered group describe --stream ORDERS --group billing     # = status
     nats-ordered group reset --stream ORDERS --group billing --to earliest|latest|seq:N|time:T \\
         [--partitions 0,3-5] [--dry-run | --execute]
+    nats-ordered group rebalance --stream ORDERS --group billing [--cordon m1,m2] [--by-load]
     nats-ordered dead-letters list|show SEQ|replay|purge --stream ORDERS --group billing
 
 Every command takes the connection flags (``--server``, ``--creds``, ``--nkey``, ``--user``,

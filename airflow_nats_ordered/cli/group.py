@@ -1,5 +1,6 @@
 """``nats-ordered group``: administer consumer groups as ``kafka-consumer-groups.sh`` does:
-``group list``, ``group describe`` (``status``), ``group reset``, ``group delete``."""
+``group list``, ``group describe`` (``status``), ``group reset``, ``group rebalance``,
+``group delete``."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import argparse
 from ..core.connection import ConnectionOptions
 from ..core.group import GroupConfig
 from ..core.group_admin import GroupInUseError, GroupNotFoundError, delete_group
-from . import group_list, group_reset, status
+from . import group_list, group_rebalance, group_reset, status
 from .common import (
     EXIT_INCOMPLETE,
     EXIT_OK,
@@ -54,6 +55,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     add_connection_flags(d)
     group_list.configure(actions, p)
     group_reset.configure(actions, p)
+    group_rebalance.configure(actions, p)
     s = actions.add_parser(
         "describe",
         help="show one group per partition: the same as `nats-ordered status`",
@@ -72,6 +74,8 @@ async def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
         return await group_list.run(args, options)
     if args.action == "reset":
         return await group_reset.run(args, options)
+    if args.action == "rebalance":
+        return await group_rebalance.run(args, options)
     if args.action == "describe":
         return await status.run(args, options)
     return await _delete(args, options)
@@ -137,7 +141,7 @@ async def _delete(args: argparse.Namespace, options: ConnectionOptions) -> int:
 
 COMMAND = Command(
     "group",
-    "administer consumer groups: list, describe, reset (positions), delete",
+    "administer consumer groups: list, describe, reset (positions), rebalance, delete",
     configure,
     run,
     connection_flags=False,
