@@ -198,3 +198,45 @@ def test_dead_letters_of_an_unknown_group_name_the_groups_there_are(
     assert code == 2
     assert f"group nope of stream {unique_name} does not exist" in err
     assert f"groups of {unique_name}: g" in err
+
+
+def test_a_dead_letter_that_cannot_be_routed_is_refused_unless_given_a_subject(
+    shared_nats_server, unique_name, capsys
+):
+    url = shared_nats_server.url
+    s, hold = unique_name, f"{unique_name}_HOLD"
+    conn = ["--stream", s, "--group", "g", "--server", url]
+    assert cli(["provision", "--stream", s, "--partitions", "2", "--server", url]) == 0
+
+    async def scenario():
+        nc = await nats.connect(url)
+        js = nc.jetstream()
+        await js.add_stream(name=hold, subjects=[f"{hold}.>"])
+        described = await describe(nc, s)
+        await js.publish(described.subject(0), b'{"i": 7}', headers={"Nats-Ordered-Key-B64": "%%%"})
+        async with WorkerPool(url, _cfg(s), lambda m: None, size=1):
+            await wait_drained(nc, s, "g", timeout=60)
+            assert await _dlq_count(nc, s) == 1
+            before = await _messages(nc, s)
+            capsys.readouterr()
+            code = await asyncio.to_thread(cli, ["dead-letters", "replay", *conn])
+            err = capsys.readouterr().err
+            assert code == 2 and "cannot be routed: malformed key" in err and "--subject" in err
+            code = await asyncio.to_thread(
+                cli, ["dead-letters", "replay", *conn, "--subject", described.subject(1)]
+            )
+            err = capsys.readouterr().err
+            assert code == 2 and "cannot be routed" in err  # a partition subject is no way out
+            assert await _messages(nc, s) == before  # nothing was published
+            done = await asyncio.to_thread(
+                _json,
+                capsys,
+                ["dead-letters", "replay", *conn, "--subject", f"{hold}.x", "--purge", "--json"],
+            )
+            assert [r["outcome"] for r in done["replays"]] == ["stored"]
+            held = await js.get_msg(hold, seq=1)
+            assert held.data == b'{"i": 7}' and held.headers["Nats-Ordered-Key-B64"] == "%%%"
+            assert await _dlq_count(nc, s) == 0  # --purge: removed once stored
+        await nc.close()
+
+    asyncio.run(scenario())

@@ -302,7 +302,12 @@ def plan_replay(
         home = partition_for(key, stream.partitions) if key is not None else None
         if subject is not None:
             error = None
-            if subject.startswith(f"{stream.prefix}.p.") and problem is None:
+            if subject.startswith(f"{stream.prefix}.p.") and problem is not None:
+                error = (
+                    f"cannot be routed: {problem}; {subject} is a partition of {stream.name}, "
+                    "whose workers would reject it again: give a subject outside the stream"
+                )
+            elif subject.startswith(f"{stream.prefix}.p."):
                 named = subject[len(stream.prefix) + 3 :]
                 keyed_home = home if home is not None else letter.partition
                 if named != str(keyed_home):
