@@ -11,8 +11,9 @@ from typing import Any
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSensorTimeout
 
-from ..core.drain import read_lag
+from ..core.drain import DEFAULT_NO_MEMBERS_TIMEOUT, group_exists, read_lag
 from ..core.runs import RunLedger
+from ..core.streams import describe, stream_contents
 from ..hooks.nats import NatsHook
 from ..triggers.drain import NatsGroupDrainTrigger
 
@@ -125,10 +126,15 @@ class NatsGroupDrainSensor(BaseSensorOperator):
     waited for; a new try (retry, clear) resolves fresh marks. The XCom in every mode is
     ``{"stream", "group", "marks", "waited"}``.
 
+    A group that has no state yet (no worker has joined it: the workers are being started
+    beside the DAG) is waited for like a group that has committed nothing, not failed.
+
     Deferrable by default: it checks once, then waits in the triggerer on the group's commit
     records (no worker slot held). It fails fast, saying what to do, when a partition is
-    blocked on a poison message, when no member of the group has been alive for
-    ``no_members_timeout`` seconds, when the stream was re-created, or at ``timeout``.
+    blocked on a poison message, when no member of the group has been alive (or, for a
+    group with no state yet, none has joined) for ``no_members_timeout`` seconds (default
+    :data:`~..core.drain.DEFAULT_NO_MEMBERS_TIMEOUT`, 60; None waits anyway), when the
+    stream was re-created, or at ``timeout``.
     """
 
     template_fields: Sequence[str] = ("stream", "group", "high_water_marks", "run")
@@ -141,7 +147,7 @@ class NatsGroupDrainSensor(BaseSensorOperator):
         group: str,
         high_water_marks: Any = "now",
         run: str | None = None,
-        no_members_timeout: float | None = 60.0,
+        no_members_timeout: float | None = DEFAULT_NO_MEMBERS_TIMEOUT,
         nats_conn_id: str = NatsHook.default_conn_name,
         deferrable: bool = True,
         poke_interval: float = 5.0,
@@ -252,8 +258,9 @@ class NatsGroupDrainSensor(BaseSensorOperator):
                     "check the producer id (it is in the publish task's XCom)"
                 )
             return {str(p): m for p, m in rec.high_water_marks.items()}
-        lag = await read_lag(nc, self.stream, self.group)
-        return {str(p.partition): p.last for p in lag.partitions}
+        # the stream's last sequences: the group need not have state yet
+        contents = await stream_contents(nc, await describe(nc, self.stream))
+        return {str(s.partition): s.last_seq for s in contents.partitions}
 
     def _result(self) -> dict[str, Any]:
         waited = 0.0 if self._resolved_at is None else max(0.0, time.time() - self._resolved_at)
@@ -271,6 +278,20 @@ class NatsGroupDrainSensor(BaseSensorOperator):
         marks = self._resolve(hook, context or {})
 
         async def check(nc: Any) -> dict[int, tuple[int, int]]:
+            if not await group_exists(nc, self.stream, self.group):
+                # no worker has joined yet (they may be starting): nothing is committed
+                contents = await stream_contents(nc, await describe(nc, self.stream))
+                if contents.strays:
+                    raise AirflowFailException(contents.strays.problem())
+                behind = {int(p): (0, m) for p, m in marks.items() if m > 0}
+                if behind:
+                    self.log.info(
+                        "group %s of %s has no state yet (no worker has joined it): waiting "
+                        "for its workers",
+                        self.group,
+                        self.stream,
+                    )
+                return behind
             lag = await read_lag(nc, self.stream, self.group)
             if lag.strays:  # no worker reads them: waiting cannot drain them
                 raise AirflowFailException(lag.strays.problem())

@@ -9,6 +9,7 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from ..core.drain import (
+    DEFAULT_NO_MEMBERS_TIMEOUT,
     DrainProgress,
     DrainTimeoutError,
     NoMembersError,
@@ -34,7 +35,10 @@ class NatsGroupDrainTrigger(BaseTrigger):
     the marks the sensor's try resolved at its first poke, before deferring, so neither a
     triggerer restart nor messages published while it waits move them.
     ``timeout``: seconds from ``started`` (epoch), so a restarted trigger keeps the deadline.
-    ``no_members_timeout``: fail when no member of the group has been alive this long.
+    ``no_members_timeout``: fail when no member of the group has been alive this long, or
+    the group still has no state (no worker joined it) after that long (default
+    :data:`~..core.drain.DEFAULT_NO_MEMBERS_TIMEOUT`; None waits anyway). A group with no
+    state yet is waited for, not failed: its workers may be starting.
     """
 
     def __init__(
@@ -46,7 +50,7 @@ class NatsGroupDrainTrigger(BaseTrigger):
         nats_conn_id: str = NatsHook.default_conn_name,
         timeout: float | None = None,
         started: float | None = None,
-        no_members_timeout: float | None = 60.0,
+        no_members_timeout: float | None = DEFAULT_NO_MEMBERS_TIMEOUT,
     ) -> None:
         super().__init__()
         self.stream = stream
@@ -76,6 +80,13 @@ class NatsGroupDrainTrigger(BaseTrigger):
         if now - getattr(self, "_logged", 0.0) < LOG_EVERY and not progress.done:
             return
         self._logged = now
+        if progress.group_missing and not progress.done:
+            self.log.info(
+                "group %s of %s has no state yet (no worker has joined it): waiting for it",
+                self.group,
+                self.stream,
+            )
+            return
         behind = progress.behind
         if not behind:
             self.log.info(
