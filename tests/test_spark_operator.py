@@ -17,6 +17,7 @@ from airflow_nats_ordered.core.errors import ConfigError
 pytest.importorskip("pyspark")
 
 from airflow_nats_ordered.operators.spark import NatsSparkPublishOperator  # noqa: E402
+from airflow_nats_ordered.spark import write_ordered  # noqa: E402
 
 APP = str(Path(__file__).resolve().parent.parent / "spark_apps" / "publish_flights.py")
 LOCAL_SPARK = json.dumps({"conn_type": "spark", "host": "local[2]"})
@@ -118,3 +119,39 @@ def test_speculation_is_refused(monkeypatch):
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", LOCAL_SPARK)
     with pytest.raises(ConfigError, match="speculation"):
         _operator(conf={"spark.speculation": "true"}).prepare("run-1")
+
+
+BLANK_ID_DAG = """
+import datetime as dt
+from airflow.sdk import DAG
+from airflow_nats_ordered.operators.spark import NatsSparkPublishOperator
+
+with DAG(dag_id="{dag_id}", schedule=None, start_date=dt.datetime(2013, 1, 1)) as dag:
+    NatsSparkPublishOperator(
+        task_id="publish", application={app!r}, stream="{stream}",
+        producer_id="{{{{ params.get('run_id', '') }}}}",  # renders empty: nothing passed
+        application_args=["--start", "2013-01-02"], conf={{"spark.ui.enabled": "false"}},
+    )
+"""
+
+
+def test_a_producer_id_that_renders_empty_is_refused_not_replaced_by_the_default(
+    nats_url, unique_name, monkeypatch, capfd
+):
+    """An empty id used to fall back to the default (``self.producer_id or default``): a
+    template that renders empty then publishes under an id nobody passed."""
+    monkeypatch.setenv("AIRFLOW_CONN_NATS_DEFAULT", nats_connection(nats_url))
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", LOCAL_SPARK)
+    make_stream(nats_url, unique_name, partitions=2)
+    with dag_file(BLANK_ID_DAG, app=APP, stream=unique_name) as dag:
+        run = dag.test(logical_date=dt.datetime(2024, 5, 2, tzinfo=dt.UTC))
+    out = capfd.readouterr()
+    assert task_states(run) == {"publish": "failed"}
+    assert "NatsSparkPublishOperator 'publish': producer_id is empty" in out.out + out.err
+    assert stored(nats_url, unique_name) == []  # no job was submitted
+
+
+def test_write_ordered_refuses_an_empty_producer_id_naming_the_parameter(spark):
+    df = spark.createDataFrame([("k", 1)], "k string, v long")
+    with pytest.raises(ConfigError, match=r"^producer_id is empty \(' '\)"):
+        write_ordered(df, stream="NOPE", key="k", producer_id=" ")  # no server is asked

@@ -46,7 +46,9 @@ def default_producer_id(context: Mapping[str, Any]) -> str:
     return f"{ti.dag_id}.{ti.task_id}{mapped}.{when}"
 
 
-def _checked_producer_id(task_id: Any, producer_id: Any) -> str:
+def checked_producer_id(
+    task_id: Any, producer_id: Any, operator: str = "NatsPublishOperator"
+) -> str:
     """An operator's ``producer_id``; an empty or blank one (an unset variable, a template
     that rendered empty) is refused naming the parameter, never replaced by the default."""
     try:
@@ -56,7 +58,7 @@ def _checked_producer_id(task_id: Any, producer_id: Any) -> str:
             "the default <dag id>.<task id>.<logical date>",
         )
     except ConfigError as exc:
-        raise ConfigError(f"NatsPublishOperator {task_id!r}: {exc}") from None
+        raise ConfigError(f"{operator} {task_id!r}: {exc}") from None
 
 
 class NatsPublishOperator(BaseOperator):
@@ -133,7 +135,7 @@ class NatsPublishOperator(BaseOperator):
                 "round-robin without per-key order"
             )
         if producer_id is not None:
-            _checked_producer_id(kwargs.get("task_id"), producer_id)
+            checked_producer_id(kwargs.get("task_id"), producer_id)
         self.stream = stream
         self.key_field = key_field
         self.path = path
@@ -175,7 +177,7 @@ class NatsPublishOperator(BaseOperator):
         producer_id = (
             default_producer_id(context)
             if self.producer_id is None
-            else _checked_producer_id(self.task_id, self.producer_id)
+            else checked_producer_id(self.task_id, self.producer_id)
         )
         knobs = {**self.publisher_config, "allow_keyless": self.allow_keyless}
         config = PublisherConfig(**knobs, producer_id=producer_id)

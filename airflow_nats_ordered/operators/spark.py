@@ -14,7 +14,7 @@ from ..core.connection import ConnectionOptions
 from ..core.errors import ConfigError
 from ..core.runs import RunLedger, RunRecord
 from ..hooks.nats import NatsHook
-from .publish import default_producer_id
+from .publish import checked_producer_id, default_producer_id
 
 #: ConnectionOptions field -> the variable the driver reads it from (ConnectionOptions.from_env)
 _ENV_OF = {
@@ -135,7 +135,12 @@ class NatsSparkPublishOperator(SparkSubmitOperator):
     # the run's ledger record goes to XCom as execute's return value (the Spark provider's
     # operator returns nothing, so its annotation says None)
     def execute(self, context: Any) -> dict[str, Any]:  # type: ignore[override]
-        producer_id = self.producer_id or default_producer_id(context)
+        # an empty one (a template that rendered empty) is refused, never the default's
+        producer_id = (
+            default_producer_id(context)
+            if self.producer_id is None
+            else checked_producer_id(self.task_id, self.producer_id, type(self).__name__)
+        )
         hook = self.prepare(producer_id)
 
         async def read(nc: Any) -> RunRecord | None:

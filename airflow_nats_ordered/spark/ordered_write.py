@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from nats.aio.client import Client as NATS
 
 from ..core.errors import ConfigError
+from ..core.publisher import check_producer_id
 from ..core.runs import RunLedger, RunRecord
 from .datasource import NAME, _on_nats, register
 from .options import CONNECTION_OPTIONS, SinkOptions
@@ -51,6 +52,8 @@ def write_ordered(
     text of ``core/keys.py``. Other column types are refused before any job runs.
     """
     order = [c.strip() for c in order_by.split(",")] if isinstance(order_by, str) else order_by
+    # refused in this function's terms (not as the data source's producerId option)
+    check_producer_id(producer_id, "producer_id", "no default: name the input this run publishes")
     check_key_column(df, key)
     if msg_id_column:
         check_key_column(df, msg_id_column, "msg_id_column")
