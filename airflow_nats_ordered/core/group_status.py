@@ -110,16 +110,25 @@ class GroupSnapshot(GroupStreamIdentity):
         return []
 
     async def _deleted_commit_problems(self, commits: dict[int, CommitRecord]) -> list[str]:
-        """Partitions whose ``c.<n>`` has a delete marker (it existed, then was deleted)."""
+        """Partitions whose ``c.<n>`` has a delete marker (it existed, then was deleted);
+        not one whose record appeared after ``commits`` was read."""
         prefix = f"$KV.{self.cfg.state_bucket}.c."
         info = await self.nc.jetstream().stream_info(
             f"KV_{self.cfg.state_bucket}", subjects_filter=f"{prefix}*"
         )
-        gone = sorted(
+        candidates = sorted(
             int(subject[len(prefix) :])
             for subject in info.state.subjects or {}
             if int(subject[len(prefix) :]) not in commits
         )
+        # the keys were listed before this read: a record a member wrote since (a new group's
+        # first grant) is not in ``commits`` but is no deleted one either
+        gone = []
+        for p in candidates:
+            try:
+                await self.state.get(f"c.{p}")
+            except (KeyNotFoundError, KeyDeletedError):
+                gone.append(p)
         return [
             f"partition {p}: commit record c.{p} was deleted; the member that claims it next "
             "applies its missing_commit policy: fail (the default: the partition is not "
