@@ -260,8 +260,7 @@ class RecordReader:
                     hint = " (it looks like CSV: pass --format csv)"
                 raise InputError(
                     f"{self.name} line {lineno} is not valid JSON ({exc}){hint}; every line must "
-                    "be one JSON object. Fix or remove the line; records before it were "
-                    "published, and re-publishing the fixed file stores them only once."
+                    "be one JSON object. Fix or remove the line."
                 ) from None
             if not isinstance(obj, dict):
                 hint = ""

@@ -100,3 +100,13 @@ def test_credentials_from_the_environment_connect(capsys, monkeypatch, auth_serv
     assert cli.main(["info", "--stream", unique_name, *args]) == 0
     out, err = capsys.readouterr()
     assert SECRET not in out + err
+
+
+def test_a_group_name_with_a_trailing_newline_is_refused_by_the_python_api():
+    """``re.match`` with ``$`` accepts "g\\n" (``$`` matches before a final newline): the
+    group's bucket names would then carry a newline into the server's API subjects."""
+    from airflow_nats_ordered.core.errors import ConfigError
+    from airflow_nats_ordered.core.group_config import GroupConfig
+
+    with pytest.raises(ConfigError, match="group"):
+        GroupConfig("ORDERS", "billing\n")

@@ -163,3 +163,23 @@ def test_a_fixed_file_republished_as_the_error_says_stores_each_record_once(
     assert len(got) == len(rows), f"{len(got)} messages stored for {len(rows)} records"
     assert sorted(json.loads(s.data)["n"] for s in got) == list(range(len(rows)))
     assert len({s.msg_id for s in got}) == len(rows)
+
+
+def test_an_input_error_says_what_was_published_before_it(capsys, tmp_path, nats_url, unique_name):
+    """--order-by reads the whole file before publishing: a bad line there published nothing,
+    and the error must not say that records before it were published (it did)."""
+    make_stream(nats_url, unique_name, 3)
+    rows = [{"k": f"key{i % 4}", "n": i} for i in range(8)]
+    path = tmp_path / "orders.jsonl"
+    path.write_text(_lines(rows[:5]) + '{"k": "key1", "n": 5,,}\n' + _lines(rows[6:]))
+    base = ["publish", "--stream", unique_name, str(path), "--key-field", "k"]
+    base += ["--server", nats_url]
+    assert cli.main([*base, "--order-by", "n"]) == 2
+    err = capsys.readouterr().err
+    assert "line 6 is not valid JSON" in err and "Nothing was published" in err, err
+    assert "were published" not in err, err
+    assert stored(nats_url, unique_name) == []
+    assert cli.main(base) == 2  # streaming: the 5 before it went out, and it says so
+    err = capsys.readouterr().err
+    assert "The 5 record(s) before it were published; to store them only once" in err, err
+    assert len(stored(nats_url, unique_name)) == 5

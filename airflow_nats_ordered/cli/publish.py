@@ -343,13 +343,16 @@ def _republish_hint(args: argparse.Namespace, pub: OrderedPublisher, read: int) 
     its partition, its key and its payload, so the records before the bad one get the same
     ids again from the fixed file, but only under the same producer id; the default id of a
     file follows its content, which the fix changes."""
-    if read == 0 or args.file == "-":
-        return ""  # nothing was published; stdin's id is printed in its own note
-    if args.msg_id_field:
-        return ""  # msg-ids come from the file: any producer id de-duplicates them
+    if read == 0:  # e.g. --order-by reads the whole input before publishing any of it
+        return " Nothing was published: publish the fixed input as before."
+    published = f" The {read} record(s) before it were published"
+    if args.file == "-":
+        return f"{published}."  # stdin's producer id is printed in its own note
+    if args.msg_id_field:  # msg-ids come from the file: any producer id de-duplicates them
+        return f"{published}; re-publishing the fixed file stores them only once."
     same = "the same " if args.producer_id is not None else ""
     return (
-        f" To store them only once, re-publish the fixed file with {same}--producer-id "
+        f"{published}; to store them only once, re-publish the fixed file with {same}--producer-id "
         f"{pub.producer_id} (within the stream's duplicate window)"
         + (
             "; without it the fixed file gets a new default id (its content changed) and "
@@ -382,21 +385,29 @@ async def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
             "pass --allow-keyless to publish records without keys round-robin instead"
         )
     # open (and check the fields of) the input before connecting: a typo fails at once
-    with open_records(
-        args.file,
-        key_field=args.key_field,
-        fmt=args.format,
-        msg_id_field=args.msg_id_field,
-        order_by=args.order_by,
-    ) as reader:
-        async with connected(options) as nc:
-            pub = OrderedPublisher(
-                nc,
-                args.stream,
-                expected_partitions=args.expect_partitions,
-                **_publisher_knobs(args),
-            )
-            return await _publish(args, pub, reader, reader.name, reader.format)
+    opened = False
+    try:
+        with open_records(
+            args.file,
+            key_field=args.key_field,
+            fmt=args.format,
+            msg_id_field=args.msg_id_field,
+            order_by=args.order_by,
+        ) as reader:
+            opened = True
+            async with connected(options) as nc:
+                pub = OrderedPublisher(
+                    nc,
+                    args.stream,
+                    expected_partitions=args.expect_partitions,
+                    **_publisher_knobs(args),
+                )
+                return await _publish(args, pub, reader, reader.name, reader.format)
+    except InputError as exc:
+        if opened:  # found while publishing: _publish said what went out before it
+            raise
+        # found while opening (--order-by reads the whole input first): nothing went out
+        raise InputError(f"{exc} Nothing was published.") from None
 
 
 async def _publish(

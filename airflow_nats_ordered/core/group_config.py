@@ -48,7 +48,7 @@ class GroupConfig:
     missing_commit: MissingCommitPolicy = "fail"
 
     def __post_init__(self) -> None:
-        if not _NAME.match(self.group or ""):
+        if not _NAME.fullmatch(self.group or ""):
             raise ConfigError(
                 f"group name {self.group!r} is not valid: 1-64 letters, digits, '_' or '-'"
             )
