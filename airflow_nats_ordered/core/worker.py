@@ -12,6 +12,7 @@ after it, and every name stays importable from this one:
 * :mod:`.delivery` - :class:`PartitionDelivery`, mixed into :class:`Worker`: a partition's
   messages to the handler (retries, poison policy, batches, commits, continuity checks)
 * :mod:`.dead_letters` - :func:`dead_letter_subject`, :class:`DeadLettering` (a mixin)
+* :mod:`.group_presence` - :class:`GroupWatch` (a mixin): the group deleted under the member
 
 Guarantees (each tested by breaking it in ``tests/test_worker_chaos.py``; processing's in
 :mod:`.delivery`)
@@ -27,6 +28,10 @@ Guarantees (each tested by breaking it in ``tests/test_worker_chaos.py``; proces
   stopped (committed and released at once) and claimed by their new owner.
 * **Graceful stop.** :meth:`Worker.stop` finishes the message in hand, commits, releases
   every lease and leaves the group, so hand-over does not wait for a TTL.
+* **A deleted group stops the member, once.** When its group's buckets are deleted (or
+  deleted and created again) under it, the member logs one error, stops as on a crash and
+  sets :attr:`Worker.error` to a :class:`GroupDeletedError`; it never retries against, or
+  re-creates, a group an operator deleted.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ from .dead_letters import HDR_ERROR, HDR_ORIGIN, DeadLettering, dead_letter_subj
 from .delivery import PartitionDelivery
 from .errors import NatsOrderedError
 from .group import GroupStore, Lease, LeaseLost, RebalancePolicy
+from .group_presence import GroupDeletedError, GroupPresence, GroupWatch
 from .message import HDR_MSG_ID, AppliedPosition, BatchHandler, Handler, Message
 from .owned import OwnedPartition
 from .reader import PartitionReader
@@ -65,6 +71,7 @@ __all__ = [
     "AppliedPosition",
     "BatchHandler",
     "DeadLettering",
+    "GroupDeletedError",
     "Handler",
     "Message",
     "OwnedPartition",
@@ -93,7 +100,7 @@ async def _cancel_and_wait(tasks: list[asyncio.Task[None]]) -> None:
         _, pending = await asyncio.wait(pending, timeout=1.0)
 
 
-class Worker(PartitionDelivery):
+class Worker(PartitionDelivery, GroupWatch):
     """One member of a consumer group. ``await start()`` joins, ``await stop()`` leaves."""
 
     def __init__(
@@ -169,6 +176,8 @@ class Worker(PartitionDelivery):
         self.store = await GroupStore.open(self.nc, self.cfg.group_config)
         assert self.store.stream is not None  # (open() describes the stream)
         self.stream = self.store.stream
+        self._presence = GroupPresence(self.nc, self.cfg.group_config)
+        await self._presence.record()
         if self.cfg.poison == "dead-letter":
             try:
                 await self._ensure_dead_letter_stream()
@@ -348,7 +357,7 @@ class Worker(PartitionDelivery):
                 )
                 self.last_heartbeat = time.monotonic()
             except (TimeoutError, NatsError) as exc:
-                log.warning("member %s: heartbeat failed: %s", self.member, exc)
+                self._trouble("heartbeat failed", exc)
             # all renewals in one round trip (each under its partition's lock): sequential
             # renewals behind a busy event loop could outlast the lease margin
             await asyncio.gather(*(self._renew(o) for o in list(self.owned.values())))
@@ -369,9 +378,7 @@ class Worker(PartitionDelivery):
             except LeaseLost as exc:
                 self._lease_lost(o, exc)
             except (NatsError, TimeoutError) as exc:
-                log.warning(
-                    "member %s: renewing partition %d failed: %s", self.member, o.partition, exc
-                )
+                self._trouble("renewing partition %d failed", exc, o.partition)
 
     def _lease_lost(self, o: OwnedPartition, exc: LeaseLost) -> None:
         """Stop a partition whose lease is gone, exactly once, whatever stage it is in."""
@@ -444,7 +451,7 @@ class Worker(PartitionDelivery):
                         {m: new.partitions_of(m) for m in members},
                     )
             except (TimeoutError, NatsError) as exc:
-                log.warning("member %s: leader loop: %s", self.member, exc)
+                self._trouble("leader loop", exc)
 
     def _assign(
         self, members: list[str], previous: Assignment | None, policy: RebalancePolicy
@@ -479,7 +486,7 @@ class Worker(PartitionDelivery):
             try:
                 data, rev = await self.store.read_assignment()
             except (TimeoutError, NatsError) as exc:
-                log.warning("member %s: reading the assignment failed: %s", self.member, exc)
+                self._trouble("reading the assignment failed", exc)
                 continue
             if data is not None and rev != self._assignment_rev:
                 a = Assignment.from_json(data)
@@ -505,11 +512,11 @@ class Worker(PartitionDelivery):
                     await self._try_claim(p)
                 except (NatsError, TimeoutError) as exc:
                     # a blip (server restart, leader change): next tick
-                    log.warning("member %s: claiming partition %d failed: %s", self.member, p, exc)
+                    self._trouble("claiming partition %d failed", exc, p)
                 except NatsOrderedError as exc:
                     # not a blip (a contended token, a missing commit record, a re-created
                     # stream): retry later and later, and say so in the status
-                    log.warning("member %s: claiming partition %d failed: %s", self.member, p, exc)
+                    self._trouble("claiming partition %d failed", exc, p)
                     self._back_off(p, f"claiming failed: {exc}")
             if self._mine and self._mine <= self.claimed:
                 self._assigned.set()
