@@ -117,7 +117,7 @@ class MetricsServer:
         registry: CollectorRegistry,
         health: Callable[[], Health],
         port: int,
-        addr: str = "0.0.0.0",
+        addr: str = "127.0.0.1",
     ) -> None:
         self._server = _Server((addr, port), _Handler)
         self._server.render_metrics = lambda: generate_latest(registry)
@@ -337,7 +337,7 @@ def group_metrics(lag: GroupLag, snap: GroupState, stream: str, group: str) -> I
 
 
 def serve_member(
-    worker: Worker, nc: NATS, port: int, addr: str = "0.0.0.0"
+    worker: Worker, nc: NATS, port: int, addr: str = "127.0.0.1"
 ) -> tuple[MetricsServer, MemberMetrics]:
     """Start serving ``worker``'s metrics and health (call from its event loop, then run
     ``asyncio.ensure_future(metrics.run())``)."""
@@ -435,7 +435,7 @@ class PoolMetrics(Collector):
 
 
 def serve_pool(
-    members: Callable[[], Sequence[MemberEndpoint]], port: int, addr: str = "0.0.0.0"
+    members: Callable[[], Sequence[MemberEndpoint]], port: int, addr: str = "127.0.0.1"
 ) -> MetricsServer:
     """Serve a pool's merged metrics and health on ``addr:port``."""
     metrics = PoolMetrics(members)

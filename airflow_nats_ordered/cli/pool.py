@@ -5,6 +5,17 @@ What a container or a systemd unit runs: N ``nats-ordered worker`` processes nam
 
 Guarantees:
 
+* Nothing starts until the pool itself has checked, once, what every member would fail on
+  at start-up: the flags, the handler (imported, callable or a class it can create; looked
+  up in the current directory first, as members do), the connection, the stream and the
+  group's settings (it opens the group as a member does). A failure exits 2 with the message
+  a worker would print, and no member is started.
+* A member that exits 2 (it could not start: a usage, configuration or connection error,
+  see ``worker``) ``--max-start-failures`` times in a row stops the pool: the others leave
+  gracefully and the pool exits 2 repeating that member's error.
+* A member that exits 3 (stopped on an error after joining) while its group no longer
+  exists (``group delete --force``) is not restarted: that would begin the group afresh from
+  the stream's first message. When no member is left running, the pool exits 3.
 * A member that exits (crash, SIGKILL, error) while the pool runs is started again under
   the same id after ``--restart-backoff`` seconds, doubled on each further exit up to
   ``--restart-backoff-max``; a member that ran ``--restart-reset`` seconds or more before
@@ -28,20 +39,28 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from nats.errors import Error as NatsError
+
 from ..core.connection import ConnectionOptions
-from ..core.errors import ConfigError
+from ..core.errors import ConfigError, NatsOrderedError
+from ..core.group import GroupStore
+from ..core.group_presence import GroupPresence
 from ..embedded_process import _die_with_parent_fn
+from ..handlers import check_handler, current_directory_first
 from ..metrics import MemberEndpoint, MetricsServer, serve_pool
 from .common import (
+    EXIT_FAILED,
     EXIT_INCOMPLETE,
     EXIT_OK,
     EXIT_SIGINT,
     EXIT_SIGTERM,
+    EXIT_USAGE,
     Command,
     add_connection_flags,
+    connected,
     format_duration,
     positive_float,
     positive_int,
@@ -98,7 +117,26 @@ def configure(p: argparse.ArgumentParser) -> None:
         "are then counted as not having left; their leases expire after the TTL) "
         "(default %(default)g)",
     )
+    p.add_argument(
+        "--max-start-failures",
+        type=_non_negative_int,
+        default=3,
+        metavar="N",
+        help="stop the pool (exit 2, repeating the error) when a member could not start N "
+        "times in a row (it exited 2: a usage, configuration or connection error); 0 "
+        "restarts it for ever (default %(default)s)",
+    )
     add_metrics_flags(p, "all members'")
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
 
 
 def member_argv(args: argparse.Namespace) -> list[str]:
@@ -133,6 +171,10 @@ class _Member:
     started: float = 0.0
     #: how it exited after the pool was told to stop (None: it was not running then)
     left_with: int | None = None
+    #: the last ``error: ...`` line of its latest run
+    last_error: str | None = None
+    #: why it is not restarted any more (its group was deleted)
+    retired: str | None = None
 
 
 class Supervisor:
@@ -149,6 +191,8 @@ class Supervisor:
         stop_timeout: float,
         metrics_port: int | None = None,
         log: Callable[[str], None] = print_err,
+        max_start_failures: int = 0,
+        group_gone: Callable[[], Awaitable[str | None]] | None = None,
     ) -> None:
         self.members = [
             _Member(
@@ -165,6 +209,13 @@ class Supervisor:
         self.reset_after = reset_after
         self.stop_timeout = stop_timeout
         self.log = log
+        #: a member that exits 2 this many times in a row stops the pool (0: never)
+        self.max_start_failures = max_start_failures
+        #: why the group is gone (None: it exists, or that could not be told), asked before
+        #: restarting a member that exited 3
+        self.group_gone = group_gone
+        #: why the pool stopped by itself (a member could not start)
+        self.failure: str | None = None
         self.stopping = asyncio.Event()
 
     def endpoints(self) -> list[MemberEndpoint]:
@@ -172,9 +223,21 @@ class Supervisor:
 
     async def run(self) -> int:
         """Run until every member has exited after :meth:`stop`; the exit code: 0 when all
-        left with 0, 1 otherwise."""
+        left with 0, 1 otherwise; 2 when a member could not start ``max_start_failures``
+        times in a row (the pool stopped itself); 3 when every member stopped because the
+        group was deleted (nothing left to run)."""
         keepers = [asyncio.ensure_future(self._keep(m)) for m in self.members]
-        await self.stopping.wait()
+        all_retired = asyncio.ensure_future(asyncio.wait(keepers))
+        stop_wait = asyncio.ensure_future(self.stopping.wait())
+        await asyncio.wait({all_retired, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+        stop_wait.cancel()
+        if not self.stopping.is_set():
+            reasons = sorted({m.retired for m in self.members if m.retired})
+            self.log(
+                f"pool: no member left to run ({'; '.join(reasons)}); start the pool again "
+                "to begin the group afresh"
+            )
+            return EXIT_FAILED
         done, pending = await asyncio.wait(keepers, timeout=self.stop_timeout)
         if pending:
             for m in self.members:
@@ -191,6 +254,9 @@ class Supervisor:
             for m in self.members
             if m.left_with not in (None, 0)
         ]
+        if self.failure is not None:
+            self.log(f"error: {self.failure}")
+            return EXIT_USAGE
         if failed:
             self.log(f"pool: not every member left gracefully: {', '.join(failed)}")
             return EXIT_INCOMPLETE
@@ -208,29 +274,37 @@ class Supervisor:
     async def _keep(self, m: _Member) -> None:
         delay = self.backoff
         name = m.endpoint.member
+        start_failures = 0
         while not self.stopping.is_set():
             m.started = time.monotonic()
-            try:
-                m.proc = await asyncio.create_subprocess_exec(
-                    *m.argv,
-                    stdin=subprocess.DEVNULL,
-                    start_new_session=True,
-                    preexec_fn=_die_with_parent_fn(),
-                )
-            except OSError as exc:
-                code = -1
-                self.log(f"pool: member {name} could not be started: {exc}")
-            else:
-                m.endpoint.running = True
-                self.log(f"pool: member {name} started (pid {m.proc.pid})")
-                try:
-                    code = await m.proc.wait()
-                finally:
-                    m.endpoint.running = False
+            m.last_error = None
+            code = await self._run_once(m)
             if self.stopping.is_set():
                 m.left_with = code
                 return
             ran = time.monotonic() - m.started
+            start_failures = start_failures + 1 if code == EXIT_USAGE else 0
+            if self.max_start_failures and start_failures >= self.max_start_failures:
+                self.failure = (
+                    f"member {name} could not start {start_failures} times in a row "
+                    f"({_describe(code)}): {m.last_error or 'its output is above'}"
+                )
+                self.log(
+                    f"pool: member {name} could not start {start_failures} times in a row; "
+                    "stopping the pool"
+                )
+                self.stop(signal.SIGTERM)
+                return
+            if code == EXIT_FAILED and self.group_gone is not None:
+                gone = await self.group_gone()
+                if gone is not None and not self.stopping.is_set():
+                    m.retired = gone
+                    self.log(
+                        f"pool: member {name} exited ({_describe(code)}): {gone}; not "
+                        "restarting it (it would begin the group afresh from the stream's "
+                        "first message)"
+                    )
+                    return
             if ran >= self.reset_after:
                 delay = self.backoff
             m.endpoint.restarts += 1
@@ -243,6 +317,47 @@ class Supervisor:
                 await asyncio.wait_for(self.stopping.wait(), delay)
             delay = min(delay * 2, self.backoff_max)
 
+    async def _run_once(self, m: _Member) -> int:
+        """Start the member, pass its output on (remembering its last error), wait for it."""
+        name = m.endpoint.member
+        try:
+            m.proc = await asyncio.create_subprocess_exec(
+                *m.argv,
+                stdin=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                preexec_fn=_die_with_parent_fn(),
+                limit=1 << 20,
+            )
+        except OSError as exc:
+            self.log(f"pool: member {name} could not be started: {exc}")
+            return -1
+        m.endpoint.running = True
+        self.log(f"pool: member {name} started (pid {m.proc.pid})")
+        assert m.proc.stderr is not None
+        forward = asyncio.ensure_future(self._forward(m, m.proc.stderr))
+        try:
+            code = await m.proc.wait()
+        finally:
+            m.endpoint.running = False
+        # its last lines (a process it started may keep the pipe open: not waited for long)
+        await asyncio.wait({forward}, timeout=2.0)
+        return code
+
+    async def _forward(self, m: _Member, stream: asyncio.StreamReader) -> None:
+        """The member's stderr, line by line, to the pool's log."""
+        while True:
+            try:
+                data = await stream.readline()
+            except ValueError:  # a line over the limit: pass on what is buffered
+                data = await stream.read(1 << 20)
+            if not data:
+                return
+            line = data.decode(errors="replace").rstrip("\n")
+            if line.startswith("error: "):
+                m.last_error = line[len("error: ") :]
+            self.log(line)
+
 
 def _describe(code: int) -> str:
     if code < 0:
@@ -254,10 +369,24 @@ def _describe(code: int) -> str:
 async def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
     prefix = args.member_prefix
     ids = [f"{prefix}-{i}" for i in range(1, args.size + 1)]
-    # the flags are checked once here, not N times in crash-looping members
-    _worker_config(argparse.Namespace(**vars(args), member_id=ids[0]))
+    # what every member would fail on at start-up is checked once here, not N times in
+    # crash-looping members: the flags, the handler, the connection, the stream, the group
+    cfg = _worker_config(argparse.Namespace(**vars(args), member_id=ids[0]))
     if args.restart_backoff_max < args.restart_backoff:
         raise ConfigError("--restart-backoff-max must be >= --restart-backoff")
+    current_directory_first()  # as members (python -m) look it up
+    check_handler(args.handler, stream=args.stream, group=args.group)
+    async with connected(options) as nc:
+        await GroupStore.open(nc, cfg.group_config)  # as a member opens it (creates it)
+
+    async def group_gone() -> str | None:
+        try:
+            async with connected(options) as nc:
+                error = await GroupPresence(nc, cfg.group_config).check()
+        except (NatsOrderedError, NatsError, TimeoutError, OSError):
+            return None  # cannot tell: restart as usual
+        return None if error is None else f"group {args.group} of {args.stream} was deleted"
+
     base = [sys.executable, "-m", "airflow_nats_ordered.cli", "worker", *member_argv(args)]
     members = {}
     for i, member in enumerate(ids, start=1):
@@ -272,6 +401,8 @@ async def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
         reset_after=args.restart_reset,
         stop_timeout=args.stop_timeout,
         metrics_port=args.metrics_port,
+        max_start_failures=args.max_start_failures,
+        group_gone=group_gone,
     )
     server: MetricsServer | None = None
     if args.metrics_port is not None:
@@ -323,8 +454,14 @@ COMMAND = Command(
     "one that exits is restarted with exponential backoff (logged). SIGTERM/SIGINT is "
     "forwarded: every member leaves gracefully and the pool exits 0 when all left with 0, "
     "1 if some did not (an error, or killed after --stop-timeout); a second signal makes "
-    "members exit at once and the pool exits 143 (SIGTERM) or 130 (SIGINT); 2 for a "
-    "usage or connection error before any member starts. With --metrics-port P the pool "
+    "members exit at once and the pool exits 143 (SIGTERM) or 130 (SIGINT). Before "
+    "starting any member the pool checks the flags, the handler, the connection, the "
+    "stream and the group once, and exits 2 with the error a worker would print; it also "
+    "exits 2 (repeating the error, the other members leaving gracefully) when a member "
+    "could not start --max-start-failures times in a row. A member that stopped because "
+    "its group was deleted (`group delete --force`) is not restarted, and the pool exits 3 "
+    "when no member is left. --handler's module is looked up in the current directory "
+    "first, as in `worker`. With --metrics-port P the pool "
     "serves every member's metrics merged, and a /healthz that is 200 only while every "
     "member runs and can renew its leases, on P; member i also serves its own on "
     "127.0.0.1:P+i.",

@@ -1,4 +1,10 @@
-"""``nats-ordered worker``: run one member of a consumer group until it is told to stop."""
+"""``nats-ordered worker``: run one member of a consumer group until it is told to stop.
+
+Exit codes, as a supervisor (``nats-ordered pool``, systemd) relies on them: 2 only for
+what stops the member before it joined the group (flags, handler, connection, stream,
+group settings); 3 for a member that stopped on an error after it joined, including its
+group being deleted under it (``group delete --force``); 0 after a graceful leave.
+"""
 
 from __future__ import annotations
 
@@ -14,10 +20,12 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+from nats.errors import Error as NatsError
+
 from ..core.connection import ConnectionOptions
-from ..core.errors import ConfigError
-from ..core.worker import Worker, WorkerConfig
-from ..handlers import load_handler
+from ..core.errors import ConfigError, NatsOrderedError
+from ..core.worker import GroupDeletedError, Worker, WorkerConfig
+from ..handlers import current_directory_first, load_handler
 from ..metrics import MemberMetrics, MetricsServer, serve_member
 from .common import (
     EXIT_FAILED,
@@ -52,9 +60,10 @@ def add_metrics_flags(p: argparse.ArgumentParser, whose: str) -> None:
     )
     p.add_argument(
         "--metrics-addr",
-        default="0.0.0.0",
+        default="127.0.0.1",
         metavar="ADDR",
-        help="address the metrics endpoint listens on (default 0.0.0.0)",
+        help="address the metrics endpoint listens on (default 127.0.0.1, this host only; "
+        "0.0.0.0 for every interface, e.g. in a container that Prometheus scrapes)",
     )
 
 
@@ -72,7 +81,8 @@ def add_member_flags(p: argparse.ArgumentParser) -> None:
         required=True,
         metavar="MODULE:FUNC",
         help="the handler, e.g. mypkg.handlers:apply (a function, coroutine or "
-        "class; see airflow_nats_ordered.handlers)",
+        "class; see airflow_nats_ordered.handlers); its module is looked up in the current "
+        "directory first, then PYTHONPATH and installed packages (as with python -m)",
     )
     p.add_argument(
         "--lease-ttl",
@@ -240,73 +250,95 @@ def _install_stack_dumps(loop: asyncio.AbstractEventLoop) -> None:
 
 async def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
     cfg = _worker_config(args)
+    current_directory_first()
     loaded = load_handler(args.handler, stream=args.stream, group=args.group)
     # a long-running member rides out server restarts: reconnect for as long as it takes
     options = dataclasses.replace(options, max_reconnect_attempts=-1)
-    async with connected(options) as nc:
-        worker = Worker(
-            nc,
-            cfg,
-            loaded.handler,
-            on_assign=loaded.on_assign,
-            on_revoke=loaded.on_revoke,
-            fencing_floor=loaded.fencing_floor,
-        )
-        with _serving_metrics(worker, nc, args):
-            stop = asyncio.Event()
-            received: list[int] = []
-
-            def exit_now(sig: int, _frame: object = None) -> None:
-                os._exit(EXIT_SIGTERM if sig == signal.SIGTERM else EXIT_SIGINT)
-
-            def on_signal(sig: int) -> None:
-                received.append(sig)
-                if len(received) == 1:
-                    print_err(
-                        f"member {cfg.member_id}: stopping (finishing messages in hand, "
-                        "committing, releasing leases; signal again to exit at once)"
-                    )
-                    stop.set()
-                    # the second signal must work even if the event loop is blocked (say, in a
-                    # handler's close() waiting on a lock): a plain handler, not the loop's
-                    for s in (signal.SIGINT, signal.SIGTERM):
-                        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-                            loop.remove_signal_handler(s)
-                            signal.signal(s, exit_now)
-                else:
-                    exit_now(sig)
-
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-                    loop.add_signal_handler(sig, on_signal, sig)
-            _install_stack_dumps(loop)
-            await worker.start()
-            print_err(f"member {cfg.member_id} joined group {cfg.group} of {cfg.stream}")
-            waiter = asyncio.ensure_future(stop.wait())
-            await asyncio.wait(
-                {waiter, asyncio.ensure_future(worker.stopped.wait())},
-                return_when=asyncio.FIRST_COMPLETED,
+    joined = False
+    try:
+        async with connected(options) as nc:
+            worker = Worker(
+                nc,
+                cfg,
+                loaded.handler,
+                on_assign=loaded.on_assign,
+                on_revoke=loaded.on_revoke,
+                fencing_floor=loaded.fencing_floor,
             )
-            crashed = not stop.is_set()
-            await worker.stop()
-            if loaded.close is not None:
-                r = loaded.close()
-                if inspect.isawaitable(r):
-                    await r
-            st = worker.stats
-            print_err(
-                f"member {cfg.member_id} left: {st['processed']:,} messages processed, "
-                f"{st['retries']} retries, {st['dead_lettered']} dead-lettered, "
-                f"{st['fenced']} fenced, {st['leases_lost']} leases lost"
-            )
+            with _serving_metrics(worker, nc, args):
+                crashed = await _run_member(worker, cfg)
+                joined = True
+                await _leave(worker, cfg, loaded.close)
+    except (NatsOrderedError, NatsError, TimeoutError) as exc:
+        if not joined:
+            raise  # before joining: a usage, configuration or connection error (exit 2)
+        print_err(f"error: member {cfg.member_id}: {exc}")
+        return EXIT_FAILED
     if crashed:
+        if isinstance(worker.error, GroupDeletedError):
+            print_err(f"error: member {cfg.member_id} stopped: {worker.error}")
+            return EXIT_FAILED
         print_err(
             f"error: member {cfg.member_id} stopped on an error (logged above) and left the "
             "group; its partitions move to the other members. Fix the cause and start it again"
         )
         return EXIT_FAILED
     return EXIT_OK
+
+
+async def _run_member(worker: Worker, cfg: WorkerConfig) -> bool:
+    """Join, then run until a signal (False) or until the member stops by itself (True)."""
+    stop = asyncio.Event()
+    received: list[int] = []
+
+    def exit_now(sig: int, _frame: object = None) -> None:
+        os._exit(EXIT_SIGTERM if sig == signal.SIGTERM else EXIT_SIGINT)
+
+    def on_signal(sig: int) -> None:
+        received.append(sig)
+        if len(received) == 1:
+            print_err(
+                f"member {cfg.member_id}: stopping (finishing messages in hand, "
+                "committing, releasing leases; signal again to exit at once)"
+            )
+            stop.set()
+            # the second signal must work even if the event loop is blocked (say, in a
+            # handler's close() waiting on a lock): a plain handler, not the loop's
+            for s in (signal.SIGINT, signal.SIGTERM):
+                with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                    loop.remove_signal_handler(s)
+                    signal.signal(s, exit_now)
+        else:
+            exit_now(sig)
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(sig, on_signal, sig)
+    _install_stack_dumps(loop)
+    await worker.start()
+    print_err(f"member {cfg.member_id} joined group {cfg.group} of {cfg.stream}")
+    waiter = asyncio.ensure_future(stop.wait())
+    await asyncio.wait(
+        {waiter, asyncio.ensure_future(worker.stopped.wait())},
+        return_when=asyncio.FIRST_COMPLETED,
+    )
+    return not stop.is_set()
+
+
+async def _leave(worker: Worker, cfg: WorkerConfig, close: Any) -> None:
+    """Leave gracefully, close the handler, print the member's summary."""
+    await worker.stop()
+    if close is not None:
+        r = close()
+        if inspect.isawaitable(r):
+            await r
+    st = worker.stats
+    print_err(
+        f"member {cfg.member_id} left: {st['processed']:,} messages processed, "
+        f"{st['retries']} retries, {st['dead_lettered']} dead-lettered, "
+        f"{st['fenced']} fenced, {st['leases_lost']} leases lost"
+    )
 
 
 COMMAND = Command(
@@ -317,6 +349,10 @@ COMMAND = Command(
     "Members of a group share the stream's partitions and rebalance when members join, "
     "leave or die. SIGTERM/SIGINT: finish the message in hand, commit, release, leave and "
     "exit 0 (a graceful leave is a success); a second signal exits at once with 143 "
-    "(SIGTERM) or 130 (SIGINT). A member that stops on an error exits 3. SIGUSR1 dumps "
-    "every thread's stack to stderr, SIGUSR2 every asyncio task's.",
+    "(SIGTERM) or 130 (SIGINT). Exit 2 only before the member joined (flags, handler, "
+    "connection, stream, group settings: the message says what to fix); a member that "
+    "stops on an error after joining exits 3, also when its group is deleted under it "
+    "(`group delete --force`: it stops once, saying so, instead of retrying). "
+    "--handler's module is looked up in the current directory first, as in `pool`. "
+    "SIGUSR1 dumps every thread's stack to stderr, SIGUSR2 every asyncio task's.",
 )
