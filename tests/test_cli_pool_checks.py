@@ -19,6 +19,14 @@ from airflow_nats_ordered.cli.pool import Supervisor
 from airflow_nats_ordered.embedded import NatsServer, free_port
 
 TESTS = Path(__file__).resolve().parent
+
+
+def _pythonpath() -> str:
+    """The tests' helpers, after whatever PYTHONPATH the run was given (a checkout to test:
+    members started elsewhere than the checkout must import it, not the installed one)."""
+    return os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(TESTS)) if p)
+
+
 PASSWORD = "s3cret-pool-pw"
 
 
@@ -26,7 +34,7 @@ def _pool(args: list[str], cwd: Path | None = None, env: dict[str, str] | None =
     """Run a pool to its end (a generous bound only a pool that never stops reaches)."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "airflow_nats_ordered.cli", "pool", "--member-prefix", "c"] + args,
-        env=dict(os.environ, PYTHONPATH=str(TESTS), **(env or {})),
+        env=dict(os.environ, PYTHONPATH=_pythonpath(), **(env or {})),
         cwd=cwd,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -23,6 +23,12 @@ from airflow_nats_ordered.embedded import free_port
 TESTS = Path(__file__).resolve().parent
 
 
+def _pythonpath() -> str:
+    """The tests' helpers, after whatever PYTHONPATH the run was given (a checkout to test:
+    members started elsewhere than the checkout must import it, not the installed one)."""
+    return os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(TESTS)) if p)
+
+
 def _free_elsewhere(port: int) -> bool:
     """Whether another loopback address can bind ``port``: True when the listener holds
     127.0.0.1 only, False when it holds every interface (0.0.0.0)."""
@@ -58,7 +64,7 @@ def test_a_worker_serves_metrics_on_localhost_only_unless_asked(
         [sys.executable, "-m", "airflow_nats_ordered.cli", "worker", "--stream", unique_name]
         + ["--group", "g", "--handler", "chaos_handlers:ignore", "--lease-ttl", "2"]
         + ["--metrics-port", str(port), "--server", url],
-        env=dict(os.environ, PYTHONPATH=str(TESTS)),
+        env=dict(os.environ, PYTHONPATH=_pythonpath()),
         stderr=subprocess.PIPE,
         text=True,
     )

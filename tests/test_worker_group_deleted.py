@@ -18,6 +18,12 @@ from airflow_nats_ordered.cli import main as cli
 TESTS = Path(__file__).resolve().parent
 
 
+def _pythonpath() -> str:
+    """The tests' helpers, after whatever PYTHONPATH the run was given (a checkout to test:
+    members started elsewhere than the checkout must import it, not the installed one)."""
+    return os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(TESTS)) if p)
+
+
 class _Log:
     """A process's stderr, read by a thread (so the pipe never fills)."""
 
@@ -44,7 +50,7 @@ class _Log:
 def _start(args: list[str]) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "airflow_nats_ordered.cli", *args],
-        env=dict(os.environ, PYTHONPATH=str(TESTS)),
+        env=dict(os.environ, PYTHONPATH=_pythonpath()),
         stderr=subprocess.PIPE,
         text=True,
     )
