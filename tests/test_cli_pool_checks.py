@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -188,3 +189,57 @@ def test_start_failures_in_a_row_stop_the_supervisor_but_crashes_after_start_do_
 
     assert asyncio.run(crash_loop()) == 0, crashes
     assert sum("restarting it" in c for c in crashes) >= 5, crashes
+
+
+def test_members_that_cannot_start_during_a_server_outage_are_restarted_not_given_up(
+    nats_server, unique_name
+):
+    """A member restarted while the server is down exits 2 (cannot connect) at every try;
+    that is an outage, not a member that cannot start: the pool keeps restarting it with
+    backoff and it joins again when the server is back, instead of the pool giving up."""
+    url = nats_server.url
+    assert cli(["provision", "--stream", unique_name, "--partitions", "2", "--server", url]) == 0
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "airflow_nats_ordered.cli", "pool", "--member-prefix", "c"]
+        + ["--size", "1", "--stream", unique_name, "--group", "g"]
+        + ["--handler", "chaos_handlers:ignore", "--server", url, "--connect-timeout", "2"]
+        + ["--restart-backoff", "0.2", "--restart-backoff-max", "1", "--max-start-failures", "3"],
+        env=dict(os.environ, PYTHONPATH=_pythonpath()),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)
+    reader.start()
+
+    def wait_for(cond, what: str) -> None:
+        deadline = time.monotonic() + 120  # a bound on a hang, not a speed
+        while not cond():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                pytest.fail(f"{what}: pool exit {proc.poll()}\n" + "".join(lines[-40:]))
+            time.sleep(0.2)
+
+    try:
+        wait_for(lambda: any("joined group g" in ln for ln in lines), "the member to join")
+        pid = int(re.search(r"member c-1 started \(pid (\d+)\)", "".join(lines)).group(1))
+        nats_server.stop()
+        os.kill(pid, signal.SIGKILL)  # restarted while the server is down
+        wait_for(
+            lambda: sum("not counted" in ln for ln in lines) >= 5,  # > --max-start-failures
+            "five start failures during the outage",
+        )
+        joined = sum("joined group g" in ln for ln in lines)
+        nats_server.start()
+        wait_for(
+            lambda: sum("joined group g" in ln for ln in lines) > joined,
+            "the member to join again after the outage",
+        )
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=120)
+    finally:
+        proc.kill()
+        reader.join(timeout=10)
+    assert code == 0, "".join(lines[-40:])
+    assert not any("could not start 3 times in a row" in ln for ln in lines)

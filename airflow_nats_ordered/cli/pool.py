@@ -12,7 +12,9 @@ Guarantees:
   a worker would print, and no member is started.
 * A member that exits 2 (it could not start: a usage, configuration or connection error,
   see ``worker``) ``--max-start-failures`` times in a row stops the pool: the others leave
-  gracefully and the pool exits 2 repeating that member's error.
+  gracefully and the pool exits 2 repeating that member's error. A start that failed while
+  the pool itself cannot reach the server (an outage, a rolling restart) does not count:
+  the member is restarted with backoff until the server answers again.
 * A member that exits 3 (stopped on an error after joining) while its group no longer
   exists (``group delete --force``) is not restarted: that would begin the group afresh from
   the stream's first message. When no member is left running, the pool exits 3.
@@ -45,7 +47,7 @@ from dataclasses import dataclass
 from nats.errors import Error as NatsError
 
 from ..core.connection import ConnectionOptions
-from ..core.errors import ConfigError, NatsOrderedError
+from ..core.errors import AuthError, ConfigError, ConnectError, NatsOrderedError
 from ..core.group import GroupStore
 from ..core.group_presence import GroupPresence
 from ..embedded_process import _die_with_parent_fn
@@ -123,8 +125,9 @@ def configure(p: argparse.ArgumentParser) -> None:
         default=3,
         metavar="N",
         help="stop the pool (exit 2, repeating the error) when a member could not start N "
-        "times in a row (it exited 2: a usage, configuration or connection error); 0 "
-        "restarts it for ever (default %(default)s)",
+        "times in a row (it exited 2: a usage, configuration or connection error); a start "
+        "that failed while the pool cannot reach the server either (an outage) does not "
+        "count; 0 restarts it for ever (default %(default)s)",
     )
     add_metrics_flags(p, "all members'")
 
@@ -193,6 +196,7 @@ class Supervisor:
         log: Callable[[str], None] = print_err,
         max_start_failures: int = 0,
         group_gone: Callable[[], Awaitable[str | None]] | None = None,
+        server_down: Callable[[], Awaitable[str | None]] | None = None,
     ) -> None:
         self.members = [
             _Member(
@@ -214,6 +218,9 @@ class Supervisor:
         #: why the group is gone (None: it exists, or that could not be told), asked before
         #: restarting a member that exited 3
         self.group_gone = group_gone
+        #: why the server cannot be reached now (None: it can, or that could not be told),
+        #: asked before counting a member's exit 2 as a start failure
+        self.server_down = server_down
         #: why the pool stopped by itself (a member could not start)
         self.failure: str | None = None
         self.stopping = asyncio.Event()
@@ -283,7 +290,12 @@ class Supervisor:
                 m.left_with = code
                 return
             ran = time.monotonic() - m.started
-            start_failures = start_failures + 1 if code == EXIT_USAGE else 0
+            down = None
+            if code == EXIT_USAGE and self.server_down is not None:
+                down = await self.server_down()  # an outage passes: not the member's fault
+            if down is not None:
+                self.log(f"pool: member {name} could not start while {down}; not counted")
+            start_failures = start_failures + 1 if code == EXIT_USAGE and down is None else 0
             if self.max_start_failures and start_failures >= self.max_start_failures:
                 self.failure = (
                     f"member {name} could not start {start_failures} times in a row "
@@ -387,6 +399,15 @@ async def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
             return None  # cannot tell: restart as usual
         return None if error is None else f"group {args.group} of {args.stream} was deleted"
 
+    async def server_down() -> str | None:
+        try:
+            async with connected(options):
+                return None
+        except AuthError:
+            return None  # it answers, and refuses: a start failure like any other
+        except (ConnectError, NatsError, TimeoutError, OSError) as exc:
+            return f"the server cannot be reached ({str(exc).split('. ')[0]})"
+
     base = [sys.executable, "-m", "airflow_nats_ordered.cli", "worker", *member_argv(args)]
     members = {}
     for i, member in enumerate(ids, start=1):
@@ -403,6 +424,7 @@ async def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
         metrics_port=args.metrics_port,
         max_start_failures=args.max_start_failures,
         group_gone=group_gone,
+        server_down=server_down,
     )
     server: MetricsServer | None = None
     if args.metrics_port is not None:
