@@ -10,6 +10,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import nats
@@ -81,9 +82,16 @@ def test_watch_redraws_in_place_on_a_terminal_and_repeats_tables_otherwise(
     args = [*WATCH, "--interval", "0.2", "--stream", unique_name, "--group", "g", "--server", url]
     # not a terminal: plain tables one after another
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(2.5)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 120  # three tables, however slow the start: a hang bound
+    while sum("(Ctrl-C to stop)" in ln for ln in lines) < 3 and time.monotonic() < deadline:
+        time.sleep(0.1)
     proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=20)
+    _, err = proc.communicate(timeout=60)
+    reader.join(timeout=10)
+    out = "".join(lines)
     assert proc.returncode == 0, err
     assert "\x1b[" not in out
     assert out.count("partition  owner") >= 3 and out.count("(Ctrl-C to stop)") >= 3
@@ -92,12 +100,12 @@ def test_watch_redraws_in_place_on_a_terminal_and_repeats_tables_otherwise(
     proc = subprocess.Popen(args, stdout=slave, stderr=subprocess.PIPE, text=True)
     os.close(slave)
     seen = b""
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + 120  # a bound on a hang, not a speed
     while seen.count(b"\x1b[H") < 3 and time.monotonic() < deadline:
         if select.select([master], [], [], 0.5)[0]:
             seen += os.read(master, 65536)
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=20)
+    _, err = proc.communicate(timeout=60)
     os.close(master)
     assert proc.returncode == 0, err
     frames = seen.split(b"\x1b[H")[1:]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 
@@ -11,6 +12,7 @@ import pytest
 
 from airflow_nats_ordered.core.errors import ConfigError
 from airflow_nats_ordered.core.group import Fenced, GroupConfig, GroupStore, LeaseLost
+from airflow_nats_ordered.core.group_admin import live_members
 from airflow_nats_ordered.core.streams import StreamSpec, provision
 
 
@@ -67,6 +69,29 @@ def test_release_hands_a_lease_over_without_waiting_for_the_ttl(shared_nats_serv
 
     a, b = asyncio.run(go())
     assert b is not None and not a.valid
+
+
+def test_a_member_that_leaves_is_gone_even_if_its_last_heartbeat_reply_was_lost(
+    shared_nats_server, unique_name
+):
+    """A heartbeat in flight when the member leaves is applied by the server, but its reply
+    never reaches the member (the task was cancelled): the member's lease still names the
+    revision before it. Leaving must delete the key all the same; before, the stale
+    revision made the delete fail silently and the member that had left was listed as
+    alive (``status``, drains) until its TTL ran out (seen in a loaded CI run)."""
+
+    async def go():
+        nc, store = await _store(shared_nats_server.url, unique_name, ttl=30.0)
+        lease = await store.heartbeat("m1", None, {"pid": 1})
+        in_flight = dataclasses.replace(lease)
+        await store.heartbeat("m1", in_flight, {"pid": 1})  # applied; `lease` never hears
+        assert in_flight.revision > lease.revision
+        await store.release(lease)
+        members = await live_members(nc, unique_name, "g")
+        await nc.close()
+        return members
+
+    assert asyncio.run(go()) == []
 
 
 def test_renewal_keeps_a_lease_past_its_ttl(shared_nats_server, unique_name):

@@ -126,9 +126,14 @@ class GroupLeases:
             lease.revision, lease.count = ours
 
     async def heartbeat(self, member: str, lease: Lease | None, info: dict[str, Any]) -> Lease:
-        """Create or renew the member's ``m.<id>`` key (a lease on membership)."""
+        """Create or renew the member's ``m.<id>`` key (a lease on membership).
+
+        The value carries the lease's claim nonce, so :meth:`release` recognises a
+        heartbeat of ours whose reply was lost (one in flight when the member left) and
+        deletes it: a member that left is not listed as alive until its TTL runs out."""
         key = f"m.{member}"
-        payload = compact_json({**info, "member": member, "ts": time.time()})
+        claim = lease.claim if lease is not None and lease.valid else uuid.uuid4().hex
+        payload = compact_json({**info, "member": member, "ts": time.time(), "claim": claim})
         sent = time.monotonic()
         if lease is None or not lease.valid:
             try:
@@ -137,7 +142,7 @@ class GroupLeases:
                 # a previous incarnation with the same id: take its key over
                 entry = await self.leases.get(key)
                 rev = await self.leases.update(key, payload, last=entry.revision)
-            return Lease(key, member, rev, self._deadline(sent))
+            return Lease(key, member, rev, self._deadline(sent), claim=claim)
         try:
             rev = await self.leases.update(key, payload, last=lease.revision)
         except KeyWrongLastSequenceError:
