@@ -8,6 +8,18 @@ partition and token in hand to ``<that file>.paused`` and SIGSTOPs itself inside
 handler, after the worker's lease check, before the sink write and with no sink transaction
 open: once resumed (SIGCONT) it is a zombie that certainly attempts one more write.
 
+"No sink transaction open" needs care, because the member's other partitions keep calling
+the sink from other threads. Every sink call holds ``_writing``, and the pause holds it
+from before the stop until the test has resumed the member (:func:`resume` writes
+``<that file>.resume`` just before SIGCONT). The stop is sent to the pausing thread itself
+(``pthread_kill``): a process-directed ``kill(getpid(), SIGSTOP)`` is taken by the main
+thread, and on a loaded machine the pausing thread used to return from ``kill``, release
+the lock and let another partition begin its sink transaction before the main thread got
+to stop the process. The paused member then held SQLite's write lock for the whole pause
+(gdb on a stopped member: a thread inside ``COMMIT``; ``/proc/locks``: its WAL write lock),
+so no other member could fence or write, and the test's wait for a newer owner's fence
+timed out (7 of 30 loaded runs).
+
 ``ignore`` does nothing (members whose leases, not their writes, are under test).
 """
 
@@ -23,6 +35,10 @@ import time
 from airflow_nats_ordered.core.fenced_sink import FencedSqliteSink
 from airflow_nats_ordered.core.fencing import Verdict
 from airflow_nats_ordered.core.group import Fenced
+
+#: how long a paused member waits for the test's resume marker after SIGCONT (a bound on a
+#: hang, should the marker never come)
+RESUME_BOUND = 300.0
 
 EVENTS_DDL = (
     "CREATE TABLE IF NOT EXISTS events (id INTEGER PRIMARY KEY, k TEXT, i INTEGER, "
@@ -44,10 +60,15 @@ class Recorder:
         return await asyncio.to_thread(self._locked, self.sink.fencing_floor, partition)
 
     def _stop_between_writes(self, msg) -> None:
-        with self._writing:
+        with self._writing:  # no sink call of this process starts until the test resumed it
             with open(f"{self.pause_file}.paused", "w") as f:
                 json.dump({"partition": msg.partition, "token": msg.fencing_token}, f)
-            os.kill(os.getpid(), signal.SIGSTOP)
+            # this thread stops before its kill() returns (see the module's docstring)
+            signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
+            resumed = f"{self.pause_file}.resume"
+            deadline = time.monotonic() + RESUME_BOUND
+            while not os.path.exists(resumed) and time.monotonic() < deadline:
+                time.sleep(0.01)
 
     def _locked(self, call, *args, **kwargs):
         with self._writing:
@@ -95,6 +116,42 @@ class Recorder:
 
     def close(self) -> None:
         self.sink.close()
+
+
+def resume(pause_file: str, pid: int) -> None:
+    """Resume a member paused by ``CHAOS_PAUSE_FILE``: the marker its pause waits for, then
+    SIGCONT (either order resumes it; the marker first lets it go on at once)."""
+    with open(f"{pause_file}.resume", "w"):
+        pass
+    os.kill(pid, signal.SIGCONT)
+
+
+def write_forever(partitions: int, *, slow_main: bool = False) -> None:
+    """Feed ``partitions`` partitions' messages to a :class:`Recorder` at once, for ever, the
+    way a member's partition tasks do (tests pause such a process and look at the sink).
+    Stream, group and sink come from ``CHAOS_STREAM``, ``CHAOS_GROUP`` and ``CHAOS_SINK``.
+
+    ``slow_main``: once the sink threads exist, the main thread (the event loop) runs at the
+    lowest priority (nice 19, that thread only), as on a loaded machine where it waits for a
+    CPU while the sink threads run."""
+    from airflow_nats_ordered.core.message import Message
+
+    async def run() -> None:
+        rec = Recorder(stream=os.environ["CHAOS_STREAM"], group=os.environ["CHAOS_GROUP"])
+        await asyncio.gather(*(rec.on_assign(p, 1) for p in range(partitions)))
+        if slow_main:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+
+        async def feed(p: int) -> None:
+            seq = 0
+            while True:
+                seq += 1
+                data = json.dumps({"k": f"k{p}", "i": seq}).encode()
+                await rec(Message(f"k{p}", data, {}, p, seq, 1, f"s.{p}"))
+
+        await asyncio.gather(*(feed(p) for p in range(partitions)))
+
+    asyncio.run(run())
 
 
 def ignore(msg) -> None:

@@ -27,6 +27,7 @@ run of members whose lease margin is negative, so each is shown able to fail.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -42,7 +43,7 @@ from pathlib import Path
 
 import nats
 import pytest
-from chaos_handlers import EVENTS_DDL
+from chaos_handlers import EVENTS_DDL, resume
 from nats.js.errors import BucketNotFoundError, NotFoundError
 
 from airflow_nats_ordered.core.fenced_sink import AuditRow, FencedSqliteSink, FenceEvent
@@ -72,14 +73,27 @@ def _publish(url: str, stream: str, start: int, n: int) -> None:
     asyncio.run(go())
 
 
-# a member whose lease deadline is send time + TTL - margin with the margin given
-_UNSAFE_MEMBER = (
-    "import sys\n"
-    "from airflow_nats_ordered.core.group import GroupConfig\n"
-    "GroupConfig.safety_margin = property(lambda self: {margin})\n"
-    "from airflow_nats_ordered.cli import main\n"
-    "sys.exit(main(sys.argv[1:]))\n"
+# every member: the package's log at INFO with timestamps (a failure message quotes it);
+# with a margin, a member whose lease deadline is send time + TTL - margin
+_MEMBER = (
+    "import logging, sys\n"
+    "from airflow_nats_ordered import cli\n"
+    "if {margin!r} is not None:\n"
+    "    from airflow_nats_ordered.core.group import GroupConfig\n"
+    "    GroupConfig.safety_margin = property(lambda self: {margin!r})\n"
+    "_setup = cli._setup_logging\n"
+    "def _timestamped(verbosity):\n"
+    "    _setup(max(verbosity, 1))\n"
+    "    for h in logging.getLogger('airflow_nats_ordered').handlers:\n"
+    "        h.setFormatter(logging.Formatter('%(asctime)s %(levelname)s %(name)s: %(message)s'))\n"
+    "cli._setup_logging = _timestamped\n"
+    "sys.exit(cli.main(sys.argv[1:]))\n"
 )
+
+
+def _clock(t: float) -> str:
+    """A wall-clock time as the members' logs print it (HH:MM:SS.mmm, local time)."""
+    return time.strftime("%H:%M:%S", time.localtime(t)) + f".{int(t % 1 * 1000):03d}"
 
 
 class Pool:
@@ -88,6 +102,7 @@ class Pool:
         self.sink = tmp / "sink.db"
         self.audit = tmp / "leases.jsonl"
         self.procs: dict[str, subprocess.Popen] = {}
+        self.pause_files: dict[str, str] = {}  # member -> its CHAOS_PAUSE_FILE
 
     def start(
         self,
@@ -107,10 +122,9 @@ class Pool:
             CHAOS_DELAY="0.002",
             **env,
         )
-        if margin is None:
-            launcher = ["-m", "airflow_nats_ordered.cli"]
-        else:
-            launcher = ["-c", _UNSAFE_MEMBER.format(margin=margin)]
+        launcher = ["-c", _MEMBER.format(margin=margin)]
+        if "CHAOS_PAUSE_FILE" in env:
+            self.pause_files[member] = env["CHAOS_PAUSE_FILE"]
         log = open(self.tmp / f"{member}.log", "wb")  # noqa: SIM115 - closed with the process
         self.procs[member] = subprocess.Popen(
             [
@@ -144,6 +158,10 @@ class Pool:
     def signal(self, member: str, sig: int) -> None:
         self.procs[member].send_signal(sig)
 
+    def resume(self, member: str) -> None:
+        """Resume a member paused by its CHAOS_PAUSE_FILE (see chaos_handlers)."""
+        resume(self.pause_files[member], self.procs[member].pid)
+
     def applied(self) -> int:
         if not self.sink.exists():
             return 0
@@ -160,8 +178,10 @@ class Pool:
 
     def stop_all(self) -> dict[str, int]:
         codes = {}
-        for p in self.procs.values():
+        for m, p in self.procs.items():
             if p.poll() is None:
+                if m in self.pause_files:
+                    self.resume(m)
                 p.send_signal(signal.SIGCONT)
                 p.terminate()
         for m, p in self.procs.items():
@@ -178,6 +198,25 @@ class Pool:
 
     def log(self, member: str) -> str:
         return (self.tmp / f"{member}.log").read_text(errors="replace")
+
+    def explain(self, history: LeaseHistory | None = None, tail: int = 12000) -> str:
+        """What happened so far, for a failure message: every member's log (its tail),
+        the assignments the leaders wrote, and the lease keys as the server stored them."""
+        parts = []
+        for m, proc in self.procs.items():
+            state = "running" if proc.poll() is None else f"exited {proc.returncode}"
+            parts.append(f"--- {m} (pid {proc.pid}, {state}) log:\n{self.log(m)[-tail:]}")
+        if self.audit.exists():
+            for e in self.audit_events():
+                if e["kind"] == "assignment":
+                    parts.append(f"assignment {json.dumps(e, sort_keys=True)}")
+        if history is not None:
+            parts.append("lease keys on the server (revision, server time, op, member):")
+            parts += [
+                f"  p.{u.partition} r{u.revision} {_clock(u.at)} {u.op} {u.member}"
+                for u in sorted(list(history.updates), key=lambda u: u.revision)[-300:]
+            ]
+        return "\n".join(parts)
 
 
 @dataclass(frozen=True)
@@ -380,11 +419,14 @@ def zombie_problems(
     return problems
 
 
-def _wait(cond, timeout: float, what: str) -> None:
+def _wait(cond, timeout: float, what: str, explain=None) -> None:
+    """Wait until ``cond()``; after ``timeout`` seconds fail, with ``explain()`` (what the
+    members logged and the server recorded) in the message, so a hang explains itself."""
     t0 = time.monotonic()
     while not cond():
         if time.monotonic() - t0 > timeout:
-            raise AssertionError(f"timed out waiting for {what}")
+            detail = f"\n{explain()}" if explain is not None else ""
+            raise AssertionError(f"timed out waiting for {what} after {timeout:g}s{detail}")
         time.sleep(0.1)
 
 
@@ -420,10 +462,11 @@ def test_kill_pause_join_and_leave_keep_order_fencing_and_exclusive_ownership(
             lambda: any(f.token > zt for f in sink.fence_log(zp)),
             30,
             f"a newer owner to fence partition {zp} while w2 is stopped",
+            explain=lambda: pool.explain(history),
         )
         # taken before SIGCONT: the zombie may run (and write) before this process does again
         resumed_at = time.time()
-        pool.signal("w2", signal.SIGCONT)  # wakes believing it still owns its partitions
+        pool.resume("w2")  # wakes believing it still owns its partitions
         pool.start("w4")  # joins
         _wait(lambda: "w4" in pool.owners(), 30, "w4 to own partitions")
         pool.start("w5")
@@ -623,3 +666,79 @@ def test_server_view_check_catches_a_member_whose_lease_margin_is_negative(
         assert problems == []
     else:
         assert any("u (token" in p and "given it to v" in p for p in problems), problems
+
+
+# -- the zombie's pause itself ------------------------------------------------------------------
+
+
+def _proc_state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+@pytest.mark.chaos
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc, pins CPUs")
+def test_a_paused_member_leaves_the_sink_writable_for_the_others(tmp_path):
+    """The chaos test's zombie pauses with no sink transaction open, although its other
+    partitions keep writing from other threads: while it is stopped, another process takes
+    the sink's write lock at once. Without this, the paused member held SQLite's write lock
+    for the whole pause (it was stopped inside another partition's COMMIT), no newer owner
+    could fence its partition, and the chaos test timed out waiting for one.
+
+    The writer runs on one CPU with its main thread at the lowest priority, as on a loaded
+    machine: there a process-directed SIGSTOP (taken by the main thread) used to land only
+    after the pausing thread had released the sink and another thread had begun writing."""
+    sink_path = tmp_path / "sink.db"
+    FencedSqliteSink(sink_path, stream="S", group=GROUP).close()
+    with sqlite3.connect(sink_path) as db:
+        db.execute(EVENTS_DDL)
+    pause = tmp_path / "pause"
+    env = dict(
+        os.environ,
+        PYTHONPATH=f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        CHAOS_SINK=str(sink_path),
+        CHAOS_STREAM="S",
+        CHAOS_GROUP=GROUP,
+        CHAOS_PAUSE_FILE=str(pause),
+    )
+    cpu = min(os.sched_getaffinity(0))
+    writer = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "from chaos_handlers import write_forever; write_forever(4, slow_main=True)",
+        ],
+        env=env,
+        preexec_fn=lambda: os.sched_setaffinity(0, {cpu}),
+    )
+
+    def applied() -> int:
+        with contextlib.closing(sqlite3.connect(sink_path, timeout=30)) as db:
+            return db.execute("SELECT COUNT(*) FROM events").fetchone()[0]
+
+    held = []
+    try:
+        for cycle in range(12):
+            before = applied()
+            _wait(lambda b=before: applied() > b + 20, 60, "the writer to write")
+            for marker in (f"{pause}.paused", f"{pause}.resume"):  # the last pause's
+                Path(marker).unlink(missing_ok=True)
+            pause.touch()
+            _wait(Path(f"{pause}.paused").exists, 30, "the writer to pause")
+            _wait(lambda: _proc_state(writer.pid) == "T", 30, "the writer to be stopped")
+            # nobody else writes: a free lock is taken at once, one held by the stopped
+            # writer never is (the timeout only bounds the attempt)
+            with contextlib.closing(
+                sqlite3.connect(sink_path, timeout=5, isolation_level=None)
+            ) as db:
+                try:
+                    db.execute("BEGIN IMMEDIATE")
+                    db.execute("ROLLBACK")
+                except sqlite3.OperationalError as exc:
+                    held.append(f"pause {cycle}: {exc}")
+            resume(str(pause), writer.pid)
+    finally:
+        writer.send_signal(signal.SIGCONT)
+        writer.kill()
+        writer.wait()
+    assert held == [], f"the paused writer held the sink's write lock: {held}"
