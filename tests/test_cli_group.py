@@ -111,4 +111,4 @@ def test_group_delete_force_removes_a_group_under_a_live_member(
 
 def test_group_delete_refuses_a_malformed_group_name_before_connecting(capsys):
     code = cli(["group", "delete", "--stream", "S", "--group", "a.b", "--server", "nats://x:1"])
-    assert code == 2 and "group name 'a.b' is not valid" in capsys.readouterr().err
+    assert code == 2 and "argument --group: 'a.b' is not a group name" in capsys.readouterr().err

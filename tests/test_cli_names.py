@@ -110,3 +110,28 @@ def test_a_group_name_with_a_trailing_newline_is_refused_by_the_python_api():
 
     with pytest.raises(ConfigError, match="group"):
         GroupConfig("ORDERS", "billing\n")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["status"],
+        ["group", "describe"],
+        ["worker", "--handler", "m:f"],
+        ["pool", "--handler", "m:f"],
+        ["group", "delete"],
+    ],
+    ids=lambda a: " ".join(a[:2]),
+)
+@pytest.mark.parametrize(
+    ("stream", "group", "flag"),
+    [("NOPE.X", "g", "--stream"), ("S", "a b", "--group"), ("S", "g.h", "--group")],
+)
+def test_every_command_refuses_a_bad_stream_or_group_naming_its_flag(
+    capsys, argv, stream, group, flag
+):
+    """One rule, one message, before connecting (the server named here does not exist)."""
+    code = cli.main([*argv, "--stream", stream, "--group", group, "--server", "nats://x:1"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"argument {flag}:" in err and "is not a" in err, err

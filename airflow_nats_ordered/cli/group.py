@@ -17,6 +17,7 @@ from .common import (
     Command,
     add_connection_flags,
     connected,
+    group_name,
     print_err,
     print_json,
     stream_name,
@@ -39,7 +40,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     d.add_argument(
         "--stream", required=True, type=stream_name, metavar="S", help="partitioned stream"
     )
-    d.add_argument("--group", required=True, metavar="G", help="consumer group to delete")
+    d.add_argument(
+        "--group", required=True, type=group_name, metavar="G", help="consumer group to delete"
+    )
     d.add_argument(
         "--force",
         action="store_true",

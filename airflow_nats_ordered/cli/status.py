@@ -46,9 +46,11 @@ from .common import (
     connected,
     format_duration,
     format_table,
+    group_name,
     parse_duration,
     print_err,
     print_json,
+    stream_name,
 )
 
 #: seconds between two refreshes of ``status --watch``
@@ -56,8 +58,10 @@ WATCH_INTERVAL = 2.0
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--stream", required=True, metavar="S", help="partitioned stream")
-    p.add_argument("--group", required=True, metavar="G", help="consumer group")
+    p.add_argument(
+        "--stream", required=True, type=stream_name, metavar="S", help="partitioned stream"
+    )
+    p.add_argument("--group", required=True, type=group_name, metavar="G", help="consumer group")
     p.add_argument("--json", action="store_true", help="print a JSON object")
     p.add_argument(
         "--wait-drained",

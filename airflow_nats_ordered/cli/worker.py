@@ -35,10 +35,12 @@ from .common import (
     Command,
     connected,
     format_size,
+    group_name,
     positive_float,
     positive_int,
     positive_size,
     print_err,
+    stream_name,
 )
 
 
@@ -69,10 +71,13 @@ def add_metrics_flags(p: argparse.ArgumentParser, whose: str) -> None:
 
 def add_member_flags(p: argparse.ArgumentParser) -> None:
     """The flags of a member's work, shared by ``worker`` and ``pool``."""
-    p.add_argument("--stream", required=True, metavar="S", help="partitioned stream")
+    p.add_argument(
+        "--stream", required=True, type=stream_name, metavar="S", help="partitioned stream"
+    )
     p.add_argument(
         "--group",
         required=True,
+        type=group_name,
         metavar="G",
         help="consumer group: members share its partitions; each group sees all",
     )
