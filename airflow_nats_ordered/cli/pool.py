@@ -64,6 +64,7 @@ from .common import (
     add_connection_flags,
     connected,
     format_duration,
+    non_negative_int,
     positive_float,
     positive_int,
     print_err,
@@ -121,7 +122,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--max-start-failures",
-        type=_non_negative_int,
+        type=non_negative_int,
         default=3,
         metavar="N",
         help="stop the pool (exit 2, repeating the error) when a member could not start N "
@@ -130,16 +131,6 @@ def configure(p: argparse.ArgumentParser) -> None:
         "count; 0 restarts it for ever (default %(default)s)",
     )
     add_metrics_flags(p, "all members'")
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
 
 
 def member_argv(args: argparse.Namespace) -> list[str]:
