@@ -88,7 +88,10 @@ def get_provider_info() -> dict:
 def _field(label: str, kind: str = "string", *, secret: bool = False, **more: object) -> dict:
     schema: dict = {"type": [kind, "null"]}
     if secret:
-        schema["format"] = "password"  # Airflow masks it in the UI and in logs
+        # hides the form widget only; the REST API, the UI and logs hide an extra by its
+        # NAME (a sensitive word such as secret/private_key/token, see
+        # hooks/connection_secrets.py), which every secret field's name below contains
+        schema["format"] = "password"
     schema.update(more)
     return {"label": label, "schema": schema}
 
@@ -97,15 +100,15 @@ def _field(label: str, kind: str = "string", *, secret: bool = False, **more: ob
 _CONN_FIELDS = {
     "servers": _field("Servers (comma list of URLs, instead of Host/Port)"),
     "token": _field("Token", secret=True),
-    "creds": _field("Credentials (.creds file content)", secret=True),
+    "creds_secret": _field("Credentials (.creds file content)", secret=True),
     "creds_file": _field("Credentials file path (.creds)"),
-    "nkey_seed": _field("NKey seed", secret=True),
+    "nkey_seed_secret": _field("NKey seed", secret=True),
     "nkey_seed_file": _field("NKey seed file path"),
     "tls_ca": _field("TLS CA certificate (PEM content)"),
     "tls_ca_file": _field("TLS CA certificate file path"),
     "tls_cert": _field("TLS client certificate (PEM content)"),
     "tls_cert_file": _field("TLS client certificate file path"),
-    "tls_key": _field("TLS client key (PEM content)", secret=True),
+    "tls_private_key": _field("TLS client key (PEM content)", secret=True),
     "tls_key_file": _field("TLS client key file path"),
     "tls_hostname": _field("TLS server name (if not the host)"),
     "tls_verify": _field("Verify the server certificate", "boolean", default=True),

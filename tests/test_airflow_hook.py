@@ -159,7 +159,7 @@ def test_provider_registers_the_nats_connection_form_with_masked_secrets() -> No
     assert hooks["nats"].hook_class_name == "airflow_nats_ordered.hooks.nats.NatsHook"
     pm = ProvidersManager()
     widgets = pm.connection_form_widgets
-    for secret in ("token", "creds", "nkey_seed", "tls_key"):
+    for secret in ("token", "creds_secret", "nkey_seed_secret", "tls_private_key"):
         assert widgets[f"extra__nats__{secret}"].is_sensitive, secret
     for plain in ("servers", "creds_file", "tls_ca"):
         assert not widgets[f"extra__nats__{plain}"].is_sensitive, plain

@@ -6,21 +6,26 @@ given as *content* to private files, because NATS clients read them from files).
 
 Connection fields (``airflow connections add nats_default --conn-type nats ...``):
 
-==================  ================================================================
-Host                ``host`` or a comma list ``a:4222,b:4222`` or ``nats://a:4222,...``
-Port                used for hosts without one (default 4222)
-Login / Password    user + password authentication
-extra ``servers``   a comma list of URLs (instead of Host/Port)
-extra ``token``     token authentication (masked)
-extra ``creds``     a decentralized-auth ``.creds`` file's *content* (masked)
-extra ``creds_file``  the path of a ``.creds`` file
-extra ``nkey_seed`` an nkey seed ``SU...`` (masked); ``nkey_seed_file``: its path
-extra ``tls_ca``/``tls_cert``/``tls_key``  PEM content (the key is masked);
-                    ``tls_ca_file``/``tls_cert_file``/``tls_key_file``: paths
+======================  ============================================================
+Host                    ``host`` or a comma list ``a:4222,b:4222`` or ``nats://a:4222,...``
+                        (no credentials in URLs: Airflow shows Host in clear)
+Port                    used for hosts without one (default 4222)
+Login / Password        user + password authentication
+extra ``servers``       a comma list of URLs (instead of Host/Port)
+extra ``token``         token authentication (secret)
+extra ``creds_secret``  a decentralized-auth ``.creds`` file's *content* (secret)
+extra ``creds_file``    the path of a ``.creds`` file
+extra ``nkey_seed_secret``  an nkey seed ``SU...`` (secret); ``nkey_seed_file``: its path
+extra ``tls_ca``/``tls_cert``/``tls_private_key``  PEM content (the key is secret);
+                        ``tls_ca_file``/``tls_cert_file``/``tls_key_file``: paths
 extra ``tls_hostname``, ``tls_verify``, ``connect_timeout``, ``name``,
-                    ``max_reconnect_attempts``, ``reconnect_time_wait``
-==================  ================================================================
+                        ``max_reconnect_attempts``, ``reconnect_time_wait``
+======================  ============================================================
 
+Secret extras are named so that Airflow's secrets masker hides them in the REST API, the
+UI and logs (see :mod:`.connection_secrets`); the former names ``creds``, ``nkey_seed``
+and ``tls_key`` are still read, with a warning to rename them. Every secret value read is
+registered with the masker, so a log line that repeats it shows ``***``.
 Errors name the connection and the field to fix, never a secret.
 """
 
@@ -30,6 +35,7 @@ import asyncio
 import atexit
 import contextlib
 import hashlib
+import logging
 import os
 import re
 import shutil
@@ -41,22 +47,33 @@ from airflow.sdk import BaseHook
 
 from ..core.connection import ConnectionOptions, connect
 from ..core.errors import ConfigError, ConnectError, NatsOrderedError
+from .connection_secrets import (
+    amask_secrets,
+    check_no_url_credentials,
+    clear_secret_warnings,
+    mask_secrets,
+    renamed_extras,
+    secret_values,
+)
 
 T = TypeVar("T")
 
+log = logging.getLogger(__name__)
+
 #: extras whose value is file *content*, and the file option each becomes
 CONTENT_FIELDS: Mapping[str, str] = {
-    "creds": "creds_file",
+    "creds_secret": "creds_file",
     "tls_ca": "tls_ca_file",
     "tls_cert": "tls_cert_file",
-    "tls_key": "tls_key_file",
+    "tls_private_key": "tls_key_file",
 }
+#: extras given to an option of another name
+RENAMED_FIELDS: Mapping[str, str] = {"nkey_seed_secret": "nkey_seed"}
 #: extras passed through under their own name
 OPTION_FIELDS = (
     "servers",
     "token",
     "creds_file",
-    "nkey_seed",
     "nkey_seed_file",
     "tls_ca_file",
     "tls_cert_file",
@@ -126,31 +143,48 @@ def options_from_connection(
     extra: Mapping[str, Any],
 ) -> ConnectionOptions:
     """The connection's fields as :class:`ConnectionOptions`; a ConfigError names the
-    connection and the form field (or extra key) to fix."""
+    connection and the form field (or extra key) to fix. Former names of secret extras
+    are read as their new names (see :mod:`.connection_secrets`)."""
     where = f"Airflow connection {conn_id!r}"
     extras = {}
     for key, value in extra.items():
         # the UI may store form fields as extra__nats__<name>
         extras[key.removeprefix("extra__nats__")] = value
-    unknown = sorted(k for k in extras if k not in OPTION_FIELDS and k not in CONTENT_FIELDS)
+    extras, former = renamed_extras(extras, where)
+    accepted = (*OPTION_FIELDS, *CONTENT_FIELDS, *RENAMED_FIELDS)
+    unknown = sorted(k for k in extras if k not in accepted)
     if unknown:
         raise ConfigError(
             f"{where}: unknown extra field(s) {', '.join(unknown)}; accepted extra fields: "
-            f"{', '.join((*OPTION_FIELDS, *CONTENT_FIELDS))}"
+            f"{', '.join(accepted)}"
         )
     opts: dict[str, Any] = {k: v for k, v in extras.items() if k in OPTION_FIELDS and v != ""}
+    #: option -> the extra it came from, when the names differ (for error messages)
+    origin: dict[str, str] = {}
+    for key, option in RENAMED_FIELDS.items():
+        if extras.get(key) not in (None, ""):
+            opts[option] = extras[key]
+            origin[option] = former.get(key, key)
     for key, option in CONTENT_FIELDS.items():
         content = extras.get(key)
         if not content:
             continue
+        given = former.get(key, key)
         if opts.get(option):
             raise ConfigError(
-                f"{where}: both extra '{key}' (content) and extra '{option}' (a path) are set; "
-                "set only one of them"
+                f"{where}: both extra '{given}' (content) and extra '{option}' (a path) are "
+                "set; set only one of them"
             )
         if not isinstance(content, str):
-            raise ConfigError(f"{where}: extra '{key}' must be the file's text content")
-        opts[option] = _private_file(content, ".creds" if key == "creds" else ".pem")
+            raise ConfigError(f"{where}: extra '{given}' must be the file's text content")
+        opts[option] = _private_file(content, ".creds" if option == "creds_file" else ".pem")
+        origin[option] = given
+    if host:
+        check_no_url_credentials(where, "Host", host.split(","))
+    if isinstance(opts.get("servers"), str | list | tuple):
+        servers = opts["servers"]
+        urls = servers.split(",") if isinstance(servers, str) else [str(u) for u in servers]
+        check_no_url_credentials(where, "extra 'servers'", urls)
     from_host = _servers(host, port)
     if from_host and opts.get("servers"):
         raise ConfigError(
@@ -166,6 +200,7 @@ def options_from_connection(
         return ConnectionOptions.from_mapping(opts)
     except ConfigError as exc:
         field = getattr(exc, "field", None) or ""
+        field = origin.get(field, field)
         form = _FORM_NAMES.get(field, f"extra '{field}'" if field else "a field")
         text = _in_airflow_terms(conn_id, str(exc))
         raise ConfigError(f"{where}, {form}: {text}") from None
@@ -191,17 +226,35 @@ class NatsHook(BaseHook):
         self._options: ConnectionOptions | None = None
 
     @staticmethod
-    def options_of(conn_id: str, conn: Any) -> ConnectionOptions:
+    def options_of(
+        conn_id: str, conn: Any, *, extra: Mapping[str, Any] | None = None, mask: bool = True
+    ) -> ConnectionOptions:
         """The :class:`ConnectionOptions` of connection ``conn`` (an Airflow ``Connection``
-        however it was looked up); a ConfigError names ``conn_id`` and the field to fix."""
+        however it was looked up); a ConfigError names ``conn_id`` and the field to fix.
+        Every secret value is registered with Airflow's secrets masker first (unless
+        ``mask`` is false: the caller does it), and a secret extra under a former name,
+        which Airflow shows in clear, is logged as a warning (its name, not its value).
+        ``extra``: the connection's extras when the caller has already read them."""
+        if extra is None:
+            extra = conn.extra_dejson or {}
+        if mask:
+            mask_secrets(secret_values(conn.password, extra))
+        for warning in clear_secret_warnings(conn_id, extra):
+            log.warning("%s", warning)
         return options_from_connection(
             conn_id,
             host=conn.host,
             port=conn.port,
             login=conn.login,
             password=conn.password,
-            extra=conn.extra_dejson or {},
+            extra=extra,
         )
+
+    def secret_warnings(self) -> list[str]:
+        """Why the connection's secrets may be shown in clear by Airflow (former extra
+        names), empty when they are all hidden; for ``test_connection``."""
+        conn = self.get_connection(self.nats_conn_id)
+        return clear_secret_warnings(self.nats_conn_id, conn.extra_dejson or {})
 
     def get_options(self) -> ConnectionOptions:
         if self._options is None:
@@ -212,7 +265,11 @@ class NatsHook(BaseHook):
     async def aget_options(self) -> ConnectionOptions:
         if self._options is None:
             conn = await BaseHook.aget_connection(self.nats_conn_id)
-            self._options = self.options_of(self.nats_conn_id, conn)
+            # aextra_dejson: the SDK's extra_dejson masks synchronously, unsafe in a trigger
+            aextra = getattr(conn, "aextra_dejson", None)
+            extra = (await aextra() if aextra else conn.extra_dejson) or {}
+            await amask_secrets(secret_values(conn.password, extra))
+            self._options = self.options_of(self.nats_conn_id, conn, extra=extra, mask=False)
         return self._options
 
     def get_conn(self) -> ConnectionOptions:
@@ -264,7 +321,9 @@ class NatsHook(BaseHook):
                     f"({info.streams} streams, {info.consumers} consumers)"
                 )
 
-            return True, self.run(probe)
+            message = self.run(probe)
+            warnings = self.secret_warnings()
+            return True, " ".join((message, *(f"Warning: {w}." for w in warnings)))
         except NatsOrderedError as exc:
             return False, _in_airflow_terms(self.nats_conn_id, str(exc))
         except Exception as exc:  # whatever else: the UI shows it, secrets redacted
