@@ -8,6 +8,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from ..arguments import refuse_unknown_arguments
 from ..core.drain import (
     DEFAULT_NO_MEMBERS_TIMEOUT,
     DrainProgress,
@@ -51,7 +52,10 @@ class NatsGroupDrainTrigger(BaseTrigger):
         timeout: float | None = None,
         started: float | None = None,
         no_members_timeout: float | None = DEFAULT_NO_MEMBERS_TIMEOUT,
+        **unknown: Any,
     ) -> None:
+        # a misspelt argument (no_member_timeout=) fails naming the one meant
+        refuse_unknown_arguments("NatsGroupDrainTrigger", unknown, NatsGroupDrainTrigger.__init__)
         super().__init__()
         self.stream = stream
         self.group = group

@@ -59,9 +59,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import difflib
 import hashlib
-import inspect
 import json
 import logging
 import re
@@ -73,6 +71,7 @@ from airflow.triggers.shared_stream import AdvanceItem, SharedStreamProducer
 from nats.js import api
 from nats.js.errors import BadRequestError, NotFoundError
 
+from ..arguments import refuse_unknown_arguments
 from ..core.errors import ConfigError
 from ..core.streams import StreamSpec
 from ..core.worker import dead_letter_subject
@@ -173,8 +172,7 @@ class NatsMessageTrigger(BaseEventTrigger):
         fetch_timeout: float = 5.0,
         **unknown: Any,
     ) -> None:
-        if unknown:
-            raise ConfigError(_unknown_arguments(unknown))
+        refuse_unknown_arguments("NatsMessageTrigger", unknown, NatsMessageTrigger.__init__)
         super().__init__()
         for name, value in (("stream", stream), ("durable", durable)):
             if name == "durable" and value is None:
@@ -450,22 +448,6 @@ class NatsMessageProducer(SharedStreamProducer):
                 await asyncio.gather(*(m.nak() for m in abandoned))
                 await self._nc.flush(timeout=5)  # the server has the naks before we close
         await self._stack.aclose()
-
-
-def _unknown_arguments(unknown: dict[str, Any]) -> str:
-    valid = [
-        p.name
-        for p in inspect.signature(NatsMessageTrigger.__init__).parameters.values()
-        if p.kind is inspect.Parameter.KEYWORD_ONLY
-    ]
-    hints = []
-    for name in unknown:
-        close = difflib.get_close_matches(name, valid, n=1)
-        hints.append(f"{name}= (did you mean {close[0]}=?)" if close else f"{name}=")
-    return (
-        f"NatsMessageTrigger: unknown argument(s) {', '.join(hints)}; the valid arguments "
-        f"are {', '.join(valid)}"
-    )
 
 
 def _bound_elsewhere(t: NatsMessageTrigger, metadata: dict[str, str]) -> str:
