@@ -13,6 +13,7 @@ from ..core.errors import ConfigError
 from ..core.group import GroupStore
 from ..core.group_admin import live_members, partition_rates, rebalance_group, reset_group
 from ..hooks.nats import NatsHook
+from .failures import failing_at_once
 
 
 class NatsRebalanceOperator(BaseOperator):
@@ -81,7 +82,8 @@ class NatsRebalanceOperator(BaseOperator):
             )
             return result.to_dict()
 
-        out = NatsHook(self.nats_conn_id).run(run)
+        with failing_at_once():  # a bad cordon or weights, a missing stream
+            out = NatsHook(self.nats_conn_id).run(run)
         self.log.info(
             "group %s: generation %s, %d partition(s) moved %s, settled in %ss",
             self.group,
@@ -154,6 +156,7 @@ class NatsResetGroupOperator(BaseOperator):
             )
             return result.to_dict()
 
-        out = NatsHook(self.nats_conn_id).run(run)
+        with failing_at_once():  # a bad target or partition, a missing stream
+            out = NatsHook(self.nats_conn_id).run(run)
         self.log.info("group %s reset: %s", self.group, out["positions"])
         return out

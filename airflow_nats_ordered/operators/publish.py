@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowFailException
 
 from ..core.errors import ConfigError
 from ..core.publisher import PublisherConfig, check_producer_id
 from ..core.runs import RunResult, publish_run
 from ..hooks.nats import NatsHook
 from ..inputs import InputRecord, open_records, records_from_rows
+from .failures import failing_at_once
 
 
 def import_callable(ref: Callable[..., Any] | str, what: str) -> Callable[..., Any]:
@@ -77,8 +80,11 @@ class NatsPublishOperator(BaseOperator):
     marks for :class:`~airflow_nats_ordered.sensors.drain.NatsGroupDrainSensor`). The marks
     cover every partition the run stored, including what an earlier (failed or killed)
     try stored: a drain on a retried run's XCom waits for all of it. Failed records fail
-    the task; refused ones (no key, too large) too unless ``allow_refused``; so does a run
-    whose mark of a stored partition could not be read (the next try reads it again).
+    the try (a retry resumes the run); so does a run whose mark of a stored partition could
+    not be read (the next try reads it again). Refused records (no key, too large) fail the
+    task at once, without a retry, unless ``allow_refused``; so do bad arguments or input, a
+    missing stream and an ``expected_partitions`` that differs from the stream's
+    (:mod:`.failures` lists what fails at once).
     """
 
     template_fields: Sequence[str] = (
@@ -173,14 +179,32 @@ class NatsPublishOperator(BaseOperator):
         )
 
     def execute(self, context: Any) -> dict[str, Any]:
+        # bad arguments or input, a missing stream, a partition-count mismatch: no retry
+        # fixes them (see failures.py); records not confirmed as stored stay retryable
+        with failing_at_once():
+            return self._publish(context)
+
+    def _publisher_config(self, producer_id: str) -> PublisherConfig:
+        own = {"producer_id", "allow_keyless"}  # the operator's own arguments
+        known = {f.name for f in dataclasses.fields(PublisherConfig)} - own
+        unknown = sorted(set(self.publisher_config) - known)
+        if unknown:
+            raise ConfigError(
+                f"NatsPublishOperator {self.task_id!r}: publisher_config has unknown "
+                f"setting(s) {', '.join(unknown)}; valid ones: {', '.join(sorted(known))} "
+                "(producer_id and allow_keyless are arguments of the operator itself)"
+            )
+        knobs = {**self.publisher_config, "allow_keyless": self.allow_keyless}
+        return PublisherConfig(**knobs, producer_id=producer_id)
+
+    def _publish(self, context: Any) -> dict[str, Any]:
         # checked again once rendered: a template can render empty
         producer_id = (
             default_producer_id(context)
             if self.producer_id is None
             else checked_producer_id(self.task_id, self.producer_id)
         )
-        knobs = {**self.publisher_config, "allow_keyless": self.allow_keyless}
-        config = PublisherConfig(**knobs, producer_id=producer_id)
+        config = self._publisher_config(producer_id)
         hook = NatsHook(self.nats_conn_id)
         hook.get_options()  # read the connection before the loop starts (clear errors first)
 
@@ -227,7 +251,7 @@ class NatsPublishOperator(BaseOperator):
             )
         if rec.refused and not self.allow_refused:
             examples = "; ".join(f"{e['where']}: {e['reason']}" for e in rec.refused_examples)
-            raise ValueError(
+            raise AirflowFailException(  # the same input is refused again on every retry
                 f"run {producer_id!r}: {rec.refused} records were refused before sending "
                 f"({examples}); fix the input (key_field={self.key_field!r}) or pass "
                 "allow_refused=True to publish the rest and succeed"

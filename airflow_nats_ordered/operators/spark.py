@@ -9,11 +9,13 @@ from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import BaseHook
+from airflow.sdk.exceptions import AirflowFailException
 
 from ..core.connection import ConnectionOptions
 from ..core.errors import ConfigError
 from ..core.runs import RunLedger, RunRecord
 from ..hooks.nats import NatsHook
+from .failures import failing_at_once
 from .publish import checked_producer_id, default_producer_id
 
 #: ConnectionOptions field -> the variable the driver reads it from (ConnectionOptions.from_env)
@@ -135,6 +137,12 @@ class NatsSparkPublishOperator(SparkSubmitOperator):
     # the run's ledger record goes to XCom as execute's return value (the Spark provider's
     # operator returns nothing, so its annotation says None)
     def execute(self, context: Any) -> dict[str, Any]:  # type: ignore[override]
+        # unsafe or bad settings, a missing stream: no retry fixes them (see failures.py);
+        # a failed spark-submit stays retryable (the run resumes)
+        with failing_at_once():
+            return self._submit(context)
+
+    def _submit(self, context: Any) -> dict[str, Any]:
         # an empty one (a template that rendered empty) is refused, never the default's
         producer_id = (
             default_producer_id(context)
@@ -160,7 +168,7 @@ class NatsSparkPublishOperator(SparkSubmitOperator):
         super().execute(context)
         rec = hook.run(read)
         if rec is None:
-            raise RuntimeError(
+            raise AirflowFailException(  # the same application does the same on a retry
                 f"the Spark job finished but run {producer_id!r} has no record in the ledger of "
                 f"{self.stream}: does {self.application} publish with the nats-ordered sink and "
                 "the --stream/--producer-id it is given?"

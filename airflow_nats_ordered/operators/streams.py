@@ -9,6 +9,7 @@ from airflow.sdk import BaseOperator
 
 from ..core.streams import DEFAULT_DUPLICATE_WINDOW, ProvisionResult, StreamSpec, provision
 from ..hooks.nats import NatsHook
+from .failures import failing_at_once
 
 
 class NatsProvisionStreamOperator(BaseOperator):
@@ -58,6 +59,11 @@ class NatsProvisionStreamOperator(BaseOperator):
         self.nats_conn_id = nats_conn_id
 
     def execute(self, context: Any) -> dict[str, Any]:
+        # a bad spec, a stream that cannot change in place: no retry fixes them
+        with failing_at_once():
+            return self._provision()
+
+    def _provision(self) -> dict[str, Any]:
         spec = StreamSpec(
             name=self.stream,
             partitions=self.partitions,

@@ -15,6 +15,7 @@ from ..core.drain import DEFAULT_NO_MEMBERS_TIMEOUT, group_exists, read_lag
 from ..core.runs import RunLedger
 from ..core.streams import describe, stream_contents
 from ..hooks.nats import NatsHook
+from ..operators.failures import failing_at_once
 from ..triggers.drain import NatsGroupDrainTrigger
 
 #: task state store key under which a try keeps the marks it resolved at its first poke
@@ -273,7 +274,13 @@ class NatsGroupDrainSensor(BaseSensorOperator):
 
     def poke(self, context: Any) -> bool | PokeReturnValue:
         """False while a partition is behind its mark; once none is, True carrying the
-        XCom (``stream``, ``group``, ``marks``, ``waited``)."""
+        XCom (``stream``, ``group``, ``marks``, ``waited``). What no retry can fix (a
+        missing stream or run, a blocked partition, strays, bad arguments) raises
+        ``AirflowFailException``; a server that does not answer raises what a retry may fix."""
+        with failing_at_once():
+            return self._poke(context)
+
+    def _poke(self, context: Any) -> bool | PokeReturnValue:
         hook = NatsHook(self.nats_conn_id)
         marks = self._resolve(hook, context or {})
 
