@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -9,6 +10,7 @@ from datetime import timedelta
 from typing import Any
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
+from airflow.sdk.configuration import conf
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSensorTimeout
 
 from ..core.drain import DEFAULT_NO_MEMBERS_TIMEOUT, group_exists, read_lag
@@ -23,6 +25,27 @@ MARKS_KEY = "nats_ordered_drain_marks"
 
 #: a kept record outlives the sensor's ``timeout`` by this much (task state store retention)
 KEEP_MARGIN = timedelta(days=1)
+
+#: the environment variables through which a deployment sets ``[operators] default_deferrable``
+DEFAULT_DEFERRABLE_ENV = tuple(
+    f"AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE{suffix}" for suffix in ("", "_CMD", "_SECRET")
+)
+
+
+def default_deferrable() -> bool:
+    """The drain sensor's ``deferrable`` when the DAG does not pass it: Airflow's
+    ``[operators] default_deferrable`` when the deployment sets it, else True (the sensor
+    was deferrable by default before it honoured the option, and stays so).
+
+    Airflow has a built-in value for the option, false, and writes it into every airflow.cfg
+    it generates, so a false read from airflow.cfg or Airflow's defaults cannot be told from
+    an option nobody set: it keeps the sensor deferrable. Honoured: true from anywhere, and
+    either value from the environment (``AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE``, or its
+    ``_CMD`` / ``_SECRET`` forms). Read when the sensor is created (when the DAG is parsed)."""
+    value = conf.getboolean("operators", "default_deferrable", fallback=True)
+    if value or any(name in os.environ for name in DEFAULT_DEFERRABLE_ENV):
+        return value
+    return True
 
 
 def resolve_marks(value: Any) -> dict[str, int] | None:
@@ -130,10 +153,12 @@ class NatsGroupDrainSensor(BaseSensorOperator):
     A group that has no state yet (no worker has joined it: the workers are being started
     beside the DAG) is waited for like a group that has committed nothing, not failed.
 
-    Deferrable by default: it checks once, then waits in the triggerer on the group's commit
-    records (no worker slot held). It fails fast, saying what to do, when a partition is
-    blocked on a poison message, when no member of the group has been alive (or, for a
-    group with no state yet, none has joined) for ``no_members_timeout`` seconds (default
+    Deferrable by default (``deferrable=None``: ``[operators] default_deferrable`` when the
+    deployment sets it, else True; see :func:`default_deferrable`): it checks once, then
+    waits in the triggerer on the group's commit records (no worker slot held). It fails
+    fast, saying what to do, when a partition is blocked on a poison message, when no
+    member of the group has been alive (or, for a group with no state yet, none has
+    joined) for ``no_members_timeout`` seconds (default
     :data:`~..core.drain.DEFAULT_NO_MEMBERS_TIMEOUT`, 60; None waits anyway), when the
     stream was re-created, or at ``timeout``.
     """
@@ -150,7 +175,7 @@ class NatsGroupDrainSensor(BaseSensorOperator):
         run: str | None = None,
         no_members_timeout: float | None = DEFAULT_NO_MEMBERS_TIMEOUT,
         nats_conn_id: str = NatsHook.default_conn_name,
-        deferrable: bool = True,
+        deferrable: bool | None = None,
         poke_interval: float = 5.0,
         **kwargs: Any,
     ) -> None:
@@ -161,7 +186,8 @@ class NatsGroupDrainSensor(BaseSensorOperator):
         self.run = run
         self.no_members_timeout = no_members_timeout
         self.nats_conn_id = nats_conn_id
-        self.deferrable = deferrable
+        # None: the deployment's [operators] default_deferrable, else True
+        self.deferrable = default_deferrable() if deferrable is None else deferrable
         self._marks: dict[str, int] | None = None
         self._marks_try: str | None = None  # the task instance id (try) they belong to
         self._resolved_at: float | None = None
