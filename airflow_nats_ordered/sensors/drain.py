@@ -379,6 +379,7 @@ class NatsGroupDrainSensor(BaseSensorOperator):
         reason, message = event.get("reason"), event.get("message", "unknown error")
         if reason == "timeout":
             raise AirflowSensorTimeout(message)
-        if reason == "no_members":
-            raise AirflowException(message)  # retries may help once workers are back
+        if reason == "no_members" or event.get("retryable"):
+            # retries may help: workers coming back, a server that answers again
+            raise AirflowException(message)
         raise AirflowFailException(message)

@@ -19,6 +19,7 @@ from ..core.drain import (
 )
 from ..core.errors import NatsOrderedError
 from ..hooks.nats import NatsHook
+from ..operators.failures import unfixable
 
 #: how often progress (lag per partition still behind) is logged while waiting
 LOG_EVERY = 30.0
@@ -30,7 +31,9 @@ class NatsGroupDrainTrigger(BaseTrigger):
     It watches the group's commit records (pushed by the server, not polled), so success is
     seen within a commit of the last message. The event is ``{"status": "success", ...}``
     or ``{"status": "error", "reason": "blocked" | "no_members" | "timeout" | "error",
-    "message": ...}``; the sensor turns an error into a task failure with the message.
+    "message": ...}`` (with ``"retryable"`` for ``"error"``: whether a retry may get through,
+    e.g. a server that did not answer); the sensor turns an error into a task failure with
+    the message, retried only where a retry may help.
 
     ``marks``: partition (as text, JSON keys) -> stream sequence; concrete, never "now":
     the marks the sensor's try resolved at its first poke, before deferring, so neither a
@@ -130,7 +133,15 @@ class NatsGroupDrainTrigger(BaseTrigger):
         except DrainTimeoutError as exc:
             event = {**base, "status": "error", "reason": "timeout", "message": str(exc)}
         except NatsOrderedError as exc:
-            event = {**base, "status": "error", "reason": "error", "message": str(exc)}
+            # "retryable": whether a retry of the task may get through (a server that did
+            # not answer) or would meet the same error (a missing stream, strays, ...)
+            event = {
+                **base,
+                "status": "error",
+                "reason": "error",
+                "message": str(exc),
+                "retryable": not unfixable(exc),
+            }
         else:
             event = {
                 **base,
