@@ -75,8 +75,14 @@ def test_publish_operator_refuses_an_empty_producer_id_also_once_rendered():
         NatsPublishOperator(**common, producer_id="")
     op = NatsPublishOperator(**common, producer_id="{{ var.value.run_id }}")
     op.producer_id = " "  # what the template rendered to
-    with pytest.raises(ConfigError, match=r"producer_id is empty.*<dag id>.<task id>"):
+    # at run time it fails the task at once (no retry can fix it), with the same message
+    from airflow.sdk.exceptions import AirflowFailException
+
+    with pytest.raises(
+        AirflowFailException, match=r"producer_id is empty.*<dag id>.<task id>"
+    ) as err:
         op.execute({})
+    assert isinstance(err.value.__cause__, ConfigError)
 
 
 def test_spark_option_refuses_an_empty_producer_id_naming_the_option():
