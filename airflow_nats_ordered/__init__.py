@@ -96,7 +96,8 @@ def _field(label: str, kind: str = "string", *, secret: bool = False, **more: ob
     return {"label": label, "schema": schema}
 
 
-#: the ``nats`` connection form (extras); names match ``hooks.nats.options_from_connection``
+#: the ``nats`` connection form (extras): exactly the extras ``hooks.nats.options_from_connection``
+#: reads (tests/test_airflow_connection_form.py keeps the two and docs/airflow.md equal)
 _CONN_FIELDS = {
     "servers": _field("Servers (comma list of URLs, instead of Host/Port)"),
     "token": _field("Token", secret=True),
@@ -113,4 +114,11 @@ _CONN_FIELDS = {
     "tls_hostname": _field("TLS server name (if not the host)"),
     "tls_verify": _field("Verify the server certificate", "boolean", default=True),
     "connect_timeout": _field("Connect timeout (seconds)", "number", default=5),
+    "name": _field("Client name (shown by the server's monitoring)", default="nats-ordered"),
+    "max_reconnect_attempts": _field(
+        "Reconnect attempts per server (-1 forever, 0 never)", "integer", default=120
+    ),
+    "reconnect_time_wait": _field(
+        "Wait between reconnect attempts (seconds)", "number", default=0.5
+    ),
 }

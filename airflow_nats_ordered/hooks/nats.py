@@ -273,7 +273,19 @@ class NatsHook(BaseHook):
         return self._options
 
     def get_conn(self) -> ConnectionOptions:
-        """The connection's settings (a NATS client is async: use :meth:`aconnect`)."""
+        """The connection as validated :class:`ConnectionOptions` (same as :meth:`get_options`).
+
+        Airflow's convention is that ``get_conn()`` returns what talks to the service. A
+        NATS client is asyncio and bound to the event loop it connected on, so a client
+        returned from a sync method would be unusable (or leak) in the caller's loop; the
+        settings are what can be handed around instead: servers, auth method and TLS,
+        with ``password``/``token``/``nkey_seed`` hidden in ``repr()`` and
+        :meth:`~ConnectionOptions.describe`. Connect with :meth:`aconnect` (a client on the
+        running loop, closed on exit), :meth:`run` (sync: ``await fn(nc)`` on a fresh
+        loop), or ``await core.connection.connect(hook.get_conn())`` on your own loop.
+        The connection is read once and cached; every secret is registered with
+        Airflow's secrets masker. A bad field raises ConfigError naming the connection
+        and the field."""
         return self.get_options()
 
     @contextlib.asynccontextmanager

@@ -28,6 +28,7 @@ class NatsRebalanceOperator(BaseOperator):
     Returns the moves (XCom)."""
 
     template_fields: Sequence[str] = ("stream", "group", "cordon", "weights")
+    template_fields_renderers = {"cordon": "json", "weights": "json"}
     ui_color = "#e8d4f0"
 
     def __init__(
@@ -120,6 +121,7 @@ class NatsResetGroupOperator(BaseOperator):
     meant to re-apply. Returns the positions before and after (XCom)."""
 
     template_fields: Sequence[str] = ("stream", "group", "to", "partitions")
+    template_fields_renderers = {"to": "json", "partitions": "json"}
     ui_color = "#f0d4d4"
 
     def __init__(

@@ -97,6 +97,7 @@ class NatsPublishOperator(BaseOperator):
         "producer_id",
         "op_kwargs",
     )
+    template_fields_renderers = {"records": "json", "op_kwargs": "json"}
     ui_color = "#c8d7f0"
 
     def __init__(

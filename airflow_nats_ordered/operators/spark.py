@@ -69,6 +69,11 @@ class NatsSparkPublishOperator(SparkSubmitOperator):
         "stream",
         "producer_id",
     )
+    template_fields_renderers = {
+        **SparkSubmitOperator.template_fields_renderers,
+        "conf": "json",
+        "application_args": "json",
+    }
     ui_color = "#f4a460"
 
     def __init__(

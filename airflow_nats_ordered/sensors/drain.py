@@ -164,6 +164,7 @@ class NatsGroupDrainSensor(BaseSensorOperator):
     """
 
     template_fields: Sequence[str] = ("stream", "group", "high_water_marks", "run")
+    template_fields_renderers = {"high_water_marks": "json"}
     ui_color = "#f0e4c8"
 
     def __init__(
