@@ -65,6 +65,9 @@ def get_provider_info() -> dict:
             }
         ],
         "queues": ["airflow_nats_ordered.queues.nats.NatsMessageQueueProvider"],
+        "asset-uris": [
+            {"schemes": ["nats"], "handler": "airflow_nats_ordered.assets.nats.sanitize_uri"}
+        ],
         "connection-types": [
             {
                 "connection-type": "nats",

@@ -1,0 +1,1 @@
+"""Airflow asset URI schemes of this provider (``asset-uris`` in the provider info)."""
