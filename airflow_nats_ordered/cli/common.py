@@ -151,6 +151,26 @@ def positive_int(text: str) -> int:
     return value
 
 
+def partition_list(text: str) -> list[int]:
+    """Partitions from ``"0,3-5"``: single numbers and inclusive ranges."""
+    out: set[int] = set()
+    for part in text.split(","):
+        part = part.strip()
+        lo, sep, hi = part.partition("-")
+        try:
+            first, last = (int(lo), int(hi)) if sep else (int(part), int(part))
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"invalid partitions {text!r}: give numbers and ranges, e.g. 0,3-5"
+            ) from None
+        if first < 0 or last < first:
+            raise argparse.ArgumentTypeError(
+                f"invalid partitions {text!r}: a range goes from a lower to a higher number >= 0"
+            )
+        out.update(range(first, last + 1))
+    return sorted(out)
+
+
 def non_negative_float(text: str) -> float:
     try:
         value = float(text)

@@ -22,11 +22,11 @@ from .common import (
     connected,
     format_table,
     group_name,
+    partition_list,
     positive_int,
     print_json,
     stream_name,
 )
-from .group_reset import partition_list
 
 #: how much of a reason the table shows
 _REASON_WIDTH = 60

@@ -18,6 +18,7 @@ from .common import (
     connected,
     format_table,
     group_name,
+    partition_list,
     print_json,
     stream_name,
 )
@@ -28,26 +29,6 @@ TO_HELP = (
     "or time:ISO8601 (each resumes with its first message stored at or after that time, "
     "e.g. time:2026-01-31T12:00:00Z; UTC unless it has an offset)"
 )
-
-
-def partition_list(text: str) -> list[int]:
-    """Partitions from ``"0,3-5"``: single numbers and inclusive ranges."""
-    out: set[int] = set()
-    for part in text.split(","):
-        part = part.strip()
-        lo, sep, hi = part.partition("-")
-        try:
-            first, last = (int(lo), int(hi)) if sep else (int(part), int(part))
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"invalid partitions {text!r}: give numbers and ranges, e.g. 0,3-5"
-            ) from None
-        if first < 0 or last < first:
-            raise argparse.ArgumentTypeError(
-                f"invalid partitions {text!r}: a range goes from a lower to a higher number >= 0"
-            )
-        out.update(range(first, last + 1))
-    return sorted(out)
 
 
 def reset_target(text: str) -> ResetTarget:
