@@ -22,11 +22,17 @@ from typing import Any, Literal
 
 from nats.aio.client import Client as NATS
 from nats.js import api
-from nats.js.errors import BucketNotFoundError, NoKeysError, NotFoundError
+from nats.js.errors import (
+    BucketNotFoundError,
+    KeyDeletedError,
+    KeyNotFoundError,
+    NotFoundError,
+)
 
 from .assignor import Assignment, assign, imbalance, moves
 from .errors import ConfigError, NatsOrderedError
 from .group import GroupConfig, GroupStore, RebalancePolicy
+from .kv import bucket_keys
 from .streams import describe, partition_bounds, partition_stats
 
 #: Suffix of the dead-letter stream of a partitioned stream: ``ORDERS`` -> ``ORDERS_DLQ``.
@@ -86,12 +92,19 @@ class GroupDeleted:
 
 async def live_members(nc: NATS, stream: str, group: str) -> list[str]:
     """Members whose heartbeat (``m.<id>`` in the lease bucket) has not expired."""
+    bucket = GroupConfig(stream, group).lease_bucket
     try:
-        kv = await nc.jetstream().key_value(GroupConfig(stream, group).lease_bucket)
-        keys = await kv.keys()
-    except (BucketNotFoundError, NotFoundError, NoKeysError):
+        kv = await nc.jetstream().key_value(bucket)
+    except (BucketNotFoundError, NotFoundError):
         return []
-    return sorted(k[2:] for k in keys if k.startswith("m."))
+    members = []
+    for key in await bucket_keys(nc, bucket, "m."):
+        try:
+            await kv.get(key)
+        except (KeyNotFoundError, KeyDeletedError):
+            continue  # left (deleted) or expired meanwhile
+        members.append(key[2:])
+    return members
 
 
 async def dead_letter_prefix(nc: NATS, stream: str) -> str | None:

@@ -20,6 +20,7 @@ from nats.js.kv import KeyValue
 from .commits import CommitRecord
 from .errors import StreamNotFoundError
 from .group_stream import GroupStreamIdentity
+from .kv import bucket_keys
 from .streams import describe
 
 
@@ -60,12 +61,12 @@ class GroupSnapshot(GroupStreamIdentity):
         """Read the group's state for ``status``, with ``problems`` an operator must act on."""
         snap = GroupState()
         recorded_stream = ""
-        for kv, prefix in ((self.leases, "lease"), (self.state, "state")):
-            try:
-                keys = await kv.keys()
-            except Exception:  # nats-py raises NoKeysError on an empty bucket
-                keys = []
-            for key in keys:
+        buckets = (
+            (self.leases, self.cfg.lease_bucket, "lease"),
+            (self.state, self.cfg.state_bucket, "state"),
+        )
+        for kv, bucket, prefix in buckets:
+            for key in await bucket_keys(self.nc, bucket):
                 try:
                     e = await kv.get(key)
                 except (KeyNotFoundError, KeyDeletedError):

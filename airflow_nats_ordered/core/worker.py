@@ -57,6 +57,7 @@ from .delivery import PartitionDelivery
 from .errors import NatsOrderedError
 from .group import GroupStore, Lease, LeaseLost, RebalancePolicy
 from .group_presence import GroupDeletedError, GroupPresence, GroupWatch
+from .kv import bucket_keys
 from .message import HDR_MSG_ID, AppliedPosition, BatchHandler, Handler, Message
 from .owned import OwnedPartition
 from .reader import PartitionReader
@@ -399,20 +400,14 @@ class Worker(PartitionDelivery, GroupWatch):
             o.task.cancel()
 
     async def _live_members(self) -> list[str]:
-        js = self.nc.jetstream()
-        prefix = f"$KV.{self.cfg.group_config.lease_bucket}.m."
-        info = await js.stream_info(
-            f"KV_{self.cfg.group_config.lease_bucket}", subjects_filter=f"{prefix}*"
-        )
         members = []
-        for subject in info.state.subjects or {}:
-            key = subject[len("$KV.") + len(self.cfg.group_config.lease_bucket) + 1 :]
+        for key in await bucket_keys(self.nc, self.cfg.group_config.lease_bucket, "m."):
             try:
                 await self.store.leases.get(key)
             except (KeyNotFoundError, KeyDeletedError):
                 continue
             members.append(key[2:])
-        return sorted(members)
+        return members
 
     async def _leader_loop(self) -> None:
         while True:
