@@ -13,6 +13,7 @@ after it, and every name stays importable from this one:
   messages to the handler (retries, poison policy, batches, commits, continuity checks)
 * :mod:`.dead_letters` - :func:`dead_letter_subject`, :class:`DeadLettering` (a mixin)
 * :mod:`.group_presence` - :class:`GroupWatch` (a mixin): the group deleted under the member
+* :mod:`.leader` - :class:`GroupLeader` (a mixin): the leader's loop computing the assignment
 
 Guarantees (each tested by breaking it in ``tests/test_worker_chaos.py``; processing's in
 :mod:`.delivery`)
@@ -49,15 +50,14 @@ from typing import Any
 
 from nats.aio.client import Client as NATS
 from nats.errors import Error as NatsError
-from nats.js.errors import KeyDeletedError, KeyNotFoundError
 
-from .assignor import Assignment, assign
+from .assignor import Assignment
 from .dead_letters import HDR_ERROR, HDR_ORIGIN, DeadLettering, dead_letter_subject
 from .delivery import PartitionDelivery
 from .errors import NatsOrderedError
-from .group import GroupStore, Lease, LeaseLost, RebalancePolicy
+from .group import GroupStore, Lease, LeaseLost
 from .group_presence import GroupDeletedError, GroupPresence, GroupWatch
-from .kv import bucket_keys
+from .leader import GroupLeader
 from .message import HDR_MSG_ID, AppliedPosition, BatchHandler, Handler, Message
 from .owned import OwnedPartition
 from .reader import PartitionReader
@@ -101,7 +101,7 @@ async def _cancel_and_wait(tasks: list[asyncio.Task[None]]) -> None:
         _, pending = await asyncio.wait(pending, timeout=1.0)
 
 
-class Worker(PartitionDelivery, GroupWatch):
+class Worker(PartitionDelivery, GroupLeader, GroupWatch):
     """One member of a consumer group. ``await start()`` joins, ``await stop()`` leaves."""
 
     def __init__(
@@ -398,80 +398,6 @@ class Worker(PartitionDelivery, GroupWatch):
         elif not o.task.done() and not o.task.cancelling() and not o.finishing:
             # once: a second cancel would interrupt the task's own clean-up
             o.task.cancel()
-
-    async def _live_members(self) -> list[str]:
-        members = []
-        for key in await bucket_keys(self.nc, self.cfg.group_config.lease_bucket, "m."):
-            try:
-                await self.store.leases.get(key)
-            except (KeyNotFoundError, KeyDeletedError):
-                continue
-            members.append(key[2:])
-        return members
-
-    async def _leader_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.cfg.tick)
-            if self._stopping:
-                return
-            try:
-                lease = self._leader_lease  # the heartbeat loop may drop it meanwhile
-                if lease is None or not lease.valid:
-                    lease = self._leader_lease = await self.store.acquire("leader", self.member)
-                    if lease is None:
-                        continue
-                    log.info("member %s is the leader of group %s", self.member, self.cfg.group)
-                members = await self._live_members()
-                if not lease.valid:
-                    continue
-                data, rev = await self.store.read_assignment()
-                previous = Assignment.from_json(data) if data else None
-                policy, policy_rev = await self.store.read_policy()
-                new, refused = self._assign(members, previous, policy)
-                changed = previous is None or new.owners != previous.owners
-                written = await self.store.write_assignment(new.to_json(), rev) if changed else rev
-                if written is not None and policy.pending:
-                    policy.applied, policy.error = policy.request, refused or ""
-                    await self.store.write_policy(policy, policy_rev)
-                if changed and written is not None:
-                    self._audit(
-                        kind="assignment",
-                        generation=new.generation,
-                        members=members,
-                        owners={str(k): v for k, v in new.owners.items()},
-                    )
-                    log.info(
-                        "generation %d: %s",
-                        new.generation,
-                        {m: new.partitions_of(m) for m in members},
-                    )
-            except (TimeoutError, NatsError) as exc:
-                self._trouble("leader loop", exc)
-
-    def _assign(
-        self, members: list[str], previous: Assignment | None, policy: RebalancePolicy
-    ) -> tuple[Assignment, str | None]:
-        """The leader's assignment under the group's rebalance policy, and why the policy
-        was not obeyed if it was not. Its slack applies only to a pending request (an
-        explicit rebalance). A policy that cannot be obeyed (cordoning every live member,
-        weights that are not loads) is reported, never allowed to stop the leader: the
-        group falls back to the plain sticky assignment."""
-        weights = policy.weights or None
-        try:
-            new = assign(
-                self.stream.partitions,
-                members,
-                previous,
-                weights=weights,
-                cordon=policy.cordon,
-                slack=policy.slack if weights and policy.pending else None,
-            )
-        except ValueError as exc:
-            refused = f"rebalance policy not applied: {exc}"
-            self._report("policy", refused)
-            return assign(self.stream.partitions, members, previous), refused
-        self._report("policy", None)
-        return new, None
 
     async def _reconcile_loop(self) -> None:
         while True:
