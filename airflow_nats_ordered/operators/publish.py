@@ -16,6 +16,7 @@ from ..core.runs import RunResult, publish_run
 from ..hooks.nats import NatsHook
 from ..inputs import InputRecord, open_records, records_from_rows
 from .failures import failing_at_once
+from .lineage import NatsLineageMixin
 
 
 def import_callable(ref: Callable[..., Any] | str, what: str) -> Callable[..., Any]:
@@ -64,7 +65,7 @@ def checked_producer_id(
         raise ConfigError(f"{operator} {task_id!r}: {exc}") from None
 
 
-class NatsPublishOperator(BaseOperator):
+class NatsPublishOperator(NatsLineageMixin, BaseOperator):
     """Publish records keyed to partitions, in order per key, as one run.
 
     Records come from exactly one of: ``path`` (JSON lines, CSV or Parquet, as the CLI
@@ -85,6 +86,11 @@ class NatsPublishOperator(BaseOperator):
     task at once, without a retry, unless ``allow_refused``; so do bad arguments or input, a
     missing stream and an ``expected_partitions`` that differs from the stream's
     (:mod:`.failures` lists what fails at once).
+
+    ``stream_outlet=True`` makes the stream the task's outlet asset ``nats://<STREAM>``
+    (a DAG scheduled on it runs after each successful publish; the event's extra has the
+    run's producer id and high-water marks); a templated stream needs an ``AssetAlias`` in
+    ``outlets`` (see :mod:`.lineage`). OpenLineage sees the stream as the output dataset.
     """
 
     template_fields: Sequence[str] = (
@@ -118,6 +124,7 @@ class NatsPublishOperator(BaseOperator):
         publisher_config: Mapping[str, Any] | None = None,
         expected_partitions: int | None = None,
         nats_conn_id: str = NatsHook.default_conn_name,
+        stream_outlet: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -158,6 +165,7 @@ class NatsPublishOperator(BaseOperator):
         self.publisher_config = dict(publisher_config or {})
         self.expected_partitions = expected_partitions
         self.nats_conn_id = nats_conn_id
+        self.declare_stream_outlet(stream_outlet)
 
     def _records(self) -> Iterator[InputRecord]:
         if self.path is not None:
@@ -183,7 +191,7 @@ class NatsPublishOperator(BaseOperator):
         # bad arguments or input, a missing stream, a partition-count mismatch: no retry
         # fixes them (see failures.py); records not confirmed as stored stay retryable
         with failing_at_once():
-            return self._publish(context)
+            return self.record_stream_event(context, self._publish(context))
 
     def _publisher_config(self, producer_id: str) -> PublisherConfig:
         own = {"producer_id", "allow_keyless"}  # the operator's own arguments
