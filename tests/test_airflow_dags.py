@@ -34,7 +34,7 @@ with DAG(dag_id="{dag_id}", schedule=None, start_date=dt.datetime(2024, 1, 1)) a
     )
     drained = NatsGroupDrainSensor(
         task_id="drained", stream="{stream}", group="g", high_water_marks=publish.output,
-        no_members_timeout={no_members_timeout}, timeout={timeout},
+        no_members_timeout={no_members_timeout}, timeout={timeout}, deferrable=True,
     )
     provision >> publish >> drained
 """

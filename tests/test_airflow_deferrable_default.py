@@ -1,6 +1,6 @@
-"""The drain sensor honours ``[operators] default_deferrable`` (issue 16 item 5): set by the
-deployment, it decides the sensor's ``deferrable`` when the DAG does not pass it; an argument
-still wins; unset, the sensor stays deferrable as it always was."""
+"""The drain sensor honours ``[operators] default_deferrable`` (issue 16 item 5) as every
+Airflow provider's deferrable operator does: when the DAG does not pass ``deferrable``, the
+deployment's setting decides, from the environment or airflow.cfg; an argument still wins."""
 
 from __future__ import annotations
 
@@ -40,20 +40,17 @@ def test_an_argument_wins_over_the_deployment_setting(unset):
     assert _sensor(deferrable=False).deferrable is False
 
 
-def test_unset_the_sensor_stays_deferrable(unset):
-    assert _sensor().deferrable is True
-
-
 CHECK = (
     "from airflow_nats_ordered.sensors.drain import NatsGroupDrainSensor;"
     "print(NatsGroupDrainSensor(task_id='d', stream='S', group='g').deferrable)"
 )
 
 
-def test_the_false_every_generated_airflow_cfg_holds_keeps_it_deferrable(tmp_path):
-    """false is what Airflow writes into every airflow.cfg it generates, indistinguishable
-    from an option nobody set: the sensor stays deferrable."""
-    (tmp_path / "airflow.cfg").write_text("[operators]\ndefault_deferrable = false\n")
+@pytest.mark.parametrize(("value", "expected"), [("false", "False"), ("true", "True")])
+def test_airflow_cfg_decides_too(tmp_path, value, expected):
+    """A deployment that sets the option in airflow.cfg, not the environment, is honoured
+    both ways (the sensor used to stay deferrable on a false read from airflow.cfg)."""
+    (tmp_path / "airflow.cfg").write_text(f"[operators]\ndefault_deferrable = {value}\n")
     env = {
         k: v
         for k, v in os.environ.items()
@@ -64,4 +61,4 @@ def test_the_false_every_generated_airflow_cfg_holds_keeps_it_deferrable(tmp_pat
         [sys.executable, "-c", CHECK], env=env, capture_output=True, text=True, timeout=120
     )
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip().splitlines()[-1] == "True"
+    assert out.stdout.strip().splitlines()[-1] == expected

@@ -38,7 +38,9 @@ with DAG(
         publisher_config={{"max_inflight": 10}},
     )
     NatsProvisionStreamOperator(task_id="conflict", stream="{stream}", partitions=8)
-    NatsGroupDrainSensor(task_id="drain_missing_stream", stream="{stream}_MISSING", group="g")
+    NatsGroupDrainSensor(
+        task_id="drain_missing_stream", stream="{stream}_MISSING", group="g", deferrable=True
+    )
     NatsPublishOperator(
         task_id="unreachable", stream="{stream}", key_field="k", records=[{{"k": "a"}}],
         nats_conn_id="nats_nowhere",

@@ -27,6 +27,7 @@ from airflow_nats_ordered.sensors.drain import NatsGroupDrainSensor
 with DAG(dag_id="{dag_id}", schedule=None, start_date=dt.datetime(2024, 1, 1)) as dag:
     NatsGroupDrainSensor(
         task_id="drained", stream="{stream}", group="g", timeout=120, no_members_timeout=60,
+        deferrable=True,
     )
 """
 

@@ -249,7 +249,7 @@ with DAG(dag_id="{dag_id}", schedule=None, start_date=dt.datetime(2024, 1, 1)) a
     )
     drained = NatsGroupDrainSensor(
         task_id="drained", stream="{stream}", group="g", high_water_marks=publish.output,
-        no_members_timeout=30, timeout=120,
+        no_members_timeout=30, timeout=120, deferrable=True,
     )
     publish >> drained
 """

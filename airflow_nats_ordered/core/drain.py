@@ -341,7 +341,7 @@ async def wait_drained(
                     if await live_members(nc, stream, group):
                         members_seen = now
                     elif now - members_seen > no_members_timeout:
-                        raise _no_members_error(stream, group, no_members_timeout, marks, committed)
+                        raise no_members_error(stream, group, no_members_timeout, marks, committed)
             step = CHECK_EVERY if wait is None else min(wait, CHECK_EVERY)
             try:
                 entry = await watcher.updates(timeout=max(0.05, step))
@@ -397,7 +397,7 @@ async def _wait_for_group(
         if timeout is not None and elapsed >= timeout:
             raise _timeout_error(stream, group, timeout, marks, {}, group_missing=True)
         if no_members_timeout is not None and elapsed > no_members_timeout:
-            raise _no_members_error(
+            raise no_members_error(
                 stream, group, no_members_timeout, marks, {}, group_missing=True
             )
         if now >= next_check:
@@ -415,7 +415,7 @@ async def _wait_for_group(
         await asyncio.sleep(step)
 
 
-def _no_members_error(
+def no_members_error(
     stream: str,
     group: str,
     after: float,

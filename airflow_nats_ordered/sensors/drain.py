@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -13,7 +12,8 @@ from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.configuration import conf
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSensorTimeout
 
-from ..core.drain import DEFAULT_NO_MEMBERS_TIMEOUT, group_exists, read_lag
+from ..core.drain import DEFAULT_NO_MEMBERS_TIMEOUT, group_exists, no_members_error, read_lag
+from ..core.group_admin import live_members
 from ..core.runs import RunLedger
 from ..core.streams import describe, stream_contents
 from ..hooks.nats import NatsHook
@@ -23,29 +23,19 @@ from ..triggers.drain import NatsGroupDrainTrigger
 #: task state store key under which a try keeps the marks it resolved at its first poke
 MARKS_KEY = "nats_ordered_drain_marks"
 
+#: task state store key under which a rescheduled try keeps when it last saw a live member
+MEMBERS_KEY = "nats_ordered_drain_members_seen"
+
 #: a kept record outlives the sensor's ``timeout`` by this much (task state store retention)
 KEEP_MARGIN = timedelta(days=1)
-
-#: the environment variables through which a deployment sets ``[operators] default_deferrable``
-DEFAULT_DEFERRABLE_ENV = tuple(
-    f"AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE{suffix}" for suffix in ("", "_CMD", "_SECRET")
-)
 
 
 def default_deferrable() -> bool:
     """The drain sensor's ``deferrable`` when the DAG does not pass it: Airflow's
-    ``[operators] default_deferrable`` when the deployment sets it, else True (the sensor
-    was deferrable by default before it honoured the option, and stays so).
-
-    Airflow has a built-in value for the option, false, and writes it into every airflow.cfg
-    it generates, so a false read from airflow.cfg or Airflow's defaults cannot be told from
-    an option nobody set: it keeps the sensor deferrable. Honoured: true from anywhere, and
-    either value from the environment (``AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE``, or its
-    ``_CMD`` / ``_SECRET`` forms). Read when the sensor is created (when the DAG is parsed)."""
-    value = conf.getboolean("operators", "default_deferrable", fallback=True)
-    if value or any(name in os.environ for name in DEFAULT_DEFERRABLE_ENV):
-        return value
-    return True
+    ``[operators] default_deferrable`` (false unless the deployment sets it true), as every
+    Airflow provider's deferrable operator and sensor reads it. Read when the sensor is
+    created (when the DAG is parsed)."""
+    return conf.getboolean("operators", "default_deferrable", fallback=False)
 
 
 def resolve_marks(value: Any) -> dict[str, int] | None:
@@ -153,9 +143,10 @@ class NatsGroupDrainSensor(BaseSensorOperator):
     A group that has no state yet (no worker has joined it: the workers are being started
     beside the DAG) is waited for like a group that has committed nothing, not failed.
 
-    Deferrable by default (``deferrable=None``: ``[operators] default_deferrable`` when the
-    deployment sets it, else True; see :func:`default_deferrable`): it checks once, then
-    waits in the triggerer on the group's commit records (no worker slot held). It fails
+    Deferrable (``deferrable=True``, or ``[operators] default_deferrable = true`` in the
+    deployment when the DAG does not pass it, as for every Airflow deferrable operator): it
+    checks once, then waits in the triggerer on the group's commit records (no worker slot
+    held). It fails
     fast, saying what to do, when a partition is blocked on a poison message, when no
     member of the group has been alive (or, for a group with no state yet, none has
     joined) for ``no_members_timeout`` seconds (default
@@ -187,11 +178,13 @@ class NatsGroupDrainSensor(BaseSensorOperator):
         self.run = run
         self.no_members_timeout = no_members_timeout
         self.nats_conn_id = nats_conn_id
-        # None: the deployment's [operators] default_deferrable, else True
+        # None: the deployment's [operators] default_deferrable (Airflow's convention)
         self.deferrable = default_deferrable() if deferrable is None else deferrable
         self._marks: dict[str, int] | None = None
         self._marks_try: str | None = None  # the task instance id (try) they belong to
         self._resolved_at: float | None = None
+        self._members_seen: float | None = None  # this try's last sight of a live member
+        self._members_try: str | None = None
 
     def _timeout_seconds(self) -> float:
         t = self.timeout
@@ -347,8 +340,63 @@ class NatsGroupDrainSensor(BaseSensorOperator):
         behind = hook.run(check)
         if behind:
             self.log.info("group %s: %d partition(s) behind: %s", self.group, len(behind), behind)
+            self._check_members(hook, context or {}, marks, behind)
             return False
         return PokeReturnValue(True, self._result())
+
+    def _check_members(
+        self,
+        hook: NatsHook,
+        context: Mapping[str, Any],
+        marks: Mapping[str, int],
+        behind: Mapping[int, tuple[int, int]],
+    ) -> None:
+        """The trigger's no-members rule, for ``deferrable=False``: fail (retryably) when no
+        member of the group has been alive for ``no_members_timeout`` seconds of this try's
+        wait, counted from its first poke. In reschedule mode (a new process each poke)
+        the last sight of a member is kept in the try's task state store."""
+        if self.no_members_timeout is None:
+            return
+        now = time.time()
+        keeper = TryMarks.of(context) if self.mode == "reschedule" else None
+        this_try = keeper.ti_id if keeper is not None else None
+        if self._members_seen is None or self._members_try != this_try:
+            self._members_try, self._members_seen = this_try, now
+            if keeper is not None:
+                kept = keeper.store.get(MEMBERS_KEY)
+                if isinstance(kept, Mapping) and kept.get("ti_id") == this_try:
+                    self._members_seen = float(kept.get("at") or now)
+                else:
+                    self._save_members_seen(keeper, now)
+
+        async def members(nc: Any) -> tuple[bool, list[str]]:
+            if not await group_exists(nc, self.stream, self.group):
+                return False, []
+            return True, await live_members(nc, self.stream, self.group)
+
+        exists, alive = hook.run(members)
+        if alive:
+            self._members_seen = now
+            if keeper is not None:
+                self._save_members_seen(keeper, now)
+            return
+        if now - self._members_seen > self.no_members_timeout:
+            committed = {p: c for p, (c, _) in behind.items()}
+            raise AirflowException(
+                str(
+                    no_members_error(
+                        self.stream,
+                        self.group,
+                        self.no_members_timeout,
+                        {int(p): m for p, m in marks.items()},
+                        committed,
+                        group_missing=not exists,
+                    )
+                )
+            )
+
+    def _save_members_seen(self, keeper: TryMarks, at: float) -> None:
+        keeper.store.set(MEMBERS_KEY, {"ti_id": keeper.ti_id, "at": at}, retention=self._keep_for())
 
     def execute(self, context: Any) -> Any:
         if not self.deferrable:

@@ -143,6 +143,7 @@ def pipeline_dag(
             no_members_timeout=no_members_timeout,
             timeout=drain_timeout,
             nats_conn_id=s.nats_conn_id,
+            deferrable=True,  # waits in the triggerer, no worker slot held
         )
 
         @task
