@@ -1,0 +1,1 @@
+"""Example DAGs of the provider, run as Airflow runs its providers' system tests."""

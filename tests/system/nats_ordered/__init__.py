@@ -1,0 +1,1 @@
+"""System tests: the example DAGs the how-to pages in docs/howto/ quote."""
