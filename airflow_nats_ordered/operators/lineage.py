@@ -19,9 +19,10 @@ Outlets are opt-in: an outlet makes every successful publish an asset event, whi
 the runs of every DAG scheduled on the asset, so declaring it silently would change what
 existing deployments schedule (a DAG that watches ``nats://ORDERS`` with an AssetWatcher
 would get one more run per publish). A templated ``stream`` (or one from an XComArg) is
-only known when the task runs, after Airflow has read the outlets from the DAG file: it
-needs an ``AssetAlias`` among the task's ``outlets``, to which the task attaches
-``Asset("nats://<rendered stream>")`` when it succeeds.
+only known when the task runs, after Airflow has read the outlets from the DAG file, and so
+is any stream of a mapped task (``.partial().expand()``: Airflow reads the outlets of
+``.partial()``): they need an ``AssetAlias`` among the task's ``outlets``, to which the
+task attaches ``Asset("nats://<rendered stream>")`` when it succeeds.
 
 Guaranteed: the asset event of a publish carries, in its ``extra``, the run's
 ``producer_id``, ``status``, ``acked``, ``high_water_marks`` and ``already_complete`` (what
@@ -105,14 +106,18 @@ class NatsLineageMixin:
             return
         stream = self._lineage_stream()
         name = f"{type(self).__name__} {self.task_id!r}"
-        if is_templated(stream):
+        # a mapped task (.partial().expand()) is created again for each map index when it
+        # runs: Airflow read its outlets from .partial(), where nothing was added
+        mapped = getattr(self, "_BaseOperator__from_mapped", False)
+        if is_templated(stream) or mapped:
             if not any(isinstance(o, AssetAlias) for o in self.outlets):
+                why = "the task is mapped" if mapped else f"stream {stream!r} is templated"
                 raise ConfigError(
-                    f"{name}: stream {stream!r} is templated, so it is not known when Airflow "
-                    "reads the DAG's outlets; with stream_outlet=True also pass "
-                    "outlets=[AssetAlias('<name>')]: the task attaches "
-                    "Asset('nats://<rendered stream>') to it when it succeeds (schedule the "
-                    "consumer on that asset or on the alias), or give a literal stream"
+                    f"{name}: {why}, so the stream is not known when Airflow reads the DAG's "
+                    "outlets; with stream_outlet=True also pass outlets=[AssetAlias('<name>')]:"
+                    " the task attaches Asset('nats://<rendered stream>') to it when it "
+                    "succeeds (schedule the consumer on that asset or on the alias), or give "
+                    "a literal stream to an unmapped task"
                 )
             return
         try:
