@@ -5,19 +5,22 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import sys
 from pathlib import Path
 
 import pytest
 from airflow_dags import dag_file, nats_connection, task_states
+from authfixtures import new_nkey
 from spark_helpers import make_stream, run_record, stored
 
 from airflow_nats_ordered.core.errors import ConfigError
+from airflow_nats_ordered.hooks.nats import NatsHook
 
 pytest.importorskip("pyspark")
 
 from airflow_nats_ordered.operators.spark import NatsSparkPublishOperator  # noqa: E402
-from airflow_nats_ordered.spark import write_ordered  # noqa: E402
+from airflow_nats_ordered.spark import SinkOptions, write_ordered  # noqa: E402
 
 APP = str(Path(__file__).resolve().parent.parent / "spark_apps" / "publish_flights.py")
 LOCAL_SPARK = json.dumps({"conn_type": "spark", "host": "local[2]"})
@@ -97,6 +100,46 @@ def test_nats_credentials_reach_the_driver_as_env_never_on_the_command_line(monk
     assert op.env_vars["PATH"].startswith(str(Path(sys.executable).parent))
     assert op.conf["spark.speculation"] == "false"
     assert command[-4:] == ["--stream", "S", "--producer-id", "run-1"]
+
+
+@pytest.mark.parametrize(
+    "auth",
+    [
+        {"login": "bob", "password": "pw-never-shown-7"},
+        {"extra": {"nkey_seed_secret": new_nkey().seed}},
+    ],
+    ids=["login", "nkey_seed_secret"],
+)
+def test_every_field_of_the_nats_connection_reaches_the_driver(monkeypatch, auth):
+    """Issue 16 item 2: tls_hostname, tls_verify, connect_timeout, name and the reconnect
+    settings never reached the driver (only the URL and the secret), and an inline nkey
+    seed was refused. The driver's sink now resolves what the hook resolves."""
+    extra = {
+        "servers": "tls://127.0.0.1:4443",
+        "tls_hostname": "nats.internal",
+        "tls_verify": False,
+        "connect_timeout": 2.5,
+        "name": "flights-spark",
+        "max_reconnect_attempts": 9,
+        "reconnect_time_wait": 1.25,
+        **auth.get("extra", {}),
+    }
+    conn = {"conn_type": "nats", **{k: v for k, v in auth.items() if k != "extra"}, "extra": extra}
+    monkeypatch.setenv("AIRFLOW_CONN_NATS_DEFAULT", json.dumps(conn))
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", LOCAL_SPARK)
+    op = _operator()
+    op.prepare("run-1")
+    command = " ".join(op._get_hook()._build_spark_submit_command(APP))
+    want = NatsHook().get_options()
+    for var in [v for v in os.environ if v.startswith("NATS_")]:
+        monkeypatch.delenv(var)
+    for var, value in op.env_vars.items():
+        if var.startswith("NATS_"):
+            monkeypatch.setenv(var, value)
+    got = SinkOptions.from_spark({"stream": "S", "keyColumn": "k", "producerId": "run-1"})
+    assert got.connection_options() == want
+    for secret in (want.password, want.nkey_seed):
+        assert secret is None or secret not in command
 
 
 @pytest.mark.parametrize(

@@ -12,38 +12,20 @@ from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowFailException
 
 from ..core.connection import ConnectionOptions
+from ..core.connection_env import SPARK_ENV_VARS, spark_env
 from ..core.errors import ConfigError
 from ..core.runs import RunLedger, RunRecord
 from ..hooks.nats import NatsHook
 from .failures import failing_at_once
 from .publish import checked_producer_id, default_producer_id
 
-#: ConnectionOptions field -> the variable the driver reads it from (ConnectionOptions.from_env)
-_ENV_OF = {
-    "user": "NATS_USER",
-    "password": "NATS_PASSWORD",
-    "token": "NATS_TOKEN",
-    "creds_file": "NATS_CREDS",
-    "nkey_seed_file": "NATS_NKEY",
-    "tls_ca_file": "NATS_CA",
-    "tls_cert_file": "NATS_CERT",
-    "tls_key_file": "NATS_KEY",
-}
-
 
 def nats_env(options: ConnectionOptions) -> dict[str, str]:
-    """The ``NATS_*`` variables that give a driver these connection options."""
-    if options.nkey_seed is not None:
-        raise ConfigError(
-            "the NATS connection holds an nkey seed inline; a Spark driver reads NATS_NKEY as a "
-            "seed *file*: set extra 'nkey_seed_file' on the connection instead"
-        )
-    env = {"NATS_URL": ",".join(options.servers)}
-    for name, var in _ENV_OF.items():
-        value = getattr(options, name)
-        if value is not None:
-            env[var] = str(value)
-    return env
+    """The environment that gives a Spark driver exactly these connection options: every
+    ``NATS_*`` variable it reads (:data:`~airflow_nats_ordered.core.connection_env.SPARK_ENV_VARS`),
+    set from ``options`` or emptied (empty means unset), so a ``NATS_*`` variable of the
+    Airflow worker's own environment cannot mix in. Holds secrets: an environment only."""
+    return {**dict.fromkeys(SPARK_ENV_VARS, ""), **spark_env(options)}
 
 
 class NatsSparkPublishOperator(SparkSubmitOperator):
@@ -56,9 +38,15 @@ class NatsSparkPublishOperator(SparkSubmitOperator):
     published again and a partial one resumes). Returns the record (status, counts,
     ``high_water_marks`` for :class:`~airflow_nats_ordered.sensors.drain.NatsGroupDrainSensor`).
 
-    The NATS connection ``nats_conn_id`` reaches the driver as ``NATS_*`` environment
-    variables of the spark-submit process, never on its command line: masters/modes where the
-    Spark provider would turn ``env_vars`` into ``--conf`` (YARN, Kubernetes, cluster deploy
+    The NATS connection ``nats_conn_id``, every field of it (servers, credentials, TLS
+    files, ``tls_hostname``, ``tls_verify``, timeouts, ``name``, reconnect settings), reaches
+    the driver as ``NATS_*`` environment variables of the spark-submit process (see
+    :mod:`airflow_nats_ordered.core.connection_env`), never on its command line or in a Spark
+    conf; the driver resolves them once and its tasks use that copy, so executors (a
+    standalone cluster's too) need no NATS environment. Files the connection names (creds,
+    CA, certificate, key; a ``*_secret`` content extra becomes a private file on the Airflow
+    worker) must exist at the same path on the executor hosts. Masters/modes where the Spark
+    provider would turn ``env_vars`` into ``--conf`` (YARN, Kubernetes, cluster deploy
     mode) are refused. Sets ``PYSPARK_PYTHON`` (default: this interpreter),
     ``spark.speculation=false`` (speculative copies would publish twice, out of order) and
     puts this interpreter's ``bin`` folder first on ``PATH`` so its ``spark-submit`` runs.

@@ -1,11 +1,13 @@
 """The sink's options: read once from Spark's (case-insensitive) option map into one frozen
 dataclass, validated on the driver before any task runs.
 
-Connection settings come from the ``NATS_*`` environment variables (as the CLI reads them,
-:meth:`ConnectionOptions.from_env`); the non-secret ones can be overridden per write with
-options. Secrets (passwords, tokens, creds and nkey files, TLS keys) are refused as options:
-Spark shows options in its UI and logs its plans, so they come only from the environment
-(or the files it names) of the driver and the executors.
+Connection settings come from the ``NATS_*`` environment variables of the Spark driver (see
+:mod:`~airflow_nats_ordered.core.connection_env`); the non-secret ones can be overridden per
+write with options. Secrets (passwords, tokens, creds and nkey files, TLS keys) are refused
+as options: Spark shows options in its UI and logs its plans, so they come only from the
+driver's environment (or the files it names). The connection is resolved once, when the
+options are parsed on the driver, and travels with them (pickled) to the tasks: executors
+need no ``NATS_*`` environment, and a variable changed after that is not read by anybody.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.connection import ConnectionOptions
+from ..core.connection_env import check_files_here, resolve
 from ..core.errors import ConfigError
 
 #: the Spark option (lower case) -> ConnectionOptions field, for non-secret settings
@@ -26,9 +29,32 @@ CONNECTION_OPTIONS: Mapping[str, str] = {
     "tlsca": "tls_ca_file",
     "tlscert": "tls_cert_file",
     "tlshostname": "tls_hostname",
+    "tlsverify": "tls_verify",
     "connecttimeout": "connect_timeout",
     "name": "name",
+    "reconnecttimewait": "reconnect_time_wait",
+    "maxreconnectattempts": "max_reconnect_attempts",
+    "pinginterval": "ping_interval",
+    "maxoutstandingpings": "max_outstanding_pings",
 }
+#: Spark option names (as :meth:`SinkOptions.pinned_connection` writes them) of the above
+_OPTION_NAME = {
+    "servers": "url",
+    "user": "user",
+    "tls_ca_file": "tlsCa",
+    "tls_cert_file": "tlsCert",
+    "tls_hostname": "tlsHostname",
+    "tls_verify": "tlsVerify",
+    "connect_timeout": "connectTimeout",
+    "name": "name",
+    "reconnect_time_wait": "reconnectTimeWait",
+    "max_reconnect_attempts": "maxReconnectAttempts",
+    "ping_interval": "pingInterval",
+    "max_outstanding_pings": "maxOutstandingPings",
+}
+#: the option that pins the auth method the caller resolved (checked, never a secret)
+AUTH_OPTION = "auth"
+
 #: options that would carry a secret (lower case) -> the environment variable to use instead
 SECRET_OPTIONS: Mapping[str, str] = {
     "password": "NATS_PASSWORD",
@@ -49,6 +75,7 @@ _SINK_OPTIONS = (
     "msgidcolumn",
     "allowrefused",
     "deliverytimeout",
+    AUTH_OPTION,
 )
 #: options Spark itself may pass along with ours
 _SPARK_OPTIONS = ("path", "checkpointlocation", "queryname")
@@ -74,7 +101,12 @@ def _flag(name: str, raw: str | None) -> bool:
 
 @dataclass(frozen=True)
 class SinkOptions:
-    """What one write of the ``nats-ordered`` sink does. Picklable; holds no secret."""
+    """What one write of the ``nats-ordered`` sink does. Picklable.
+
+    ``resolved`` is the connection :meth:`from_spark` read on the driver, secrets included
+    (hidden in ``repr()``): it is pickled with the writer to the tasks, which use it as it
+    is. It never goes into Spark options, confs, the UI or the logs.
+    """
 
     stream: str
     key_column: str
@@ -86,10 +118,17 @@ class SinkOptions:
     delivery_timeout: float | None = None
     #: non-secret connection overrides (ConnectionOptions field -> value)
     connection: Mapping[str, str] = field(default_factory=dict)
+    #: the auth method the caller resolved (option ``auth``), checked against ``resolved``
+    expected_auth: str | None = None
+    #: the connection, resolved once by :meth:`from_spark` (see the class docstring)
+    resolved: ConnectionOptions | None = field(default=None, repr=False, compare=False)
 
     @classmethod
-    def from_spark(cls, options: Mapping[str, Any]) -> SinkOptions:
-        """Parse Spark's option map; a ConfigError names the option to fix."""
+    def from_spark(
+        cls, options: Mapping[str, Any], env: Mapping[str, str] | None = None
+    ) -> SinkOptions:
+        """Parse Spark's option map and resolve the connection from ``env`` (default: this
+        process's environment) once; a ConfigError names the option or variable to fix."""
         opts = {str(k).lower(): v for k, v in options.items()}
         secrets = sorted(k for k in opts if k in SECRET_OPTIONS)
         if secrets:
@@ -107,7 +146,7 @@ class SinkOptions:
             accepted = ("stream", "keyColumn", "orderBy", "producerId", "msgIdColumn")
             raise ConfigError(
                 f"unknown option(s) {', '.join(unknown)} for format 'nats-ordered'; accepted: "
-                f"{', '.join(accepted)}, allowRefused, deliveryTimeout and the connection "
+                f"{', '.join(accepted)}, allowRefused, deliveryTimeout, auth and the connection "
                 f"options {', '.join(sorted(set(CONNECTION_OPTIONS)))}"
             )
         for required, example in (
@@ -157,13 +196,47 @@ class SinkOptions:
             allow_refused=_flag("allowRefused", opts.get("allowrefused")),
             delivery_timeout=float(timeout) if timeout not in (None, "") else None,
             connection=connection,
+            expected_auth=str(opts[AUTH_OPTION]).strip() if opts.get(AUTH_OPTION) else None,
         )
-        sink.connection_options()  # validate now, on the driver, with a clear message
+        resolved = resolve(os.environ if env is None else env, sink.connection)
+        if sink.expected_auth is not None and resolved.auth_method != sink.expected_auth:
+            raise ConfigError(
+                f"the caller connected with NATS auth {sink.expected_auth!r} (option auth) but "
+                f"the Spark driver's environment gives {resolved.auth_description()}: the "
+                "NATS_* variables the data source reads are those its Spark JVM started with; "
+                "set them before the SparkSession starts (or restart it)"
+            )
+        object.__setattr__(sink, "resolved", resolved)
         return sink
 
     def connection_options(self) -> ConnectionOptions:
-        """The NATS_* environment of this process, with the non-secret overrides applied."""
-        return ConnectionOptions.from_env(os.environ, **dict(self.connection))
+        """The connection :meth:`from_spark` resolved on the driver, the same in every task
+        (never the environment of the moment); a file it names that this host lacks is a
+        ConfigError naming its variable."""
+        resolved = self.resolved
+        if resolved is None:  # built directly, not by from_spark
+            resolved = resolve(os.environ, self.connection)
+            object.__setattr__(self, "resolved", resolved)
+        check_files_here(resolved)
+        return resolved
+
+    def pinned_connection(self) -> dict[str, str]:
+        """Spark options naming every non-secret setting of the resolved connection and its
+        auth method: given to the data source, its driver side uses exactly these servers
+        and settings, and refuses a different auth method before anything is sent."""
+        conn = self.connection_options()
+        out = {AUTH_OPTION: conn.auth_method}
+        for name, option in _OPTION_NAME.items():
+            value = getattr(conn, name)
+            if value is None:
+                continue
+            if name == "servers":
+                out[option] = ",".join(value)
+            elif isinstance(value, bool):
+                out[option] = str(value).lower()
+            else:
+                out[option] = str(value)
+        return out
 
     def to_spark(self) -> dict[str, str]:
         """The same settings as Spark options (``df.write.options(**...)``)."""
@@ -179,7 +252,8 @@ class SinkOptions:
             out["msgIdColumn"] = self.msg_id_column
         if self.delivery_timeout is not None:
             out["deliveryTimeout"] = str(self.delivery_timeout)
-        back = {v: k for k, v in CONNECTION_OPTIONS.items() if k != "servers"}
+        if self.expected_auth is not None:
+            out[AUTH_OPTION] = self.expected_auth
         for name, value in self.connection.items():
-            out[back[name]] = value
+            out[_OPTION_NAME[name]] = value
         return out

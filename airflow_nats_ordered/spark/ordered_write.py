@@ -82,6 +82,7 @@ def write_ordered(
     if msg_id_column:
         spark_options["msgIdColumn"] = msg_id_column
     options = SinkOptions.from_spark(spark_options)
+    spark_options.update(options.pinned_connection())  # the sink uses what we read here
 
     async def facts(nc: NATS) -> tuple[int, RunRecord | None]:
         ledger = await RunLedger.open(nc, stream)
