@@ -46,7 +46,7 @@ with DAG(
         stream=STREAM,
         group=GROUP,
         high_water_marks=publish.output,  # the marks of what this run published
-        deferrable=True,  # the default: waits in the triggerer, holding no worker slot
+        deferrable=True,  # wait in the triggerer, holding no worker slot
         no_members_timeout=60,  # fail when no worker of the group is alive this long
         timeout=600,
     )

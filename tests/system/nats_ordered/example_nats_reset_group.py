@@ -36,7 +36,11 @@ with DAG(
         key_field="customer",
     )
     drained = NatsGroupDrainSensor(
-        task_id="drained", stream=STREAM, group=GROUP, high_water_marks=publish.output
+        task_id="drained",
+        stream=STREAM,
+        group=GROUP,
+        high_water_marks=publish.output,
+        deferrable=True,
     )
 
     # [START howto_operator_nats_reset_group]
