@@ -111,11 +111,19 @@ class RunRecord:
     refused_reasons: dict[str, int] = field(default_factory=dict)
     refused_examples: list[dict[str, str]] = field(default_factory=list)
     error: str | None = None
+    #: partition -> ``"<n>:<hex>"``, a digest of the msg-ids of the run's positions 1..n
+    #: there, so a resume can tell that its input is still the one it started with (set by
+    #: the Spark sink; left out of the JSON when empty)
+    prefix_digests: dict[int, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["high_water_marks"] = {str(k): v for k, v in self.high_water_marks.items()}
         d["acked_per_partition"] = {str(k): v for k, v in self.acked_per_partition.items()}
+        if self.prefix_digests:
+            d["prefix_digests"] = {str(k): v for k, v in self.prefix_digests.items()}
+        else:  # the record's documented form (docs/protocol.md, 9.4) when nobody sets it
+            del d["prefix_digests"]
         return d
 
     @classmethod
@@ -125,6 +133,7 @@ class RunRecord:
         d["acked_per_partition"] = {
             int(k): int(v) for k, v in d.get("acked_per_partition", {}).items()
         }
+        d["prefix_digests"] = {int(k): str(v) for k, v in d.get("prefix_digests", {}).items()}
         known = {f for f in cls.__dataclass_fields__}
         return cls(**{k: v for k, v in d.items() if k in known})
 

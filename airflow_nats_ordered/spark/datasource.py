@@ -143,7 +143,9 @@ class NatsOrderedWriter(DataSourceArrowWriter):
             return
         rec = _on_nats(
             self.options,
-            lambda nc: record_run(nc, self.options, self.plan.run_id, _reports(messages)),
+            lambda nc: record_run(
+                nc, self.options, self.plan.run_id, _reports(messages), resume=self.plan.resume
+            ),
         )
         if rec.status != "complete":
             raise RunRefusedError(f"run {rec.producer_id!r} is recorded partial: {rec.error}")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from nats.aio.client import Client as NATS
@@ -23,6 +23,7 @@ from nats.aio.client import Client as NATS
 from ..core.errors import NatsOrderedError
 from ..core.runs import REFUSED_EXAMPLES, RunLedger, RunRecord, fill_marks, unmarked_error
 from .options import SinkOptions
+from .resume import PartitionResume, resume_points, vanished
 from .task import TaskReport
 
 
@@ -41,7 +42,7 @@ class RunPlan:
 
     run_id: str
     complete: bool = False
-    resume: dict[int, int] = field(default_factory=dict)
+    resume: dict[int, PartitionResume] = field(default_factory=dict)
     attempt: int = 1
 
 
@@ -51,7 +52,7 @@ async def plan_run(nc: NATS, stream: str, run_id: str, *, begin: bool) -> RunPla
     previous = await ledger.get(run_id)
     if previous is not None and previous.status == "complete":
         return RunPlan(run_id, complete=True, attempt=previous.attempts)
-    resume = dict(previous.acked_per_partition) if previous is not None else {}
+    resume = resume_points(previous)
     attempt = (previous.attempts if previous is not None else 0) + 1
     if begin:
         attempt = (await ledger.begin(run_id)).attempts
@@ -81,6 +82,8 @@ def absorb_reports(
                 if owner.setdefault(p, r.task) != r.task:
                     shared.add(p)
                 rec.acked_per_partition[p] = s["offset"] + s["acked"]
+                if p in r.digests:
+                    rec.prefix_digests[p] = r.digests[p]
                 skipped += s["offset"]
             else:
                 any_unrouted = True
@@ -108,9 +111,11 @@ def absorb_reports(
     elif rec.refused and not allow_refused and error is None:
         shown = "; ".join(f"{e['where']}: {e['reason']}" for e in rec.refused_examples)
         error = (
-            f"{rec.refused} rows were refused before sending ({shown}); fix the input (the "
-            "keyColumn must be set and not empty, each row small enough) or set option "
-            "allowRefused=true to publish the rest and succeed"
+            f"{rec.refused} rows were refused before sending ({shown}); set option "
+            "allowRefused=true to publish the rest and succeed (a re-run with the same "
+            "producerId resumes), or fix the input (the keyColumn must be set and not empty, "
+            "each row small enough) and publish it under a new producerId: a run resumes only "
+            "the input it started with"
         )
     rec.error = error
     rec.status = "complete" if error is None and failed == 0 else "partial"
@@ -125,12 +130,16 @@ async def record_run(
     *,
     error: str | None = None,
     unless_finished_after: float | None = None,
+    resume: Mapping[int, PartitionResume] | None = None,
 ) -> RunRecord:
     """Record the run's result in the ledger and return it.
 
     ``unless_finished_after``: leave a record already finished after this time alone (a
     ``commit()`` that refused the run wrote it; Spark then calls ``abort()`` too).
+    ``resume``: where the run resumed (routed rows): a partition stored before that no task
+    has rows of now means the input changed, and the run is not complete.
     """
+    reports = list(reports)
     ledger = await RunLedger.open(nc, options.stream)
     rec = await ledger.get(run_id)
     if rec is None:  # a micro-batch (not begun by the driver) or a ledger reset meanwhile
@@ -140,6 +149,9 @@ async def record_run(
         return rec
     elif rec.status != "running":
         rec.attempts += 1  # a micro-batch replayed (not begun by the driver)
+    if error is None and resume:
+        seen = {p for r in reports if r is not None and r.routed for p in r.partitions}
+        error = vanished(resume, seen, run_id)
     absorb_reports(rec, reports, allow_refused=options.allow_refused, error=error)
     # every partition the run stored on has a mark (one whose task was not re-run, or whose
     # task's publisher could not read its last sequence, is marked at its last message),

@@ -12,8 +12,9 @@ the ``msgIdColumn``), with the task's *run producer id*:
 * routed rows (a ``nats_partition`` column, as :func:`~airflow_nats_ordered.spark.route`
   makes them): the run's producer id; a position is the row's rank in its whole NATS
   partition (one task holds the whole partition), independent of attempt and of Spark's
-  physical partitioning. A resumed run starts each partition after what the ledger says
-  was stored (``start_after``) and skips those rows;
+  physical partitioning. A resumed run starts each partition after what earlier attempts
+  stored (``start_after``) and skips those rows, only while they are the rows stored
+  (:mod:`.resume`: a changed input fails the task before anything more of it is sent);
 * unrouted rows: the producer id plus ``.t<Spark partition id>``, so two tasks sharing a NATS
   partition never share an id (positions restart in each task); nothing is skipped on resume
   (ids repeat only inside one Spark partition's recomputation).
@@ -29,10 +30,11 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import WriterCommitMessage
 
-from ..core.publisher import OrderedPublisher, PublisherConfig
+from ..core.publisher import PublisherConfig
 from ..core.runs import Refusals, publish_records
 from .options import PARTITION_COLUMN, SinkOptions
 from .records import BatchRecords, SparkRecord
+from .resume import PartitionResume, ResumingPublisher
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -46,6 +48,7 @@ class TaskReport(WriterCommitMessage):
     ``partitions``: partition -> ``{"offset", "accepted", "acked", "failed", "duplicates",
     "last_seq"}`` (offset: records of that partition stored by an earlier attempt of the
     run, skipped here). ``routed``: positions are ranks in whole NATS partitions.
+    ``digests``: partition -> ``"<n>:<digest of the msg-ids of positions 1..n>"``.
     """
 
     task: int
@@ -57,6 +60,7 @@ class TaskReport(WriterCommitMessage):
     partitions: dict[int, dict[str, int]] = field(default_factory=dict)
     refused: dict[str, int] = field(default_factory=dict)
     refused_examples: list[dict[str, str]] = field(default_factory=list)
+    digests: dict[int, str] = field(default_factory=dict)
 
 
 async def _records(
@@ -83,7 +87,7 @@ async def publish_task(
     *,
     schema_names: list[str],
     run_producer_id: str,
-    resume: Mapping[int, int],
+    resume: Mapping[int, PartitionResume],
     task: int,
     attempt: int,
     label: str,
@@ -94,9 +98,13 @@ async def publish_task(
         knobs["delivery_timeout"] = options.delivery_timeout
     routed = PARTITION_COLUMN in schema_names
     producer = run_producer_id if routed else f"{run_producer_id}.t{task}"
-    skip = dict(resume) if routed else {}
-    pub = OrderedPublisher(
-        nc, options.stream, PublisherConfig(producer_id=producer, **knobs), start_after=skip
+    pub = ResumingPublisher(
+        nc,
+        options.stream,
+        PublisherConfig(producer_id=producer, **knobs),
+        resume=resume if routed else {},
+        run=run_producer_id,
+        label=label,
     )
     await pub.start()
     maker = BatchRecords(options, schema_names, pub.partitions, label)
@@ -108,6 +116,7 @@ async def publish_task(
             refusals,
             msg_id_field=options.msg_id_column,
         )
+        pub.check_prefixes_read()
     except BaseException:
         with contextlib.suppress(Exception):
             await pub.close(raise_on_failure=False)
@@ -131,8 +140,9 @@ async def publish_task(
                 "last_seq": p.last_seq,
             }
             for p in summary.partitions
-            if p.accepted
+            if p.accepted or p.offset
         },
         refused=dict(refusals.counts),
         refused_examples=list(refusals.examples),
+        digests=pub.digests() if routed else {},
     )

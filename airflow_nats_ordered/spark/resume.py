@@ -1,0 +1,181 @@
+"""Resuming a routed Spark run after what an earlier attempt stored, only on the same input.
+
+A routed run (rows carrying ``nats_partition``, as :func:`~.routing.route` makes them) numbers
+each NATS partition's rows 1, 2, ... in input order, and a re-run passes over the positions an
+earlier attempt stored. That is exact only if the re-run reads the *same* rows in the same
+order: a row refused before (no key, too large) and corrected since takes a position it did
+not have, every later row of its partition moves up one, and passing over the first n
+positions would lose one row and store another twice.
+
+So every attempt keeps, per partition, a digest of the msg-ids of its positions in order
+(a msg-id covers the producer id, partition, position, key and payload, or is the
+``msgIdColumn``): the ledger records ``"<n>:<digest>"`` with each run's counts
+(:attr:`RunRecord.prefix_digests`), and a resume computes the same digest over the rows it
+passes over. Where they differ, or where the partition's last stored message (read from the
+stream) is not the row now at its position, or the input now has fewer rows there, the task
+fails with :class:`InputChangedError` before it sends a row of that partition, naming the
+fix: the original input, or a new ``producerId``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..core.errors import NatsOrderedError
+from ..core.msg_ids import derive_msg_id
+from ..core.publisher import OrderedPublisher, PublisherConfig
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client as NATS
+
+    from ..core.runs import RunRecord
+
+
+class InputChangedError(NatsOrderedError):
+    """A resumed run's input is not the input its earlier attempt stored rows of."""
+
+
+@dataclass(frozen=True)
+class PartitionResume:
+    """Where one NATS partition of a run resumes, and what must hold for it to be exact.
+
+    ``count``: leading positions stored by earlier attempts (passed over, unsent);
+    ``digest_at``/``digest``: the digest of positions 1..digest_at an earlier attempt
+    recorded; ``last_at``/``last_id``: the msg-id the stream holds at position ``last_at``
+    (the partition's last message, when it is this run's)."""
+
+    count: int
+    digest_at: int = 0
+    digest: str = ""
+    last_at: int = 0
+    last_id: str = ""
+
+
+def parse_digest(value: str) -> tuple[int, str]:
+    """``"<n>:<hex>"`` -> ``(n, hex)``; ``(0, "")`` for anything else."""
+    n, _, hexdigest = value.partition(":")
+    return (int(n), hexdigest) if n.isdigit() and hexdigest else (0, "")
+
+
+def resume_points(
+    previous: RunRecord | None, stored: Mapping[int, tuple[int, str]] | None = None
+) -> dict[int, PartitionResume]:
+    """Per partition, where a routed run resumes: after what the ledger recorded
+    (``previous``) or what the stream holds (``stored``: partition -> (position, msg-id) of
+    its last message, when that message is this run's), whichever is further."""
+    stored = stored or {}
+    acked = dict(previous.acked_per_partition) if previous is not None else {}
+    digests = dict(previous.prefix_digests) if previous is not None else {}
+    out: dict[int, PartitionResume] = {}
+    for p in set(acked) | set(stored):
+        last_at, last_id = stored.get(p, (0, ""))
+        count = max(acked.get(p, 0), last_at)
+        if not count:
+            continue
+        at, digest = parse_digest(digests.get(p, ""))
+        if at > count:  # cannot happen with one input; check what can be checked
+            at, digest = 0, ""
+        out[p] = PartitionResume(count, at, digest, last_at, last_id)
+    return out
+
+
+def _key_bytes(key: str | bytes | None) -> bytes:
+    if not key:
+        return b""
+    return key.encode() if isinstance(key, str) else bytes(key)
+
+
+class ResumingPublisher(OrderedPublisher):
+    """The core publisher, passing over ``resume``'s positions only while they hold the same
+    rows, and keeping per partition the digest of its positions (:meth:`digests`).
+
+    A check fails on the row at the checked position, which is passed over like the rows
+    before it: nothing of that partition is sent after a changed prefix."""
+
+    def __init__(
+        self,
+        nc: NATS,
+        stream: str,
+        config: PublisherConfig,
+        *,
+        resume: Mapping[int, PartitionResume],
+        run: str,
+        label: str,
+    ) -> None:
+        super().__init__(
+            nc, stream, config, start_after={p: r.count for p, r in resume.items() if r.count}
+        )
+        self.resume = dict(resume)
+        self.run = run
+        self.label = label
+        self._positions: dict[int, int] = {}
+        self._hashes: dict[int, Any] = {}
+
+    async def publish(
+        self,
+        key: str | bytes | None,
+        data: bytes,
+        *,
+        msg_id: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> int:
+        # raises for a refused record, which takes no position
+        part = await super().publish(key, data, msg_id=msg_id, headers=headers)
+        pos = self._positions.get(part, 0) + 1
+        self._positions[part] = pos
+        mid = msg_id or derive_msg_id(self.producer_id, part, pos, _key_bytes(key), data)
+        h = self._hashes.get(part)
+        if h is None:
+            h = self._hashes[part] = hashlib.blake2b(digest_size=16)
+        h.update(mid.encode() + b"\n")
+        r = self.resume.get(part)
+        if r is not None and pos <= r.count:
+            if pos == r.digest_at and h.hexdigest() != r.digest:
+                self._changed(part, r, f"the rows at positions 1-{pos} differ from those stored")
+            if pos == r.last_at and r.last_id and mid != r.last_id:
+                self._changed(
+                    part, r, f"the row at position {pos} (the last one stored) differs from it"
+                )
+        return part
+
+    def check_prefixes_read(self) -> None:
+        """At the end of the task's input: every partition it holds had at least its stored
+        positions (fewer rows there now means the input changed). A partition with no rows
+        left at all is in no task: :func:`vanished` finds it on the driver."""
+        for p, have in sorted(self._positions.items()):
+            r = self.resume.get(p)
+            if r is not None and have < r.count:
+                self._changed(p, r, f"only {have} of its rows are in the input now")
+
+    def digests(self) -> dict[int, str]:
+        """Per partition this publisher numbered rows of: ``"<n>:<digest of positions 1..n>"``."""
+        return {p: f"{self._positions[p]}:{h.hexdigest()}" for p, h in self._hashes.items()}
+
+    def _changed(self, p: int, r: PartitionResume, what: str) -> None:
+        raise InputChangedError(
+            f"{self.label}: run {self.run!r} cannot resume because its input changed: an "
+            f"earlier attempt stored {r.count} rows of NATS partition {p}, but {what}. A run "
+            "resumes only the input it started with (passing over changed rows would lose "
+            "some and store others twice), so nothing more of that partition was sent. "
+            "Re-run it with the input it read before (rows refused then are refused again; "
+            "allowRefused=true publishes the rest), or publish the corrected input under a "
+            "new producerId (write_ordered: producer_id); its rows are then stored again, "
+            "after this run's"
+        )
+
+
+def vanished(resume: Mapping[int, PartitionResume], seen: set[int], run: str) -> str | None:
+    """The driver's half of :meth:`ResumingPublisher.check_prefixes_read`: the error for
+    partitions an earlier attempt stored rows of that no task had a row of, or None."""
+    gone = sorted(p for p, r in resume.items() if r.count and p not in seen)
+    if not gone:
+        return None
+    return (
+        f"run {run!r}: its input changed: earlier attempts stored rows of NATS partition(s) "
+        f"{gone}, which have no rows in the input now. A run resumes only the input it "
+        "started with: re-run it with that input, or publish the new input under a new "
+        "producerId (write_ordered: producer_id)"
+    )
