@@ -130,3 +130,33 @@ def test_integral_keys_are_their_decimal_text_and_route_like_it():
         hidden
     )
     assert rec.key == "42" and json.loads(rec.payload) == {"k": 42, "v": 1}
+
+
+def test_a_routing_column_that_is_not_the_streams_routing_is_refused_before_any_record():
+    """Issue 17 item 3: ``nats_partition`` is checked against murmur3 of each key, and a
+    task's rows must come partition by partition, before a record of the batch is made."""
+    from airflow_nats_ordered.core.partitioning import partition_for
+    from airflow_nats_ordered.spark.records import RoutingError
+
+    keys = ["a", "b", "c", "d", "e", "f"]
+    right = sorted((partition_for(k, 4), k) for k in keys)
+    cols = ["k", "nats_partition"]
+    ok = BatchRecords(_options(), cols, 4, "t").records(
+        pa.RecordBatch.from_pylist([{"k": k, "nats_partition": p} for p, k in right])
+    )
+    assert [r.key for r in ok] == [k for _, k in right]
+    p, k = right[2]
+    wrong = [{"k": k2, "nats_partition": p2} for p2, k2 in right]
+    wrong[2]["nats_partition"] = (p + 1) % 4
+    maker = BatchRecords(_options(), cols, 4, "task 1")
+    with pytest.raises(
+        RoutingError, match=rf"task 1, row 2: column 'nats_partition' is {(p + 1) % 4}"
+    ):
+        _records(maker, wrong)
+    assert maker.rows == 0
+    unsorted = [{"k": k2, "nats_partition": p2} for p2, k2 in reversed(right)]
+    if right[0][0] != right[-1][0]:
+        with pytest.raises(RoutingError, match="partition by partition"):
+            _records(BatchRecords(_options(), cols, 4, "t"), unsorted)
+    # a keyless row's column is not checked (the publisher refuses or round-robins it)
+    _records(BatchRecords(_options(), cols, 4, "t"), [{"k": None, "nats_partition": 3}])

@@ -9,7 +9,11 @@
   key that is not UTF-8 or longer than 4096 bytes;
 * the declared order (``orderBy``) is checked per NATS partition, one whole batch before any
   of its rows is handed to the publisher: a task that receives rows of a partition out of
-  order fails with :class:`DisorderError` having sent only rows that were in order.
+  order fails with :class:`DisorderError` having sent only rows that were in order;
+* a ``nats_partition`` column (routed rows: positions are ranks in whole NATS partitions)
+  is checked the same way, before any row of the batch is sent: every keyed row's value must
+  be the partition the stream routes its key to, and a task's rows must come partition by
+  partition, as :func:`~.routing.route` sorts them; else :class:`RoutingError`.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import json
 from json.encoder import encode_basestring
 from typing import TYPE_CHECKING, Any
 
-from ..core.errors import NatsOrderedError
+from ..core.errors import ConfigError, NatsOrderedError
 from .options import HEADERS_COLUMN, PARTITION_COLUMN, VALUE_COLUMN, SinkOptions
 from .routing import KEY_TEXT_COLUMN, key_values, partitions_of
 
@@ -31,6 +35,54 @@ if TYPE_CHECKING:
 
 class DisorderError(NatsOrderedError):
     """Rows of one NATS partition reached a task out of the declared order."""
+
+
+class RoutingError(ConfigError):
+    """A ``nats_partition`` column that is not the stream's routing of the rows' keys, or
+    whose rows do not reach the task partition by partition (found before sending)."""
+
+
+_ROUTE_FIX = (
+    "Publish with airflow_nats_ordered.spark.write_ordered(df, stream=..., key=..., "
+    "producer_id=...), or route(df, key=..., partitions=...) before writing, which compute "
+    f"the column and put each NATS partition's rows in one task in order; or drop the "
+    f"{PARTITION_COLUMN!r} column to publish the rows unrouted. Nothing of this batch was sent"
+)
+
+
+class RoutingCheck:
+    """Checks a task's ``nats_partition`` values against the stream's routing of its keys."""
+
+    def __init__(self, partitions: int, key_column: str, task: str) -> None:
+        self.partitions = partitions
+        self.key_column = key_column
+        self.task = task
+        self.last: int | None = None
+
+    def check(self, keys: pa.Array, parts: pa.Array, first_row: int) -> None:
+        expected = partitions_of(keys, self.partitions).to_pylist()
+        last = self.last
+        for i, (k, got, want) in enumerate(
+            zip(key_values(keys), parts.to_pylist(), expected, strict=True)
+        ):
+            if not k:  # keyless: refused by the publisher, or round-robin if allowed
+                continue
+            if got != want:
+                raise RoutingError(
+                    f"{self.task}, row {first_row + i}: column {PARTITION_COLUMN!r} is {got!r} "
+                    f"for key {k!r}, but the stream routes that key to partition {want} "
+                    f"(murmur3 of the key text over its {self.partitions} partitions; Spark's "
+                    f"hash() is another function). {_ROUTE_FIX}"
+                )
+            if last is not None and got < last:
+                raise RoutingError(
+                    f"{self.task}, row {first_row + i}: a row of NATS partition {got} came after "
+                    f"rows of partition {last}: routed rows must reach a task partition by "
+                    "partition (each NATS partition in one task, in order), or positions "
+                    f"and msg-ids would collide. {_ROUTE_FIX}"
+                )
+            last = got
+        self.last = last
 
 
 class SparkRecord:
@@ -180,6 +232,7 @@ class BatchRecords:
         self.task = task
         self.check = OrderCheck(options, partitions, task)
         self.routed = PARTITION_COLUMN in schema_names
+        self.routing = RoutingCheck(partitions, options.key_column, task)
         self.has_value = VALUE_COLUMN in schema_names
         self.has_headers = HEADERS_COLUMN in schema_names
         hidden = {PARTITION_COLUMN, HEADERS_COLUMN}
@@ -192,11 +245,12 @@ class BatchRecords:
         """The batch's records, after checking its order (raises :class:`DisorderError`)."""
         opts = self.options
         keys = batch.column(opts.key_column)
+        first = self.rows
         if self.routed:
             parts = batch.column(PARTITION_COLUMN)
+            self.routing.check(keys, parts, first)
         else:
             parts = partitions_of(keys, self.partitions)
-        first = self.rows
         self.check.check(batch, parts, first)
         if self.has_value:
             payloads = [
