@@ -11,6 +11,7 @@ per run when it is missing.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import shutil
 import subprocess
@@ -62,19 +63,24 @@ def node() -> str:
     version = subprocess.run([node, "--version"], capture_output=True, text=True).stdout
     if int(version.strip().lstrip("v").split(".")[0]) < 20:
         pytest.fail(f"Node.js >= 20 is required by tests/js, found {version.strip()}")
-    if not (JS / "node_modules" / ".package-lock.json").exists():
-        done = subprocess.run(
-            [npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"],
-            cwd=JS,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        if done.returncode != 0:
-            pytest.fail(
-                f"`npm ci` in {JS} failed (exit {done.returncode}); the npm registry must be "
-                f"reachable once to install tests/js/package-lock.json:\n{done.stderr[-2000:]}"
+    # one install for all pytest-xdist workers: each has its own session, and two `npm ci`
+    # at once in one folder remove each other's files (ENOTEMPTY/ENOENT, seen in a CI run)
+    with open(JS / ".npm-install.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (JS / "node_modules" / ".package-lock.json").exists():
+            done = subprocess.run(
+                [npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"],
+                cwd=JS,
+                capture_output=True,
+                text=True,
+                timeout=300,
             )
+            if done.returncode != 0:
+                pytest.fail(
+                    f"`npm ci` in {JS} failed (exit {done.returncode}); the npm registry must "
+                    "be reachable once to install tests/js/package-lock.json:\n"
+                    f"{done.stderr[-2000:]}"
+                )
     return node
 
 
