@@ -197,3 +197,27 @@ def test_connections_test_command_reports_success_against_a_server(
     assert words[-1] == "nats_default"
     _airflow_cli([*words[1:-1], conn_id])
     assert "Connection success!" in capsys.readouterr().out
+
+
+def test_what_the_connections_cli_prints_is_what_the_page_says(
+    conn_id: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """add hides the secret extras, list hides values unless asked, get shows them, and
+    list --show-values --hide-sensitive still shows the extras in its get_uri column (Airflow
+    3.3 masks only a URI's user:password; the page warns of it: when Airflow changes this,
+    this test fails and the page is brought up to date)."""
+    token = "tok-" + uuid.uuid4().hex
+    extra = json.dumps({"token": token, "name": "doc-check"})
+    _airflow_cli(["connections", "add", conn_id, "--conn-type", "nats", "--conn-extra", extra])
+    added = capsys.readouterr().out
+    assert "doc-check" in added and token not in added and "***" in added
+    _airflow_cli(["connections", "list", "-o", "json"])
+    assert token not in capsys.readouterr().out
+    _airflow_cli(["connections", "list", "--show-values", "--hide-sensitive", "-o", "json"])
+    (row,) = [r for r in json.loads(capsys.readouterr().out) if r["conn_id"] == conn_id]
+    assert token not in json.dumps(row["extra_dejson"]) and token in row["get_uri"]
+    _airflow_cli(["connections", "get", conn_id, "-o", "json"])
+    assert token in capsys.readouterr().out
+    text = " ".join(TEXT.split())
+    assert "`airflow connections get` and `airflow connections export` print everything" in text
+    assert "still prints the extras, secrets included, in its `get_uri` column" in text
