@@ -36,7 +36,7 @@ demo: venv
 bench: venv
 	$(BIN)/python bench/run.py && $(BIN)/python bench/worker_bench.py && $(BIN)/python bench/drain_bench.py && $(BIN)/python bench/spark_bench.py
 
-CODE_DIRS := $(wildcard airflow_nats_ordered dags spark_apps bench tests)
+CODE_DIRS := $(wildcard airflow_nats_ordered pyspark_nats_ordered dags spark_apps bench tests)
 
 # ruff over all the code; mypy over the package (its settings: [tool.mypy] in pyproject.toml)
 lint: venv
