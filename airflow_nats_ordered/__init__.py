@@ -46,6 +46,7 @@ def get_provider_info() -> dict:
                     "airflow_nats_ordered.operators.streams",
                     "airflow_nats_ordered.operators.publish",
                     "airflow_nats_ordered.operators.group",
+                    "airflow_nats_ordered.operators.spark",
                 ],
             }
         ],
