@@ -109,16 +109,6 @@ def test_the_outlet_is_opt_in_and_a_templated_stream_needs_an_alias():
         )
 
 
-def _spark_publish_with_lineage() -> type:
-    """NatsSparkPublishOperator with the mixin first among its bases (the change spark.py
-    takes to get the facets), unless it has the facets already."""
-    if hasattr(NatsSparkPublishOperator, "get_openlineage_facets_on_start"):
-        return NatsSparkPublishOperator
-    from airflow_nats_ordered.operators.lineage import NatsLineageMixin
-
-    return type("SparkPublishWithLineage", (NatsLineageMixin, NatsSparkPublishOperator), {})
-
-
 SECRETS = {"password": "pw-Xq81-secret", "token": "tok-Zr57-secret"}
 
 
@@ -144,7 +134,7 @@ def test_openlineage_output_is_the_stream_on_the_first_server_without_secrets(
             task_id="publish", stream=unique_name, key_field="k", records=[],
             nats_conn_id="nats_lineage",
         ),
-        lambda: _spark_publish_with_lineage()(
+        lambda: NatsSparkPublishOperator(
             task_id="spark_publish", application="app.py", stream=unique_name,
             nats_conn_id="nats_lineage",
         ),

@@ -17,6 +17,7 @@ from ..core.errors import ConfigError
 from ..core.runs import RunLedger, RunRecord
 from ..hooks.nats import NatsHook
 from .failures import failing_at_once
+from .lineage import NatsLineageMixin
 from .publish import checked_producer_id, default_producer_id
 
 
@@ -28,7 +29,7 @@ def nats_env(options: ConnectionOptions) -> dict[str, str]:
     return {**dict.fromkeys(SPARK_ENV_VARS, ""), **spark_env(options)}
 
 
-class NatsSparkPublishOperator(SparkSubmitOperator):
+class NatsSparkPublishOperator(NatsLineageMixin, SparkSubmitOperator):
     """``spark-submit`` a publish job and push the run's ledger record to XCom.
 
     The application is called with ``--stream <stream> --producer-id <id>`` after its own
@@ -50,6 +51,10 @@ class NatsSparkPublishOperator(SparkSubmitOperator):
     mode) are refused. Sets ``PYSPARK_PYTHON`` (default: this interpreter),
     ``spark.speculation=false`` (speculative copies would publish twice, out of order) and
     puts this interpreter's ``bin`` folder first on ``PATH`` so its ``spark-submit`` runs.
+
+    Lineage as :class:`~.publish.NatsPublishOperator`: ``stream_outlet=True`` makes the
+    stream the task's outlet asset ``nats://<STREAM>`` (a templated stream needs an
+    ``AssetAlias`` in ``outlets``), and OpenLineage sees the stream as the output dataset.
     """
 
     template_fields: Sequence[str] = (
@@ -72,6 +77,7 @@ class NatsSparkPublishOperator(SparkSubmitOperator):
         producer_id: str | None = None,
         nats_conn_id: str = NatsHook.default_conn_name,
         pyspark_python: str | None = None,
+        stream_outlet: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(application=application, **kwargs)
@@ -79,6 +85,7 @@ class NatsSparkPublishOperator(SparkSubmitOperator):
         self.producer_id = producer_id
         self.nats_conn_id = nats_conn_id
         self.pyspark_python = pyspark_python or sys.executable
+        self.declare_stream_outlet(stream_outlet)
 
     def _refuse_env_as_conf(self) -> None:
         # read from the Spark connection as the provider's hook reads it, without building
@@ -133,7 +140,7 @@ class NatsSparkPublishOperator(SparkSubmitOperator):
         # unsafe or bad settings, a missing stream: no retry fixes them (see failures.py);
         # a failed spark-submit stays retryable (the run resumes)
         with failing_at_once():
-            return self._submit(context)
+            return self.record_stream_event(context, self._submit(context))
 
     def _submit(self, context: Any) -> dict[str, Any]:
         # an empty one (a template that rendered empty) is refused, never the default's
