@@ -397,9 +397,7 @@ async def _wait_for_group(
         if timeout is not None and elapsed >= timeout:
             raise _timeout_error(stream, group, timeout, marks, {}, group_missing=True)
         if no_members_timeout is not None and elapsed > no_members_timeout:
-            raise no_members_error(
-                stream, group, no_members_timeout, marks, {}, group_missing=True
-            )
+            raise no_members_error(stream, group, no_members_timeout, marks, {}, group_missing=True)
         if now >= next_check:
             next_check = now + CHECK_EVERY
             if not described.explicit_subjects:  # a wildcard stream may take new strays
