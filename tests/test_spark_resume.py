@@ -95,3 +95,131 @@ def test_resuming_a_partial_run_on_the_same_input_stores_every_row_once(
     want = [r for r in first if r["k"] is not None]
     assert _problems(want, nats_url, unique_name) == []
     assert json.loads(stored(nats_url, unique_name)[0].data)["k"] is not None
+
+
+WINDOW = 7.0  # the stream's duplicate_window: deliveryTimeout 1 s + ack_timeout 5 s + 1 s
+
+
+def wait_past_the_window(url: str, stream: str, window: float = WINDOW) -> None:
+    """Until the stream's newest message is older than its duplicate window: a resend of any
+    stored msg-id is then stored again (what makes a resume's mistakes visible)."""
+    import datetime as dt
+    import time
+
+    async def newest(nc) -> dt.datetime:
+        js = nc.jetstream()
+        last = (await js.stream_info(stream)).state.last_seq
+        return (await js.get_msg(stream, last)).time
+
+    limit = on_server(url, newest) + dt.timedelta(seconds=window + 1)
+    deadline = time.monotonic() + 60
+    while dt.datetime.now(dt.UTC) < limit:
+        assert time.monotonic() < deadline, "the clock does not move"
+        time.sleep(0.2)
+
+
+def _fail_task_0_while_task_1_is_cancelled(url: str, stream: str, producer: str):
+    """A pass-through ``mapInArrow`` step: once the stream holds rows, every attempt of Spark
+    partition 0 fails (the job is aborted) while Spark partition 1 waits in the middle of its
+    input until the abort is recorded (Spark cancels it meanwhile), for 10 s at most."""
+
+    def step(batches):
+        import asyncio
+        import time
+
+        import nats
+        from pyspark import TaskContext
+
+        from airflow_nats_ordered.core.runs import RunLedger
+
+        async def count() -> int:
+            nc = await nats.connect(url)
+            try:
+                return (await nc.jetstream().stream_info(stream)).state.messages
+            finally:
+                await nc.close()
+
+        async def status() -> str:
+            nc = await nats.connect(url)
+            try:
+                rec = await (await RunLedger.open(nc, stream)).get(producer)
+                return rec.status if rec is not None else ""
+            finally:
+                await nc.close()
+
+        task = TaskContext.get().partitionId()
+        for n, b in enumerate(batches):
+            yield b
+            if n == 3:
+                deadline = time.monotonic() + 30
+                while asyncio.run(count()) == 0 and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                if task == 0:
+                    raise RuntimeError("injected: Spark partition 0 fails for good")
+                deadline = time.monotonic() + 10  # (Spark may wait for it to end)
+                while time.monotonic() < deadline:
+                    if asyncio.run(status()) not in ("running", ""):
+                        break
+                    time.sleep(0.1)
+                raise RuntimeError("injected: Spark partition 1 cancelled by the abort")
+
+    return step
+
+
+def test_an_aborted_job_records_what_is_stored_and_a_resubmit_past_the_window_resumes_it(
+    spark, nats_url, unique_name
+):
+    """Issue 17 item 2: one task fails for good while another is cancelled by the abort; the
+    ledger had nothing of the run, and a re-submit after the duplicate window stored every
+    row again. Now the abort records what the stream holds and the re-submit resumes."""
+    from airflow_nats_ordered.spark import route
+
+    spec = StreamSpec(unique_name, partitions=4, duplicate_window=WINDOW)
+    on_server(nats_url, lambda nc: provision(nc, spec))
+    rows = [{**r, "pad": "x" * 200} for r in _rows(2000, 40)]
+    df = spark.createDataFrame(rows, SCHEMA)
+    routed = route(df, key="k", partitions=4, order_by=["ts"], tasks=2)
+    assert min(routed.rdd.glom().map(len).collect()) > 400  # both tasks hold rows
+
+    def write(frame) -> None:
+        (
+            frame.write.format("nats-ordered")
+            .option("stream", unique_name)
+            .option("keyColumn", "k")
+            .option("orderBy", "ts")
+            .option("producerId", "aborted")
+            .option("deliveryTimeout", "1")
+            .option("url", nats_url)
+            .mode("append")
+            .save()
+        )
+
+    failing = routed.mapInArrow(
+        _fail_task_0_while_task_1_is_cancelled(nats_url, unique_name, "aborted"), routed.schema
+    )
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "100")
+    try:
+        with pytest.raises(Exception, match="fails for good"):
+            write(failing)
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+    at_abort = stored(nats_url, unique_name)
+    assert 0 < len(at_abort) < len(rows)
+    rec = run_record(nats_url, unique_name, "aborted")
+    assert rec is not None and rec.status == "partial"
+    per_partition: dict[int, int] = {}
+    for s in at_abort:
+        p = int(s.subject.rsplit(".", 1)[1])
+        per_partition[p] = per_partition.get(p, 0) + 1
+
+    wait_past_the_window(nats_url, unique_name)
+    write(routed)
+    problems = _problems(rows, nats_url, unique_name)
+    assert problems == [], f"{len(at_abort)} rows were stored at the abort: {problems}"
+    done = run_record(nats_url, unique_name, "aborted")
+    assert done is not None and done.status == "complete" and done.acked == len(rows)
+    # what the abort recorded was what the stream held of the run (the cancelled task may
+    # have stored a little more after it read the stream)
+    assert rec.acked_per_partition, rec.to_dict()
+    assert all(rec.acked_per_partition.get(p, 0) <= n for p, n in per_partition.items())
+    assert "re-submitting the job with the same input resumes" in (rec.error or ""), rec.error

@@ -13,8 +13,10 @@ Guarantees (details in :mod:`.task` and :mod:`.runs`):
   partition, position, key, payload, or the ``msgIdColumn``) and do not depend on the task
   attempt; routed rows' ids do not depend on Spark's partitioning either. A retried task or
   stage, a re-submitted job or an Airflow retry stores nothing twice inside the stream's
-  ``duplicate_window``; past it, the run ledger does: a complete run sends nothing, a partial
-  one resumes after what it had recorded as stored.
+  ``duplicate_window``. Routed rows also resume from what is stored, at any time: a complete
+  run sends nothing, and each task passes over per partition what the ledger recorded or the
+  stream holds of the run (a killed driver or an aborted job), only while those are the same
+  rows (:mod:`.resume`: changed input fails the task, naming a new ``producerId`` as the fix).
 * **Order.** A task publishes its rows in the order it receives them; a NATS partition's rows
   arriving out of ``orderBy`` order fail the task before anything out of order is sent. Per
   key order across the whole write holds when each key's rows are in one task, in order:
@@ -22,7 +24,10 @@ Guarantees (details in :mod:`.task` and :mod:`.runs`):
 * **Nothing dropped silently.** Rows without a key or too large are counted and reported in
   the run record; the job fails unless ``allowRefused`` is true.
 * **Streaming.** One run per micro-batch (``<producerId>.batch-<id>``), whose id is in every
-  derived msg-id: a micro-batch replayed after a restart stores nothing twice.
+  derived msg-id: a micro-batch replayed after a restart stores nothing twice inside the
+  duplicate window (past it too when its rows are routed).
+* **Routing.** A ``nats_partition`` column is checked against the stream's routing of each
+  key before a row of its batch is sent (:class:`~.records.RoutingError`).
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ from pyspark.sql.datasource import (
 
 from ..core.connection import connect
 from ..core.errors import ConfigError
-from .options import HEADERS_COLUMN, VALUE_COLUMN, SinkOptions
+from .options import HEADERS_COLUMN, PARTITION_COLUMN, VALUE_COLUMN, SinkOptions
 from .routing import check_key_type
 from .runs import RunPlan, RunRefusedError, batch_run_id, plan_run, record_run
 from .task import TaskReport, drain, publish_task
@@ -113,8 +118,12 @@ class NatsOrderedWriter(DataSourceArrowWriter):
         self.options = options
         self.schema_names = [f.name for f in schema.fields]
         self.created = time.time()
+        self.routed = PARTITION_COLUMN in self.schema_names
         self.plan: RunPlan = _on_nats(
-            options, lambda nc: plan_run(nc, options.stream, options.producer_id, begin=True)
+            options,
+            lambda nc: plan_run(
+                nc, options.stream, options.producer_id, begin=True, routed=self.routed
+            ),
         )
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
@@ -131,7 +140,10 @@ class NatsOrderedWriter(DataSourceArrowWriter):
                 iterator,
                 schema_names=self.schema_names,
                 run_producer_id=self.plan.run_id,
-                resume=self.plan.resume,
+                previous=self.plan.previous,
+                # begun by this job: a run without a record before (never published, or
+                # forgotten on purpose to replay it) sends everything
+                resume_from_stream=self.plan.previous is not None,
                 task=task,
                 attempt=attempt,
                 label=f"Spark partition {task} (attempt {attempt})",
@@ -160,9 +172,17 @@ class NatsOrderedWriter(DataSourceArrowWriter):
                 self.options,
                 self.plan.run_id,
                 _reports(messages),
-                error="the Spark job was aborted (a task failed for good); re-submitting the "
-                "job resumes the run without storing anything twice",
+                error="the Spark job was aborted (a task failed for good: see the Spark "
+                "error); "
+                + (
+                    "acked_per_partition counts what the stream holds of this run, and "
+                    "re-submitting the job with the same input resumes after it"
+                    if self.routed
+                    else "the rows were not routed, so a re-submit is de-duplicated only "
+                    "inside the stream's duplicate_window"
+                ),
                 unless_finished_after=self.created,
+                from_stream=self.routed,
             ),
         )
 
@@ -183,7 +203,7 @@ class NatsOrderedStreamWriter(DataSourceStreamArrowWriter):
         run_id = batch_run_id(self.options.producer_id, int(batch))
 
         async def go(nc: NATS) -> TaskReport:
-            plan = await plan_run(nc, self.options.stream, run_id, begin=False)
+            plan = await plan_run(nc, self.options.stream, run_id, begin=False, routed=False)
             if plan.complete:  # replayed after its commit was recorded: send nothing
                 return TaskReport(task, attempt, run_id, False, drain(iterator), skipped_run=True)
             return await publish_task(
@@ -192,7 +212,10 @@ class NatsOrderedStreamWriter(DataSourceStreamArrowWriter):
                 iterator,
                 schema_names=self.schema_names,
                 run_producer_id=run_id,
-                resume=plan.resume,
+                previous=plan.previous,
+                # a micro-batch's run is recorded only at its end: a replay of one killed
+                # before that resumes from the stream alone
+                resume_from_stream=True,
                 task=task,
                 attempt=attempt,
                 label=f"micro-batch {batch}, Spark partition {task} (attempt {attempt})",
@@ -219,8 +242,14 @@ class NatsOrderedStreamWriter(DataSourceStreamArrowWriter):
                 run_id,
                 _reports(messages),
                 error="the micro-batch was aborted; restarting the query from its checkpoint "
-                "replays it without storing anything twice",
+                "replays it"
+                + (
+                    ", resuming after what the stream holds of it"
+                    if PARTITION_COLUMN in self.schema_names
+                    else " (rows not routed: de-duplicated inside the stream's duplicate_window)"
+                ),
                 unless_finished_after=self.created,
+                from_stream=PARTITION_COLUMN in self.schema_names,
             ),
         )
 

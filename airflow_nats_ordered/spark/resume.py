@@ -19,14 +19,18 @@ fix: the original input, or a new ``producerId``.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from nats.js.errors import NotFoundError
+
 from ..core.errors import NatsOrderedError
-from ..core.msg_ids import derive_msg_id
+from ..core.msg_ids import HDR_MSG_ID, HDR_PRODUCER, HDR_SEQ, derive_msg_id
 from ..core.publisher import OrderedPublisher, PublisherConfig
+from ..core.streams import describe
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
@@ -80,6 +84,47 @@ def resume_points(
             at, digest = 0, ""
         out[p] = PartitionResume(count, at, digest, last_at, last_id)
     return out
+
+
+@dataclass(frozen=True)
+class StoredTail:
+    """A partition's last message: its stream sequence, and when it is the run's own, its
+    position in the run (``Nats-Ordered-Seq``) and msg-id (else 0 and "")."""
+
+    seq: int
+    position: int = 0
+    msg_id: str = ""
+
+
+async def stored_tails(nc: NATS, stream: str, producer_id: str) -> dict[int, StoredTail]:
+    """Per partition with messages, its last message (:class:`StoredTail`), as the core's
+    ``publish_run`` reads them to resume after an attempt that died before recording its
+    progress: positions 1..n of a partition whose last message is the run's n-th are stored
+    (a partition's records are stored in position order). A partition where another
+    producer published after the run shows only what the ledger recorded."""
+    ps = await describe(nc, stream)
+    js = nc.jetstream()
+    out: dict[int, StoredTail] = {}
+
+    async def tail(p: int) -> None:
+        try:
+            msg = await js.get_last_msg(ps.name, ps.subject(p), direct=True)
+        except NotFoundError:
+            return
+        h = msg.headers or {}
+        seq = h.get(HDR_SEQ, "")
+        if h.get(HDR_PRODUCER) == producer_id and seq.isdigit():
+            out[p] = StoredTail(int(msg.seq or 0), int(seq), h.get(HDR_MSG_ID, ""))
+        elif msg.seq:
+            out[p] = StoredTail(int(msg.seq))
+
+    await asyncio.gather(*(tail(p) for p in range(ps.partitions)))
+    return out
+
+
+def own_positions(tails: Mapping[int, StoredTail]) -> dict[int, tuple[int, str]]:
+    """``stored`` for :func:`resume_points`: partitions whose last message is the run's."""
+    return {p: (t.position, t.msg_id) for p, t in tails.items() if t.position}
 
 
 def _key_bytes(key: str | bytes | None) -> bytes:

@@ -3,9 +3,12 @@
 A batch write is the run ``producerId``; a streaming query writes one run per micro-batch,
 ``<producerId>.batch-<batch id>``. On the driver, before any task starts, a run the ledger has
 as ``complete`` is not published again (tasks read their input and send nothing), otherwise it
-is begun (``running``, one more attempt) and the tasks resume after what it had stored. The
-driver's ``commit()`` records the result from the tasks' reports (per-partition high-water
-marks and counts, refusals; ``complete`` or ``partial``), ``abort()`` records the failure, so
+is begun (``running``, one more attempt) and each task of routed rows resumes after what is
+stored: what the ledger recorded, or, where a partition's last message is the run's, its
+position (a killed driver or an aborted job recorded nothing of it), checked to be the same
+input (:mod:`.resume`). The driver's ``commit()`` records the result from the tasks' reports
+(per-partition high-water marks and counts, digests, refusals; ``complete`` or ``partial``),
+``abort()`` records the failure with what the stream holds of the run, so
 the drain sensor and backfills read a run's outcome by its name. Marks only go up across
 attempts and cover every partition any attempt stored (as for every run, see
 :mod:`airflow_nats_ordered.core.runs`).
@@ -21,9 +24,16 @@ from dataclasses import dataclass, field
 from nats.aio.client import Client as NATS
 
 from ..core.errors import NatsOrderedError
-from ..core.runs import REFUSED_EXAMPLES, RunLedger, RunRecord, fill_marks, unmarked_error
+from ..core.runs import (
+    REFUSED_EXAMPLES,
+    RunLedger,
+    RunRecord,
+    fill_marks,
+    raise_marks,
+    unmarked_error,
+)
 from .options import SinkOptions
-from .resume import PartitionResume, resume_points, vanished
+from .resume import PartitionResume, own_positions, resume_points, stored_tails, vanished
 from .task import TaskReport
 
 
@@ -38,25 +48,34 @@ def batch_run_id(producer_id: str, batch_id: int) -> str:
 
 @dataclass(frozen=True)
 class RunPlan:
-    """What the tasks of one run do: nothing (``complete``) or resume after ``resume``."""
+    """What the tasks of one run do: nothing (``complete``) or resume. ``previous``: the
+    run's record before this attempt (each task resumes from it and from what the stream
+    holds when it starts); ``resume``: where routed rows resumed when the job was planned."""
 
     run_id: str
     complete: bool = False
     resume: dict[int, PartitionResume] = field(default_factory=dict)
     attempt: int = 1
+    previous: RunRecord | None = None
 
 
-async def plan_run(nc: NATS, stream: str, run_id: str, *, begin: bool) -> RunPlan:
-    """Read the run's record; unless it is complete, ``begin`` marks it running."""
+async def plan_run(
+    nc: NATS, stream: str, run_id: str, *, begin: bool, routed: bool = True
+) -> RunPlan:
+    """Read the run's record; unless it is complete, ``begin`` marks it running. A routed
+    run resumes after what the ledger recorded or the stream holds, whichever is further
+    (a killed job records nothing)."""
     ledger = await RunLedger.open(nc, stream)
     previous = await ledger.get(run_id)
     if previous is not None and previous.status == "complete":
         return RunPlan(run_id, complete=True, attempt=previous.attempts)
-    resume = resume_points(previous)
+    resume = {}
+    if routed and previous is not None:
+        resume = resume_points(previous, own_positions(await stored_tails(nc, stream, run_id)))
     attempt = (previous.attempts if previous is not None else 0) + 1
     if begin:
         attempt = (await ledger.begin(run_id)).attempts
-    return RunPlan(run_id, resume=resume, attempt=attempt)
+    return RunPlan(run_id, resume=resume, attempt=attempt, previous=previous)
 
 
 def absorb_reports(
@@ -131,6 +150,7 @@ async def record_run(
     error: str | None = None,
     unless_finished_after: float | None = None,
     resume: Mapping[int, PartitionResume] | None = None,
+    from_stream: bool = False,
 ) -> RunRecord:
     """Record the run's result in the ledger and return it.
 
@@ -138,6 +158,8 @@ async def record_run(
     ``commit()`` that refused the run wrote it; Spark then calls ``abort()`` too).
     ``resume``: where the run resumed (routed rows): a partition stored before that no task
     has rows of now means the input changed, and the run is not complete.
+    ``from_stream``: count, per partition whose last message is the run's, what the stream
+    holds (an aborted job's failed and cancelled tasks report nothing, but stored rows).
     """
     reports = list(reports)
     ledger = await RunLedger.open(nc, options.stream)
@@ -153,6 +175,13 @@ async def record_run(
         seen = {p for r in reports if r is not None and r.routed for p in r.partitions}
         error = vanished(resume, seen, run_id)
     absorb_reports(rec, reports, allow_refused=options.allow_refused, error=error)
+    if from_stream:
+        tails = await stored_tails(nc, options.stream, run_id)
+        for p, t in tails.items():
+            if t.position > rec.acked_per_partition.get(p, 0):
+                rec.acked_per_partition[p] = t.position
+                raise_marks(rec, {p: t.seq})
+        rec.acked = sum(rec.acked_per_partition.values())
     # every partition the run stored on has a mark (one whose task was not re-run, or whose
     # task's publisher could not read its last sequence, is marked at its last message),
     # else the run is not complete: a drain on its marks would not wait for that partition

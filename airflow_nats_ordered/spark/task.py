@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -34,11 +34,13 @@ from ..core.publisher import PublisherConfig
 from ..core.runs import Refusals, publish_records
 from .options import PARTITION_COLUMN, SinkOptions
 from .records import BatchRecords, SparkRecord
-from .resume import PartitionResume, ResumingPublisher
+from .resume import ResumingPublisher, own_positions, resume_points, stored_tails
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from nats.aio.client import Client as NATS
+
+    from ..core.runs import RunRecord
 
 
 @dataclass
@@ -87,22 +89,29 @@ async def publish_task(
     *,
     schema_names: list[str],
     run_producer_id: str,
-    resume: Mapping[int, PartitionResume],
+    previous: RunRecord | None,
+    resume_from_stream: bool,
     task: int,
     attempt: int,
     label: str,
 ) -> TaskReport:
-    """Publish one task's rows; raise if any was not confirmed as stored."""
+    """Publish one task's rows; raise if any was not confirmed as stored. Routed rows
+    resume after what ``previous`` (the run's record when the job began) recorded or the
+    stream holds now (an earlier attempt of this task may have stored more)."""
     knobs: dict[str, Any] = {}
     if options.delivery_timeout is not None:
         knobs["delivery_timeout"] = options.delivery_timeout
     routed = PARTITION_COLUMN in schema_names
     producer = run_producer_id if routed else f"{run_producer_id}.t{task}"
+    resume = {}
+    if routed and (previous is not None or resume_from_stream):
+        tails = await stored_tails(nc, options.stream, run_producer_id)
+        resume = resume_points(previous, own_positions(tails))
     pub = ResumingPublisher(
         nc,
         options.stream,
         PublisherConfig(producer_id=producer, **knobs),
-        resume=resume if routed else {},
+        resume=resume,
         run=run_producer_id,
         label=label,
     )
