@@ -90,3 +90,37 @@ def test_a_right_column_whose_partitions_are_split_over_tasks_is_refused_before_
     err = _error(lambda: _sink(mine, nats_url, unique_name, "split"))
     _follow_the_message(spark, nats_url, unique_name, rows, "split", err)
     assert "partition by partition" in err and "write_ordered" in err, err[-2000:]
+
+
+def test_a_partition_split_over_sorted_tasks_fails_the_run_and_is_not_resumed_silently(
+    spark, nats_url, unique_name
+):
+    """Right values, each task sorted by them, but a NATS partition in both tasks: found at
+    commit (the tasks cannot see each other), after rows were stored. The same producerId
+    then cannot resume (those rows are not the routed order): refused, not stored twice."""
+    make_stream(nats_url, unique_name, partitions=P)
+    rows = _rows()
+    df = spark.createDataFrame(rows, "k string, ts long, i long")
+    mine = (
+        df.withColumn(PARTITION_COLUMN, partition_column("k", P))
+        .repartition(2)
+        .sortWithinPartitions(PARTITION_COLUMN, "ts")
+    )
+    err = _error(lambda: _sink(mine, nats_url, unique_name, "shared"))
+    sent = len(stored(nats_url, unique_name))
+    try:
+        write_ordered(
+            df,
+            stream=unique_name,
+            key="k",
+            order_by="ts",
+            producer_id="shared",
+            connection={"url": nats_url},
+        )
+        again = ""
+    except Exception as exc:
+        again = str(exc)
+    more = len(stored(nats_url, unique_name)) - sent
+    assert more == 0, f"the same producerId stored {more} more rows after {sent}: {err:.300}"
+    assert "more than one Spark task" in err and "new producerId" in err, err[-2000:]
+    assert "input changed" in again, again[-2000:]

@@ -125,7 +125,9 @@ def absorb_reports(
             f"NATS partition(s) {sorted(shared)} were published by more than one Spark task "
             "although the rows carried a nats_partition column: positions (and so msg-ids) "
             "restarted in each task. Route with airflow_nats_ordered.spark.write_ordered "
-            "(or route()), which puts each NATS partition in one task"
+            "(or route()), which puts each NATS partition in one task, and publish under a "
+            "new producerId: the rows this run stored there are not the routed order, so "
+            "the same producerId cannot resume them"
         )
     elif rec.refused and not allow_refused and error is None:
         shown = "; ".join(f"{e['where']}: {e['reason']}" for e in rec.refused_examples)
