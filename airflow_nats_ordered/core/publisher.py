@@ -25,6 +25,11 @@ Guarantees
   its records after the first ``acked``. (An unconfirmed record may still have been stored
   when its acknowledgement was lost; republishing completes the partition exactly once.)
   A temporary server limit (too many batches in flight, err 10211) is retried, not fatal.
+* **Global order (opt-in).** With ``global_order=True`` every record also carries
+  ``Nats-Global-Seq``, taken with its position when :meth:`OrderedPublisher.publish`
+  accepts it (publish order over the whole stream, starting above everything stored), and
+  idle partitions get watermarks (:mod:`.global_watermarks`). Without it, msg-ids and
+  header blocks are exactly as before.
 * **Bounded memory.** At most ``max_pending`` records and ``max_pending_bytes`` payload
   bytes are held (queued or awaiting their acknowledgement); :meth:`publish` waits when
   either is reached (a single larger record goes alone). At most ``max_open_batches``
@@ -67,6 +72,7 @@ from .errors import (
     RecordError,
     RecordTooLargeError,
 )
+from .global_watermarks import HDR_GLOBAL_SEQ, WatermarkWriter, global_base, open_watermarks
 from .keys import HDR_KEY, HDR_KEY_B64, key_header_line  # noqa: F401 - HDR_KEY_B64 re-exported
 from .msg_ids import (
     HDR_MSG_ID,
@@ -144,6 +150,11 @@ class PublisherConfig:
     refused (ConfigError): it is what an unset variable gives, and taking it for "no id"
     would publish a rerun again instead of de-duplicating it.
 
+    ``global_order``: stamp every record with ``Nats-Global-Seq`` (publish order over the
+    whole stream) and write per-partition watermarks every ``watermark_interval`` seconds,
+    for :class:`~.global_order.GlobalOrderReader`. One such publisher per stream at a time
+    (see ``docs/architecture.md``, *Global order*).
+
     The stream's ``duplicate_window`` must cover :attr:`longest_resend`, the longest time
     after its first send that a record can be sent again; :meth:`OrderedPublisher.start`
     refuses a stream whose window is shorter.
@@ -159,6 +170,8 @@ class PublisherConfig:
     delivery_timeout: float = 120.0
     producer_id: str | None = None
     allow_keyless: bool = False
+    global_order: bool = False
+    watermark_interval: float = 0.2
 
     def __post_init__(self) -> None:
         for name in (
@@ -170,7 +183,7 @@ class PublisherConfig:
         ):
             if int(getattr(self, name)) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)!r}")
-        for name in ("ack_timeout", "delivery_timeout"):
+        for name in ("ack_timeout", "delivery_timeout", "watermark_interval"):
             if float(getattr(self, name)) <= 0:
                 raise ConfigError(f"{name} must be > 0 seconds, got {getattr(self, name)!r}")
         if self.linger < 0:
@@ -258,6 +271,12 @@ class OrderedPublisher:
         tail = b"%s: %%d\r\n%s\r\n" % (HDR_SEQ.encode(), prod)
         self._hdr_fmt = head + b"%s" + tail  # the key's header line (core/keys.py) goes in
         self._hdr_fmt_keyless = head + tail
+        if self.config.global_order:  # the global sequence goes after the producer line
+            glob = b"%s: %%d\r\n\r\n" % HDR_GLOBAL_SEQ.encode()
+            self._hdr_fmt = self._hdr_fmt[:-2] + glob
+            self._hdr_fmt_keyless = self._hdr_fmt_keyless[:-2] + glob
+        self._next_g = 0  # the next global sequence (global_order): set by start()
+        self._watermarks: WatermarkWriter | None = None
 
     async def __aenter__(self) -> OrderedPublisher:
         await self.start()
@@ -323,6 +342,13 @@ class OrderedPublisher:
         )
         for lane in self._lanes:
             lane.task = asyncio.ensure_future(lane.run())
+        if self.config.global_order:
+            kv = await open_watermarks(self.nc, self.stream, create=True)
+            assert kv is not None
+            self._next_g = await global_base(self.nc, self.stream)
+            self._watermarks = WatermarkWriter(self, kv, self.config.watermark_interval)
+            await self._watermarks.write()  # every partition is idle: all advance to the base
+            self._watermarks.start()
         self._t0 = time.monotonic()
         self._started = True
 
@@ -427,7 +453,9 @@ class OrderedPublisher:
         extra = b""
         if headers:
             for k in headers:
-                if k.lower() in RESERVED_HEADERS:
+                if k.lower() in RESERVED_HEADERS or (
+                    cfg.global_order and k.lower() == HDR_GLOBAL_SEQ.lower()
+                ):
                     self._refused += 1
                     raise RecordError(f"header {k!r} is set by the publisher; remove it")
             try:
@@ -455,7 +483,15 @@ class OrderedPublisher:
             mid = _msg_id(self._producer_b, part, seq, kb, data)
         else:
             lane.caller_ids = True
-        hdr = self._hdr_fmt % (mid, key_line, seq) if kb else self._hdr_fmt_keyless % (mid, seq)
+        if cfg.global_order:  # the next global sequence; taken below unless passed over
+            g = self._next_g
+            hdr = (
+                self._hdr_fmt % (mid, key_line, seq, g)
+                if kb
+                else self._hdr_fmt_keyless % (mid, seq, g)
+            )
+        else:
+            hdr = self._hdr_fmt % (mid, key_line, seq) if kb else self._hdr_fmt_keyless % (mid, seq)
         if extra:
             hdr = hdr[:-2] + extra + b"\r\n"
         if len(hdr) + size > self._max_size:
@@ -465,6 +501,8 @@ class OrderedPublisher:
             lane.resume_left -= 1
             lane.summary.offset += 1
             return part
+        if cfg.global_order:
+            self._next_g += 1
         self._pending += 1
         self._pending_bytes += size
         lane.accept(_Rec(data, hdr))
@@ -506,6 +544,8 @@ class OrderedPublisher:
             await asyncio.gather(*(lane.idle.wait() for lane in self._lanes))
         finally:
             self._flushing = False
+        if self._watermarks is not None:  # everything is stored: every partition advances
+            await self._watermarks.write()
         self.summary = await self._summarize()
         self._flushed_at = (self.accepted, self._refused)
         return self.summary
@@ -567,6 +607,8 @@ class OrderedPublisher:
                 raise
         finally:
             self._closing = True
+            if self._watermarks is not None:
+                await self._watermarks.stop()
             for lane in self._lanes:
                 lane.wake.set()
             for lane in self._lanes:
