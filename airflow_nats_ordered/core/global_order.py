@@ -1,0 +1,380 @@
+"""The global-order reader (:class:`GlobalOrderReader`): every partition merged into one total
+order by ``Nats-Global-Seq``, handed to one handler, with a durable position.
+
+Usage::
+
+    async def handle(msg: GlobalMessage) -> None:
+        ledger.apply(msg.global_seq, msg.key, msg.data)
+
+    reader = GlobalOrderReader(nc, "ORDERS", "ledger", handle)
+    await reader.start()
+    ...
+    await reader.stop()        # finishes the record in hand and writes the position
+
+Guarantees (design and proof: ``docs/architecture.md``, *Global order*):
+
+* **Exact total order.** The handler gets records in strictly increasing global sequence,
+  and a record only once nothing smaller can still arrive on any partition (its buffer or
+  its watermark says so, :mod:`.global_merge`). Nothing is skipped: every record of every
+  partition with a global sequence above the position is handed over, in that order.
+* **Stops rather than reorders.** A record without a global sequence, or one that breaks
+  the order (two publishers at once, a broken watermark), stops the reader before it
+  (``error`` is a :class:`~.global_merge.GlobalOrderViolation`); so does a handler that
+  raises. What was handled before is committed.
+* **Durable position, at least once after a crash.** The position (:mod:`.global_position`)
+  is written every ``commit_every`` records, every ``commit_interval`` seconds and on
+  :meth:`GlobalOrderReader.stop`; after a crash the records after the last written
+  position are handed over again, in the same order. A handler that ignores a
+  ``global_seq`` at or below the last one it applied gets each record exactly once.
+* **Fenced.** Starting takes the position with a new fencing token; a reader whose
+  position was taken over by a newer one stops at its next write (``error`` is
+  :class:`~.commits.Fenced`). The token reaches the handler (``fencing_token``).
+* **Bounded memory, in bytes.** At most about ``max_buffer_bytes`` of read, not yet handled
+  records are held: each partition gets an equal share, half for its reader (buffered and
+  requested) and half for its merge buffer, which is not read further while full
+  (back-pressure per partition). A single larger record is still read, alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from nats.aio.client import Client as NATS
+from nats.errors import Error as NatsError
+from nats.js.errors import NotFoundError
+
+from .commits import Fenced
+from .errors import ConfigError, NatsOrderedError
+from .global_merge import GlobalMerge, GlobalOrderViolation
+from .global_position import GlobalPositions
+from .global_watermarks import HDR_GLOBAL_SEQ, parse_global_seq, watermark_bucket, watermark_of
+from .group import GroupStore
+from .group_config import GroupConfig, default_member_id
+from .keys import message_key
+from .kv import latest_entry
+from .reader import PartitionReader
+from .streams import PartitionedStream
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class GlobalMessage:
+    """What the handler of a :class:`GlobalOrderReader` receives: a record and its place in
+    the global order (``global_seq``) and in its partition (``partition``, ``stream_seq``)."""
+
+    global_seq: int
+    key: str
+    data: bytes
+    headers: dict[str, str]
+    partition: int
+    stream_seq: int
+    fencing_token: int
+    subject: str
+
+
+GlobalHandler = Callable[[GlobalMessage], Any]
+
+
+@dataclass
+class GlobalReaderStats:
+    handled: int = 0
+    commits: int = 0
+    #: times a partition's bound was raised by its watermark (an idle partition advanced)
+    watermark_advances: int = 0
+
+
+class GlobalOrderReader:
+    """Reads every partition of ``stream`` and hands ``handler`` (sync or async) one total
+    order; the group ``group`` holds its position. Knobs: ``commit_every`` records,
+    ``commit_interval`` seconds, ``max_buffer_bytes`` (whole reader), ``fetch_batch``
+    records per pull request, ``poll_interval`` seconds between watermark checks of a
+    partition that holds the merge back, ``member_id`` (who writes the position)."""
+
+    def __init__(
+        self,
+        nc: NATS,
+        stream: str,
+        group: str,
+        handler: GlobalHandler,
+        *,
+        commit_every: int = 500,
+        commit_interval: float = 1.0,
+        max_buffer_bytes: int = 64 * 1024 * 1024,
+        fetch_batch: int = 500,
+        poll_interval: float = 0.1,
+        member_id: str | None = None,
+    ) -> None:
+        for name, value in (
+            ("commit_every", commit_every),
+            ("max_buffer_bytes", max_buffer_bytes),
+            ("fetch_batch", fetch_batch),
+        ):
+            if int(value) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {value!r}")
+        intervals = (("commit_interval", commit_interval), ("poll_interval", poll_interval))
+        for name, fvalue in intervals:
+            if float(fvalue) <= 0:
+                raise ConfigError(f"{name} must be > 0 seconds, got {fvalue!r}")
+        self.nc = nc
+        self.group_config = GroupConfig(stream, group)  # checks the group name
+        self.handler = handler
+        self.commit_every = commit_every
+        self.commit_interval = commit_interval
+        self.max_buffer_bytes = max_buffer_bytes
+        self.fetch_batch = fetch_batch
+        self.poll_interval = poll_interval
+        self.member_id = member_id or default_member_id()
+        self.stats = GlobalReaderStats()
+        #: why the reader stopped on its own (a violation, a handler error, Fenced), or None
+        self.error: BaseException | None = None
+        self.stream: PartitionedStream
+        self._positions: GlobalPositions
+        self._merge: GlobalMerge
+        self._readers: list[PartitionReader] = []
+        self._fetchers: list[asyncio.Task[None]] = []
+        self._space: list[asyncio.Event] = []
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._task: asyncio.Task[None] | None = None
+        self._seqs: dict[int, int] = {}
+        self._g = 0
+        self._token = 0
+        self._uncommitted = 0
+        self._last_commit = 0.0
+
+    # -- lifecycle -----------------------------------------------------------------------
+    async def start(self) -> None:
+        """Take the position and run in the background until :meth:`stop` (or an error)."""
+        await self.open()
+        self._task = asyncio.ensure_future(self._run())
+
+    async def run(self) -> None:
+        """Take the position and run in this task until :meth:`stop` or an error (raised).
+        Cancelling this task is a crash: nothing more is committed."""
+        await self.open()
+        await self._run()
+        if self.error is not None:
+            raise self.error
+
+    async def wait(self) -> None:
+        """Until the reader stopped; raises the error that stopped it, if any."""
+        if self._task is not None:
+            await asyncio.shield(self._task)
+        if self.error is not None:
+            raise self.error
+
+    async def stop(self) -> None:
+        """Finish the record in hand, write the position and stop reading."""
+        self._stopping = True
+        self._wake.set()
+        if self._task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    @property
+    def position(self) -> int:
+        """The last global sequence handed to the handler (0: none)."""
+        return self._g
+
+    async def open(self) -> None:
+        store = await GroupStore.open(self.nc, self.group_config)
+        assert store.stream is not None
+        self.stream = store.stream
+        cfg = self.group_config
+        self._positions = GlobalPositions(
+            self.nc, store.state, cfg.state_bucket, cfg.stream, cfg.group, self.stream.created
+        )
+        pos = await self._positions.grant(self.member_id)
+        self._g, self._seqs, self._token = pos.g, dict(pos.seqs), pos.token
+        nparts = self.stream.partitions
+        share = max(2, self.max_buffer_bytes // nparts)
+        self._merge = GlobalMerge(nparts, after=pos.g, share_bytes=share // 2)
+        self._readers = [
+            PartitionReader(
+                self.nc,
+                self.stream.name,
+                self.stream.subject(p),
+                self._seqs.get(p, 0) + 1,
+                self.fetch_batch,
+                lambda: share // 2,
+            )
+            for p in range(nparts)
+        ]
+        self._space = [asyncio.Event() for _ in range(nparts)]
+        self._last_commit = time.monotonic()
+        log.info(
+            "global-order reader %s of %s/%s: resuming after global sequence %d (token %d)",
+            self.member_id,
+            cfg.stream,
+            cfg.group,
+            pos.g,
+            pos.token,
+        )
+
+    async def _run(self) -> None:
+        self._fetchers = [asyncio.ensure_future(self._fetch(p)) for p in range(len(self._readers))]
+        try:
+            await self._merge_loop()
+            if self._uncommitted:
+                await self._commit()  # a graceful stop or an error: keep what was handled
+        except Fenced as exc:
+            self.error = exc
+            log.error("%s", exc)
+        finally:
+            for t in self._fetchers:
+                t.cancel()
+            await asyncio.gather(*self._fetchers, return_exceptions=True)
+            for r in self._readers:
+                await r.close()
+
+    def _fail(self, exc: BaseException) -> None:
+        if self.error is None:
+            self.error = exc
+            log.error("global-order reader stops: %s", exc)
+        self._stopping = True
+        self._wake.set()
+
+    # -- reading -------------------------------------------------------------------------
+    async def _fetch(self, p: int) -> None:
+        reader, merge, space = self._readers[p], self._merge, self._space[p]
+        while not self._stopping:
+            if not merge.room(p):
+                space.clear()
+                await space.wait()
+                continue
+            try:
+                got = await reader.fetch(timeout=1.0)
+            except Exception as exc:  # never leave a partition silently unread
+                self._fail(exc)
+                return
+            # from here to the end of the loop nothing awaits: what the reader has handed
+            # out is in the merge (the watermark check relies on it)
+            for seq, m in got:
+                headers = dict(m.headers or {})
+                g = parse_global_seq(headers.get(HDR_GLOBAL_SEQ))
+                if g is None:
+                    self._fail(
+                        GlobalOrderViolation(
+                            f"partition {p}: the record at stream sequence {seq} has no "
+                            f"{HDR_GLOBAL_SEQ} header (it was published without "
+                            "global_order=True): it has no place in the global order; publish "
+                            "to a global-order stream only with global_order=True",
+                            p,
+                        )
+                    )
+                    return
+                size = len(m.data or b"") + sum(len(k) + len(v) for k, v in headers.items())
+                try:
+                    key = message_key(headers) or ""
+                    merge.add(p, g, (seq, m, headers, key), size)
+                except NatsOrderedError as exc:  # a violation, or a malformed key header
+                    self._fail(exc)
+                    return
+            if got:
+                self._wake.set()
+
+    async def _watermarks(self, blocking: list[int]) -> None:
+        """Raise the bound of each blocking partition whose watermark can be trusted: read
+        ``w.<n>``, then the partition's last stored sequence; if the partition was read up
+        to it, every record the watermark does not cover is already in the merge."""
+        bucket = watermark_bucket(self.stream.name)
+        js = self.nc.jetstream()
+
+        async def check(p: int) -> None:
+            found = await latest_entry(self.nc, bucket, f"w.{p}")
+            w = watermark_of(found[0]) if found else 0
+            if w <= self._merge.bound(p):
+                return
+            try:
+                last = (await js.get_last_msg(self.stream.name, self.stream.subject(p))).seq or 0
+            except NotFoundError:
+                last = 0
+            if self._readers[p].next_seq > last and self._merge.advance(p, w):
+                self.stats.watermark_advances += 1
+
+        try:
+            await asyncio.gather(*(check(p) for p in blocking))
+        except (NatsError, TimeoutError) as exc:  # tried again at the next poll
+            log.info("global-order reader: watermark check failed: %s", exc)
+
+    # -- the merge -------------------------------------------------------------------------
+    async def _merge_loop(self) -> None:
+        merge = self._merge
+        while not self._stopping:
+            try:
+                item = merge.pop()
+            except GlobalOrderViolation as exc:
+                self._fail(exc)
+                return
+            if item is None:
+                await self._commit_if_due()
+                blocking = merge.blocking()
+                if blocking:
+                    await self._watermarks(blocking)
+                    if merge.blocking() != blocking or self._stopping:
+                        continue
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.poll_interval):
+                        await self._wake.wait()
+                continue
+            p, g, (seq, m, headers, key) = item
+            self._space[p].set()
+            msg = GlobalMessage(
+                g,
+                key,
+                m.data or b"",
+                headers,
+                p,
+                seq,
+                self._token,
+                m.subject,
+            )
+            try:
+                result = self.handler(msg)
+                if inspect.isawaitable(result):
+                    await result
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self._fail(
+                    NatsOrderedError(
+                        f"the handler raised on global sequence {g} (partition {p}, stream "
+                        f"sequence {seq}): {exc!r}; the reader stops before it (skipping it "
+                        "would break the order) and resumes with it when started again"
+                    )
+                )
+                return
+            self._g = g
+            self._seqs[p] = seq
+            self.stats.handled += 1
+            self._uncommitted += 1
+            if self._uncommitted >= self.commit_every:
+                await self._commit()
+
+    async def _commit_if_due(self) -> None:
+        if self._uncommitted and time.monotonic() - self._last_commit >= self.commit_interval:
+            await self._commit()
+
+    async def _commit(self) -> None:
+        try:
+            await self._positions.commit(self._g, self._seqs)
+        except Fenced:
+            raise
+        except (NatsError, TimeoutError) as exc:  # written at the next occasion
+            log.warning("global-order reader: position not written: %s", exc)
+            return
+        self._uncommitted = 0
+        self._last_commit = time.monotonic()
+        self.stats.commits += 1
+
+
+__all__ = ["GlobalHandler", "GlobalMessage", "GlobalOrderReader", "GlobalReaderStats"]

@@ -1,0 +1,56 @@
+"""docs/protocol.md section 12 (global order): the watermark and position examples on the
+page have exactly the fields, in the order, that the publisher and the reader write."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+
+import nats
+from protocol_page import page_text
+
+from airflow_nats_ordered.core.global_order import GlobalOrderReader
+from airflow_nats_ordered.core.global_position import POSITION_KEY
+from airflow_nats_ordered.core.global_watermarks import watermark_bucket
+from airflow_nats_ordered.core.publisher import OrderedPublisher
+from airflow_nats_ordered.core.streams import StreamSpec, provision
+
+
+def _section_12_examples() -> list[dict]:
+    text = page_text()
+    section = text[text.index("## 12. Global order") :]
+    return [json.loads(b) for b in re.findall(r"```json\n(.*?)\n```", section, re.S)]
+
+
+def test_the_pages_watermark_and_position_examples_are_what_the_code_writes(nats_url, unique_name):
+    async def go():
+        nc = await nats.connect(nats_url)
+        try:
+            await provision(nc, StreamSpec(unique_name, partitions=2))
+            async with OrderedPublisher(nc, unique_name, global_order=True) as pub:
+                await pub.publish("a", b"1")
+            reader = GlobalOrderReader(nc, unique_name, "g", lambda m: None, commit_every=1)
+            await reader.start()
+            js = nc.jetstream()
+            state = await js.key_value(f"nor_{unique_name}_g_state")
+            while reader.stats.commits < 1:
+                await asyncio.sleep(0.02)
+            await reader.stop()
+            wm = await js.key_value(watermark_bucket(unique_name))
+            return (
+                json.loads((await wm.get("w.0")).value),
+                json.loads((await state.get(POSITION_KEY)).value),
+            )
+        finally:
+            await nc.close()
+
+    watermark, position = asyncio.run(asyncio.wait_for(go(), 60))
+    page_watermark, page_position = _section_12_examples()
+    assert list(watermark) == list(page_watermark)
+    assert list(position) == list(page_position)
+    for page, real in ((page_watermark, watermark), (page_position, position)):
+        for field, value in page.items():
+            numbers = isinstance(value, int | float) and isinstance(real[field], int | float)
+            assert numbers or isinstance(real[field], type(value)), field
+    assert position["g"] == 1 and watermark["g"] == 2
