@@ -54,7 +54,7 @@ import nats.errors
 import nats.js.errors
 
 from ..core.errors import NatsOrderedError
-from . import dead_letters, group, info, pool, provision, publish, status, worker
+from . import dead_letters, global_read, group, info, pool, provision, publish, status, worker
 from .common import (
     EXIT_CODES_HELP,
     EXIT_FAILED,
@@ -92,6 +92,7 @@ COMMANDS: list[Command] = [
     info.COMMAND,
     group.COMMAND,
     dead_letters.COMMAND,
+    global_read.COMMAND,
 ]
 
 
