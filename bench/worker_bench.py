@@ -27,6 +27,9 @@ b. Failover, with worker PROCESSES started through the CLI (``--lease-ttl 2``) a
    Seconds (absolute: these are dominated by the TTL) and as a fraction of the TTL. Lines
    where a member logged a lost lease, fencing or a failure are reported; the apply log,
    audit log and member outputs are kept in ``.bench/worker-failover-logs/``.
+b3. Re-deliveries per SIGKILL (``redelivery``, bench/redelivery.py): two CLI members drain
+   BENCH_REDELIVERY_N records, one is SIGKILLed at a third; re-deliveries, the drain rate
+   and commit writes/s, against the commit cadence before issue 19 in the same run.
 c. Memory: one CLI worker process drains the backlog with a fresh group; its VmRSS is
    sampled every 0.5 s; RSS at 10 %, 50 %, 90 % of the drain and the max. "Flat" means
    max / RSS@10% < 1.3 (reported, not asserted).
@@ -69,8 +72,10 @@ from pathlib import Path
 from typing import Any
 
 import nats
+from cluster_failover import print_server_loss, section_server_loss
 from nats.aio.client import Client as NATS
 from nats.js import api
+from redelivery import print_redelivery, section_redelivery
 
 from airflow_nats_ordered.core.partitioning import (
     partition_for,
@@ -114,14 +119,22 @@ class Settings:
         ap.add_argument("--quick", action="store_true", help="small N, fewer rounds")
         ap.add_argument(
             "--sections",
-            default="throughput,failover,memory,memory-1mb",
-            help="comma list of throughput, failover, memory, memory-1mb (default: all)",
+            default="throughput,failover,server-loss,redelivery,memory,memory-1mb",
+            help="comma list of throughput, failover, server-loss, redelivery, memory, "
+            "memory-1mb (default: all)",
         )
         a = ap.parse_args(argv)
         env = os.environ.get
         q = a.quick
         sections = {s.strip() for s in a.sections.split(",") if s.strip()}
-        unknown = sections - {"throughput", "failover", "memory", "memory-1mb"}
+        unknown = sections - {
+            "throughput",
+            "failover",
+            "server-loss",
+            "redelivery",
+            "memory",
+            "memory-1mb",
+        }
         if unknown:
             ap.error(f"unknown sections {sorted(unknown)}")
         n = int(env("BENCH_WORKER_N", "50000" if q else "1000000"))
@@ -1134,6 +1147,21 @@ async def amain(st: Settings, url: str, work: Path) -> dict[str, Any]:
         out["failover"] = await section_failover(url, work, st)
         print_failover(out["failover"])
         log(f"b. took {time.monotonic() - t0:.0f}s")
+    if "server-loss" in st.sections:
+        t0 = time.monotonic()
+        log("b2. server loss on a 3-node cluster")
+        out["server_loss"] = await section_server_loss(st.reps, st.trickle, log)
+        print_server_loss(out["server_loss"])
+        log(f"b2. took {time.monotonic() - t0:.0f}s")
+    if "redelivery" in st.sections:
+        t0 = time.monotonic()
+        log("b3. re-deliveries per SIGKILL")
+        rd_n = int(os.environ.get("BENCH_REDELIVERY_N", "50000" if st.n < 1_000_000 else "200000"))
+        out["redelivery"] = await section_redelivery(
+            sys.modules[__name__], url, work, st.reps, rd_n
+        )
+        print_redelivery(out["redelivery"])
+        log(f"b3. took {time.monotonic() - t0:.0f}s")
     if "memory" in st.sections:
         t0 = time.monotonic()
         log("c. memory")

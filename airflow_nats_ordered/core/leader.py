@@ -43,6 +43,7 @@ class GroupLeader:
     _audit: Callable[..., None]
     _report: Callable[[str, str | None], None]
     _trouble: Callable[..., None]
+    _call_bound: Callable[[], float]
 
     async def _live_members(self) -> list[str]:
         members = []
@@ -62,12 +63,24 @@ class GroupLeader:
             try:
                 lease = self._leader_lease  # the heartbeat loop may drop it meanwhile
                 if lease is None or not lease.valid:
-                    lease = self._leader_lease = await self.store.acquire("leader", self.member)
+                    # bounded like every call of the member's loops (Worker._call_bound): a
+                    # bucket electing a leader does not answer at all
+                    async with asyncio.timeout(self._call_bound()):
+                        lease = await self.store.acquire("leader", self.member)
+                    self._leader_lease = lease
                     if lease is None:
                         continue
                     log.info("member %s is the leader of group %s", self.member, self.cfg.group)
-                members = await self._live_members()
+                async with asyncio.timeout(self._call_bound()):
+                    members = await self._live_members()
                 if not lease.valid:
+                    continue
+                if self.member not in members:
+                    # the leader's own membership key is not (yet again) stored: after the
+                    # lease bucket lost its leader every key aged out meanwhile, and an
+                    # assignment now would hand every partition to nobody and revoke them
+                    # all. The members' next heartbeats store their keys within a renewal
+                    # interval; decide then
                     continue
                 data, rev = await self.store.read_assignment()
                 previous = Assignment.from_json(data) if data else None

@@ -41,6 +41,23 @@ def _sequences(reply: str) -> tuple[int, int]:
     return (int(t[5]), int(t[6])) if len(t) == 9 else (int(t[7]), int(t[8]))
 
 
+#: consumer deletions in flight (a reference keeps each task alive until it ends)
+_DELETING: set[asyncio.Task[None]] = set()
+
+
+def _discard(nc: NATS, stream: str, consumer: str) -> asyncio.Task[None]:
+    """Delete a reader's consumer in the background, giving up after a second."""
+
+    async def delete() -> None:
+        with contextlib.suppress(Exception):
+            await nc.request(f"$JS.API.CONSUMER.DELETE.{stream}.{consumer}", b"", timeout=1.0)
+
+    task = asyncio.ensure_future(delete())
+    _DELETING.add(task)
+    task.add_done_callback(_DELETING.discard)
+    return task
+
+
 class PartitionReader:
     """Reads one partition from a start sequence with an ack-none pull consumer, keeping at
     most two pull requests in flight: pipelined, and bounded twice. At most ``2 * batch``
@@ -56,11 +73,27 @@ class PartitionReader:
     heartbeats of pending requests name the last consumer sequence the server sent (so a
     lost *last* delivery is noticed within about ``HEARTBEAT`` seconds, not only when a
     later message arrives). On a gap, a reconnect of the client, an unexpected status, or
-    silence past the request expiry, the consumer is re-created at the first sequence not
-    yet handed out; anything delivered twice is dropped."""
+    silence (no heartbeat for ``SILENCE`` seconds: the consumer's server died), the
+    consumer is re-created at the first sequence not yet handed out; anything delivered
+    twice is dropped. Each re-creation attempt is bounded (``OPEN_TIMEOUT``, doubling), so
+    a partition resumes soon after a stream's leader election, not after nats-py's 5 s
+    timeout per API call."""
 
     EXPIRES = 5.0
     HEARTBEAT = 1.0  # the server requires EXPIRES >= 2 * HEARTBEAT
+    #: seconds without a delivery or an idle heartbeat, while a request is pending and the
+    #: reader waits, after which the consumer is taken for lost (its server died: nothing
+    #: says so on the wire) and re-created; the server sends a heartbeat every HEARTBEAT
+    SILENCE = 3 * HEARTBEAT
+    #: the per-attempt bound on re-creating the consumer (verify + create): a JS API call
+    #: to a stream that is electing a leader gets no answer at all, not even after the
+    #: election, and nats-py's default of 5 s per call kept a partition waiting long after
+    #: it. Attempts still failing after ELECTION seconds (longer than nats-server's
+    #: elections take) double it, up to OPEN_TIMEOUT_MAX, so a slow but healthy server is
+    #: never starved; a success resets it
+    OPEN_TIMEOUT = 1.0
+    OPEN_TIMEOUT_MAX = 8.0
+    ELECTION = 10.0
 
     def __init__(
         self,
@@ -101,6 +134,9 @@ class PartitionReader:
         self._lost = False
         self._cseq = 0  # the last consumer sequence received
         self._reconnects = 0
+        self._handed = False  # the last fetch returned messages (the handler ran since)
+        self._open_timeout = self.OPEN_TIMEOUT
+        self._failing_since = 0.0  # monotonic time of the first failed attempt in a row
 
     @staticmethod
     def _size(m: Any) -> int:
@@ -176,7 +212,12 @@ class PartitionReader:
         self._ready.set()
 
     async def _open(self) -> None:
-        await self.close()
+        await self.close(wait=False)
+        async with asyncio.timeout(self._open_timeout):
+            await self._verify_and_create()
+        self._open_timeout, self._failing_since = self.OPEN_TIMEOUT, 0.0
+
+    async def _verify_and_create(self) -> None:
         if self._opened and self.verify is not None:
             # a consumer lost with its stream (or with the servers' stored state) must not
             # resume on a stream that hands out the sequences after next_seq again
@@ -237,8 +278,14 @@ class PartitionReader:
     async def fetch(self, timeout: float) -> list[tuple[int, Any]]:
         """Up to ``batch`` (stream seq, message) pairs in order; [] after ``timeout``.
         What a previous call returned counts as released (handled) from now on."""
+        now = time.monotonic()
+        if self._handed:
+            # the handler ran since the last call: deliveries and heartbeats that arrived
+            # meanwhile may still wait behind it, so only silence from here on counts
+            self._last_activity = max(self._last_activity, now)
+            self._handed = False
         try:
-            silent = time.monotonic() - self._last_activity > self.EXPIRES + 2
+            silent = now - self._last_activity > self.SILENCE
             if (
                 self.sub is None
                 or self._lost
@@ -248,8 +295,19 @@ class PartitionReader:
                 await self._open()
             await self._pull_what_fits()
         except (NatsError, NotFoundError, TimeoutError) as exc:
-            log.info("reader of %s: %s; retrying at seq %d", self.subject, exc, self.next_seq)
-            await self.close()
+            now = time.monotonic()
+            self._failing_since = self._failing_since or now
+            if isinstance(exc, TimeoutError) and now - self._failing_since > self.ELECTION:
+                # failing for longer than an election lasts: a slow server, not a silent
+                # one; give it more time per attempt
+                self._open_timeout = min(self.OPEN_TIMEOUT_MAX, self._open_timeout * 2)
+            log.info(
+                "reader of %s: %s; retrying at seq %d",
+                self.subject,
+                str(exc) or type(exc).__name__,
+                self.next_seq,
+            )
+            await self.close(wait=False)
             await asyncio.sleep(min(timeout, 0.5))
             return []
         if not self._buf:
@@ -270,17 +328,26 @@ class PartitionReader:
             self.next_seq = seq + 1
         if out:
             self.last_id = (out[-1][1].headers or {}).get(HDR_MSG_ID)
+            self._handed = True
         return out
 
-    async def close(self) -> None:
+    async def close(self, wait: bool = True) -> None:
+        """Stop reading: unsubscribe and delete the consumer (waiting at most a second for
+        the server's answer, or not at all with ``wait=False``)."""
         if self.sub is not None:
             with contextlib.suppress(Exception):
                 await self.sub.unsubscribe()
             self.sub = None
         if self.consumer:
-            with contextlib.suppress(Exception):
-                await self.js.delete_consumer(self.stream, self.consumer)
+            # bounded, and not awaited at all when re-creating: the consumer may have died
+            # with its server (nats-py's 5 s timeout per call held a failover back), and an
+            # ack-none consumer left behind ends by itself after inactive_threshold; its
+            # deliveries go to an inbox nobody reads any more
+            deleting = _discard(self.nc, self.stream, self.consumer)
             self.consumer = ""
+            if wait:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(deleting)
         self._buf.clear()
         self._buf_bytes = 0
         self._requests.clear()

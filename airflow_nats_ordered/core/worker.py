@@ -353,9 +353,13 @@ class Worker(PartitionDelivery, GroupLeader, GroupWatch):
                 raise ConnectionError("the NATS connection is closed")
             started = time.monotonic()
             try:
-                self._member_lease = await self.store.heartbeat(
-                    self.member, self._member_lease, self._info()
-                )
+                # bounded by one renewal interval: during a leader election of the lease
+                # bucket nothing answers, and nats-py's 5 s per call would hold every
+                # renewal (and the member's return) back for seconds after it ended
+                async with asyncio.timeout(self._call_bound()):
+                    self._member_lease = await self.store.heartbeat(
+                        self.member, self._member_lease, self._info()
+                    )
                 self.last_heartbeat = time.monotonic()
             except (TimeoutError, NatsError) as exc:
                 self._trouble("heartbeat failed", exc)
@@ -374,12 +378,22 @@ class Worker(PartitionDelivery, GroupLeader, GroupWatch):
             if o.releasing:
                 return  # handing over: its final commit and release own the lease
             try:
-                await self.store.renew(o.lease)
+                # a renewal with no answer is retried next round (a lost reply of an
+                # applied one is adopted then, see GroupLeases.renew)
+                async with asyncio.timeout(self._call_bound()):
+                    await self.store.renew(o.lease)
                 self._audit_lease(o.partition, o.lease, o.grant.token)
             except LeaseLost as exc:
                 self._lease_lost(o, exc)
             except (NatsError, TimeoutError) as exc:
                 self._trouble("renewing partition %d failed", exc, o.partition)
+
+    def _call_bound(self) -> float:
+        """How long one group-state call of the background loops may wait for an answer:
+        one renewal interval, at least a second. A KV call to a bucket whose stream is
+        electing a leader gets no answer at all; giving up early retries it soon after
+        the election instead of after nats-py's 5 s timeout."""
+        return max(1.0, self.cfg.group_config.renew_interval)
 
     def _lease_lost(self, o: OwnedPartition, exc: LeaseLost) -> None:
         """Stop a partition whose lease is gone, exactly once, whatever stage it is in."""
@@ -405,7 +419,8 @@ class Worker(PartitionDelivery, GroupLeader, GroupWatch):
             if self._stopping:
                 return
             try:
-                data, rev = await self.store.read_assignment()
+                async with asyncio.timeout(self._call_bound()):
+                    data, rev = await self.store.read_assignment()
             except (TimeoutError, NatsError) as exc:
                 self._trouble("reading the assignment failed", exc)
                 continue
@@ -463,11 +478,18 @@ class Worker(PartitionDelivery, GroupLeader, GroupWatch):
         self._report(f"claim.{p}", f"partition {p}: {problem}; retrying in {delay:.1f}s")
 
     async def _try_claim(self, p: int) -> None:
-        lease = await self.store.acquire(f"p.{p}", self.member)
+        # each group-state step bounded (the handler's hooks are not): claims are tried one
+        # partition after another, and one waiting 5 s for a bucket that is electing a
+        # leader held every other partition back (a claim that timed out is retried next
+        # tick; one applied without an answer expires after the TTL, never grants twice)
+        async with asyncio.timeout(self._call_bound()):
+            lease = await self.store.acquire(f"p.{p}", self.member)
         if lease is None:
             return
         try:
-            grant = await self.store.grant(p, self.member, floor=await self._floor(p))
+            floor = await self._floor(p)
+            async with asyncio.timeout(self._call_bound()):
+                grant = await self.store.grant(p, self.member, floor=floor)
         except BaseException:  # including cancellation by stop(): give the lease back
             await asyncio.shield(self.store.release(lease))
             raise
