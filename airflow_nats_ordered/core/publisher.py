@@ -266,7 +266,8 @@ class OrderedPublisher:
         self.producer_id = self.config.producer_id or f"pub-{self._run_tag}"
         self._expect_duplicates = bool(self.config.producer_id)  # a rerun, maybe
         self._producer_b = self.producer_id.encode()
-        prod = b"%s: %s\r\n" % (HDR_PRODUCER.encode(), self._producer_b)
+        # the header lines are %-format templates: a '%' of the producer id is escaped
+        prod = b"%s: %s\r\n" % (HDR_PRODUCER.encode(), self._producer_b.replace(b"%", b"%%"))
         head = b"NATS/1.0\r\n%s: %%s\r\n" % HDR_MSG_ID.encode()
         tail = b"%s: %%d\r\n%s\r\n" % (HDR_SEQ.encode(), prod)
         self._hdr_fmt = head + b"%s" + tail  # the key's header line (core/keys.py) goes in
@@ -326,6 +327,10 @@ class OrderedPublisher:
         if self.stream.max_msg_size and self.stream.max_msg_size > 0:
             self._max_size = min(self._max_size, self.stream.max_msg_size)
         self._counts_before, self._removed_before = await self._subject_counts()
+        kv = None
+        if self.config.global_order:  # before any task starts: a failure here leaks none
+            kv = await open_watermarks(self.nc, self.stream, create=True)
+            self._next_g = await global_base(self.nc, self.stream)
         self._lanes = [_Lane(self, p) for p in range(self.stream.partitions)]
         for p, n in self.start_after.items():
             if not 0 <= p < len(self._lanes) or n < 0:
@@ -342,10 +347,7 @@ class OrderedPublisher:
         )
         for lane in self._lanes:
             lane.task = asyncio.ensure_future(lane.run())
-        if self.config.global_order:
-            kv = await open_watermarks(self.nc, self.stream, create=True)
-            assert kv is not None
-            self._next_g = await global_base(self.nc, self.stream)
+        if kv is not None:
             self._watermarks = WatermarkWriter(self, kv, self.config.watermark_interval)
             await self._watermarks.write()  # every partition is idle: all advance to the base
             self._watermarks.start()
