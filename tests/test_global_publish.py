@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import nats
 import pytest
 
 from airflow_nats_ordered.core.errors import RecordError
+from airflow_nats_ordered.core.global_sequencer import SEQUENCER_KEY, STALE_AFTER, SequencerBusy
 from airflow_nats_ordered.core.global_watermarks import HDR_GLOBAL_SEQ, watermark_bucket
 from airflow_nats_ordered.core.publisher import (
     HDR_MSG_ID,
@@ -146,3 +148,36 @@ def test_a_rerun_keeps_the_stored_records_sequence_and_numbers_new_ones_above_al
         (b"3", "7"),  # the rerun started at 4; its first three were duplicates
         (b"4", "8"),
     ]
+
+
+def test_one_global_order_publisher_at_a_time_and_an_abandoned_claim_is_taken_over(
+    nats_url, unique_name
+):
+    """Two global-order publishers at once would number from the same base: the second is
+    refused (SequencerBusy, naming the first) until the first closes. A claim whose holder
+    died (not renewed for STALE_AFTER seconds) is taken over."""
+
+    async def go():
+        nc = await nats.connect(nats_url)
+        try:
+            await provision(nc, StreamSpec(unique_name, partitions=2))
+            first = OrderedPublisher(nc, unique_name, global_order=True, producer_id="first")
+            await first.start()
+            with pytest.raises(SequencerBusy, match="'first'"):
+                await OrderedPublisher(nc, unique_name, global_order=True).start()
+            await first.publish("a", b"1")
+            await first.close()
+            async with OrderedPublisher(nc, unique_name, global_order=True) as second:
+                await second.publish("a", b"2")
+            # a holder that died: its last renewal is older than STALE_AFTER
+            kv = await nc.jetstream().key_value(watermark_bucket(unique_name))
+            old = time.time() - STALE_AFTER - 1
+            await kv.put(SEQUENCER_KEY, json.dumps({"producer": "dead", "ts": old}).encode())
+            async with OrderedPublisher(nc, unique_name, global_order=True) as third:
+                await third.publish("a", b"3")
+            return await _stored(nc, unique_name)
+        finally:
+            await nc.close()
+
+    stored = asyncio.run(go())
+    assert [(s[3], s[2][HDR_GLOBAL_SEQ]) for s in stored] == [(b"1", "1"), (b"2", "2"), (b"3", "3")]

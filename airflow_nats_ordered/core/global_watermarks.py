@@ -28,6 +28,7 @@ from nats.js import api
 from nats.js.errors import BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 
+from .global_sequencer import SequencerClaim
 from .kv import bucket_keys, compact_json, latest_entry
 from .streams import PartitionedStream
 
@@ -60,15 +61,11 @@ def watermark_of(data: bytes | None) -> int:
         return 0
 
 
-async def open_watermarks(nc: NATS, stream: PartitionedStream, create: bool) -> KeyValue | None:
-    """The stream's watermark bucket; created (history 1, the stream's replicas) when
-    ``create``, else None when it does not exist yet."""
+async def open_watermarks(nc: NATS, stream: PartitionedStream) -> KeyValue:
+    """The stream's watermark bucket, created (history 1, the stream's replicas) if new."""
     js = nc.jetstream()
-    try:
+    with contextlib.suppress(BucketNotFoundError, NotFoundError):
         return await js.key_value(watermark_bucket(stream.name))
-    except (BucketNotFoundError, NotFoundError):
-        if not create:
-            return None
     return await js.create_key_value(
         api.KeyValueConfig(
             bucket=watermark_bucket(stream.name),
@@ -78,6 +75,18 @@ async def open_watermarks(nc: NATS, stream: PartitionedStream, create: bool) -> 
             description=f"nats-ordered global-order watermarks of stream {stream.name}",
         )
     )
+
+
+async def open_global_order(
+    nc: NATS, stream: PartitionedStream, producer: str
+) -> tuple[KeyValue, SequencerClaim, int]:
+    """What a global-order publisher needs before it sends anything: the watermark bucket,
+    the sequencer claim (:class:`~.global_sequencer.SequencerBusy` while another publisher
+    holds it) and, taken after the claim, the first global sequence (:func:`global_base`)."""
+    kv = await open_watermarks(nc, stream)
+    claim = SequencerClaim(nc, kv, watermark_bucket(stream.name), stream.name, producer)
+    await claim.claim()
+    return kv, claim, await global_base(nc, stream)
 
 
 async def global_base(nc: NATS, stream: PartitionedStream) -> int:
@@ -106,11 +115,15 @@ async def global_base(nc: NATS, stream: PartitionedStream) -> int:
 
 class WatermarkWriter:
     """Writes the publisher's watermarks: at start, every ``interval`` seconds for the
-    partitions whose lane is idle and whose watermark would rise, and after a flush."""
+    partitions whose lane is idle and whose watermark would rise, and after a flush; it
+    renews the publisher's sequencer ``claim`` and writes nothing once the claim is lost."""
 
-    def __init__(self, pub: OrderedPublisher, kv: KeyValue, interval: float) -> None:
+    def __init__(
+        self, pub: OrderedPublisher, kv: KeyValue, interval: float, claim: SequencerClaim
+    ) -> None:
         self.pub = pub
         self.kv = kv
+        self.claim = claim
         self.interval = interval
         self.written = [0] * pub.partitions
         self.task: asyncio.Task[None] | None = None
@@ -132,6 +145,8 @@ class WatermarkWriter:
             await self._write()
 
     async def _write(self) -> None:
+        if self.claim.lost:
+            return
         pub = self.pub
         g = pub._next_g  # with the idle checks below, one synchronous step
         due = [
@@ -160,6 +175,7 @@ class WatermarkWriter:
         while True:
             await asyncio.sleep(self.interval)
             try:
+                await self.claim.renew_if_due()
                 await self.write()
             except asyncio.CancelledError:
                 raise
@@ -171,6 +187,7 @@ __all__ = [
     "HDR_GLOBAL_SEQ",
     "WatermarkWriter",
     "global_base",
+    "open_global_order",
     "open_watermarks",
     "parse_global_seq",
     "watermark_bucket",

@@ -72,7 +72,7 @@ from .errors import (
     RecordError,
     RecordTooLargeError,
 )
-from .global_watermarks import HDR_GLOBAL_SEQ, WatermarkWriter, global_base, open_watermarks
+from .global_watermarks import HDR_GLOBAL_SEQ, WatermarkWriter, open_global_order
 from .keys import HDR_KEY, HDR_KEY_B64, key_header_line  # noqa: F401 - HDR_KEY_B64 re-exported
 from .msg_ids import (
     HDR_MSG_ID,
@@ -327,10 +327,6 @@ class OrderedPublisher:
         if self.stream.max_msg_size and self.stream.max_msg_size > 0:
             self._max_size = min(self._max_size, self.stream.max_msg_size)
         self._counts_before, self._removed_before = await self._subject_counts()
-        kv = None
-        if self.config.global_order:  # before any task starts: a failure here leaks none
-            kv = await open_watermarks(self.nc, self.stream, create=True)
-            self._next_g = await global_base(self.nc, self.stream)
         self._lanes = [_Lane(self, p) for p in range(self.stream.partitions)]
         for p, n in self.start_after.items():
             if not 0 <= p < len(self._lanes) or n < 0:
@@ -339,6 +335,11 @@ class OrderedPublisher:
                     f"{self.stream.name} has partitions 0 to {len(self._lanes) - 1}"
                 )
             self._lanes[p].resume_left = n
+        if self.config.global_order:  # before any task starts: a failure here leaks none
+            kv, claim, self._next_g = await open_global_order(
+                self.nc, self.stream, self.producer_id
+            )  # one global-order publisher at a time: SequencerBusy while another is
+            self._watermarks = WatermarkWriter(self, kv, self.config.watermark_interval, claim)
         self._sub = await self.nc.subscribe(
             f"{self._inbox}.>",
             cb=self._on_reply,
@@ -347,8 +348,7 @@ class OrderedPublisher:
         )
         for lane in self._lanes:
             lane.task = asyncio.ensure_future(lane.run())
-        if kv is not None:
-            self._watermarks = WatermarkWriter(self, kv, self.config.watermark_interval)
+        if self._watermarks is not None:
             await self._watermarks.write()  # every partition is idle: all advance to the base
             self._watermarks.start()
         self._t0 = time.monotonic()
@@ -611,6 +611,7 @@ class OrderedPublisher:
             self._closing = True
             if self._watermarks is not None:
                 await self._watermarks.stop()
+                await self._watermarks.claim.release()
             for lane in self._lanes:
                 lane.wake.set()
             for lane in self._lanes:
