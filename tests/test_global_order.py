@@ -12,6 +12,7 @@ import nats
 import pytest
 
 from airflow_nats_ordered.core.commits import Fenced
+from airflow_nats_ordered.core.errors import ConfigError
 from airflow_nats_ordered.core.global_merge import GlobalOrderViolation
 from airflow_nats_ordered.core.global_order import GlobalMessage, GlobalOrderReader
 from airflow_nats_ordered.core.global_position import POSITION_KEY
@@ -19,6 +20,7 @@ from airflow_nats_ordered.core.global_watermarks import HDR_GLOBAL_SEQ, watermar
 from airflow_nats_ordered.core.partitioning import partition_for
 from airflow_nats_ordered.core.publisher import OrderedPublisher
 from airflow_nats_ordered.core.streams import StreamSpec, provision
+from airflow_nats_ordered.core.worker import Worker, WorkerConfig
 
 WAIT = 60.0
 
@@ -251,3 +253,25 @@ def test_a_second_reader_of_the_group_fences_the_first(nats_url, unique_name):
 
     got, token_b = asyncio.run(go())
     assert got[0] < token_b
+
+
+def test_a_group_of_per_key_workers_is_refused_with_the_fix(nats_url, unique_name):
+    async def go():
+        nc = await nats.connect(nats_url)
+        try:
+            await provision(nc, StreamSpec(unique_name, partitions=2))
+            async with OrderedPublisher(nc, unique_name, global_order=True) as pub:
+                await pub.publish("a", b"1")
+            w = Worker(nc, WorkerConfig(unique_name, "billing", lease_ttl=2.0), lambda m: None)
+            await w.start()
+            try:
+                await w.wait_assigned(WAIT)
+            finally:
+                await w.stop()
+            reader = GlobalOrderReader(nc, unique_name, "billing", lambda m: None)
+            with pytest.raises(ConfigError, match="another group name"):
+                await reader.start()
+        finally:
+            await nc.close()
+
+    asyncio.run(go())

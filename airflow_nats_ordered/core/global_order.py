@@ -58,7 +58,7 @@ from .global_watermarks import HDR_GLOBAL_SEQ, parse_global_seq, watermark_bucke
 from .group import GroupStore
 from .group_config import GroupConfig, default_member_id
 from .keys import message_key
-from .kv import latest_entry
+from .kv import bucket_keys, latest_entry
 from .reader import PartitionReader
 from .streams import PartitionedStream
 
@@ -185,10 +185,17 @@ class GlobalOrderReader:
         return self._g
 
     async def open(self) -> None:
-        store = await GroupStore.open(self.nc, self.group_config)
+        """Take the group's position (a new fencing token); :meth:`start` calls it."""
+        cfg = self.group_config
+        if await bucket_keys(self.nc, cfg.state_bucket, "c."):
+            raise ConfigError(
+                f"group {cfg.group} of stream {cfg.stream} is a consumer group of per-key "
+                "workers (it has partition commit records): a global-order reader keeps its "
+                "own position, so give it a group of its own (another group name)"
+            )
+        store = await GroupStore.open(self.nc, cfg)
         assert store.stream is not None
         self.stream = store.stream
-        cfg = self.group_config
         self._positions = GlobalPositions(
             self.nc, store.state, cfg.state_bucket, cfg.stream, cfg.group, self.stream.created
         )
