@@ -121,7 +121,7 @@ def wait_past_the_window(url: str, stream: str, window: float = WINDOW) -> None:
 def _fail_task_0_while_task_1_is_cancelled(url: str, stream: str, producer: str):
     """A pass-through ``mapInArrow`` step: once the stream holds rows, every attempt of Spark
     partition 0 fails (the job is aborted) while Spark partition 1 waits in the middle of its
-    input until the abort is recorded (Spark cancels it meanwhile), for 10 s at most."""
+    input until the abort is recorded (Spark cancels it meanwhile), for 3 s at most."""
 
     def step(batches):
         import asyncio
@@ -156,7 +156,7 @@ def _fail_task_0_while_task_1_is_cancelled(url: str, stream: str, producer: str)
                     time.sleep(0.05)
                 if task == 0:
                     raise RuntimeError("injected: Spark partition 0 fails for good")
-                deadline = time.monotonic() + 10  # (Spark may wait for it to end)
+                deadline = time.monotonic() + 3  # (Spark may wait for it to end)
                 while time.monotonic() < deadline:
                     if asyncio.run(status()) not in ("running", ""):
                         break
@@ -199,7 +199,7 @@ def test_an_aborted_job_records_what_is_stored_and_a_resubmit_past_the_window_re
     )
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "100")
     try:
-        with pytest.raises(Exception, match="fails for good"):
+        with pytest.raises(Exception, match="injected: Spark partition"):
             write(failing)
     finally:
         spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
@@ -223,3 +223,82 @@ def test_an_aborted_job_records_what_is_stored_and_a_resubmit_past_the_window_re
     assert rec.acked_per_partition, rec.to_dict()
     assert all(rec.acked_per_partition.get(p, 0) <= n for p, n in per_partition.items())
     assert "re-submitting the job with the same input resumes" in (rec.error or ""), rec.error
+
+
+def _retry_after_the_window(url: str, stream: str):
+    """A pass-through ``mapInArrow`` step: attempt 0 of each task fails once the stream holds
+    rows; attempt 1 starts handing on its rows only after the duplicate window has passed
+    since the newest stored message (a retry that comes late, as on a busy cluster)."""
+
+    def step(batches):
+        import asyncio
+        import datetime as dt
+        import time
+
+        import nats
+        from pyspark import TaskContext
+
+        async def newest() -> tuple[int, dt.datetime | None]:
+            nc = await nats.connect(url)
+            try:
+                js = nc.jetstream()
+                state = (await js.stream_info(stream)).state
+                if not state.messages:
+                    return 0, None
+                return state.messages, (await js.get_msg(stream, state.last_seq)).time
+            finally:
+                await nc.close()
+
+        attempt = TaskContext.get().attemptNumber()
+        if attempt > 0:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                _, last = asyncio.run(newest())
+                limit = last + dt.timedelta(seconds=WINDOW + 1) if last else None
+                if limit is None or dt.datetime.now(dt.UTC) > limit:
+                    break
+                time.sleep(0.2)
+        for n, b in enumerate(batches):
+            yield b
+            if n == 3 and attempt == 0:
+                deadline = time.monotonic() + 30
+                while asyncio.run(newest())[0] == 0 and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                raise RuntimeError("injected: fails once rows are stored")
+
+    return step
+
+
+def test_a_task_retried_after_the_window_resumes_from_what_its_failed_attempt_stored(
+    spark, nats_url, unique_name
+):
+    """A new run's task fails after storing rows and its retry comes after the duplicate
+    window: the retry passes over what the failed attempt stored (read from the stream),
+    instead of sending it again."""
+    from airflow_nats_ordered.spark import route
+
+    spec = StreamSpec(unique_name, partitions=2, duplicate_window=WINDOW)
+    on_server(nats_url, lambda nc: provision(nc, spec))
+    rows = [{**r, "pad": "x" * 200} for r in _rows(1000, 20)]
+    routed = route(
+        spark.createDataFrame(rows, SCHEMA), key="k", partitions=2, order_by=["ts"], tasks=1
+    )
+    late = routed.mapInArrow(_retry_after_the_window(nats_url, unique_name), routed.schema)
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "100")
+    try:
+        (
+            late.write.format("nats-ordered")
+            .option("stream", unique_name)
+            .option("keyColumn", "k")
+            .option("orderBy", "ts")
+            .option("producerId", "late-retry")
+            .option("deliveryTimeout", "1")
+            .option("url", nats_url)
+            .mode("append")
+            .save()
+        )
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+    assert _problems(rows, nats_url, unique_name) == []
+    rec = run_record(nats_url, unique_name, "late-retry")
+    assert rec is not None and rec.status == "complete" and rec.skipped > 0, rec.to_dict()

@@ -141,9 +141,9 @@ class NatsOrderedWriter(DataSourceArrowWriter):
                 schema_names=self.schema_names,
                 run_producer_id=self.plan.run_id,
                 previous=self.plan.previous,
-                # begun by this job: a run without a record before (never published, or
-                # forgotten on purpose to replay it) sends everything
-                resume_from_stream=self.plan.previous is not None,
+                # a run without a record before (never published, or forgotten on purpose
+                # to replay it) resumes only after what this job's own attempts stored
+                after=self.plan.after,
                 task=task,
                 attempt=attempt,
                 label=f"Spark partition {task} (attempt {attempt})",
@@ -215,7 +215,7 @@ class NatsOrderedStreamWriter(DataSourceStreamArrowWriter):
                 previous=plan.previous,
                 # a micro-batch's run is recorded only at its end: a replay of one killed
                 # before that resumes from the stream alone
-                resume_from_stream=True,
+                after={},
                 task=task,
                 attempt=attempt,
                 label=f"micro-batch {batch}, Spark partition {task} (attempt {attempt})",

@@ -122,9 +122,17 @@ async def stored_tails(nc: NATS, stream: str, producer_id: str) -> dict[int, Sto
     return out
 
 
-def own_positions(tails: Mapping[int, StoredTail]) -> dict[int, tuple[int, str]]:
-    """``stored`` for :func:`resume_points`: partitions whose last message is the run's."""
-    return {p: (t.position, t.msg_id) for p, t in tails.items() if t.position}
+def own_positions(
+    tails: Mapping[int, StoredTail], after: Mapping[int, int] | None = None
+) -> dict[int, tuple[int, str]]:
+    """``stored`` for :func:`resume_points`: partitions whose last message is the run's
+    (and, with ``after``, was stored after that stream sequence of its partition)."""
+    after = after or {}
+    return {
+        p: (t.position, t.msg_id)
+        for p, t in tails.items()
+        if t.position and t.seq > after.get(p, 0)
+    }
 
 
 def _key_bytes(key: str | bytes | None) -> bytes:

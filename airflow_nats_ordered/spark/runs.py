@@ -16,6 +16,7 @@ attempts and cover every partition any attempt stored (as for every run, see
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -57,6 +58,10 @@ class RunPlan:
     resume: dict[int, PartitionResume] = field(default_factory=dict)
     attempt: int = 1
     previous: RunRecord | None = None
+    #: a run new in the ledger: per partition, its last stream sequence when the job began;
+    #: only the run's messages after it are this job's (anything before is a run forgotten
+    #: on purpose, replayed in full)
+    after: dict[int, int] = field(default_factory=dict)
 
 
 async def plan_run(
@@ -69,13 +74,18 @@ async def plan_run(
     previous = await ledger.get(run_id)
     if previous is not None and previous.status == "complete":
         return RunPlan(run_id, complete=True, attempt=previous.attempts)
-    resume = {}
-    if routed and previous is not None:
-        resume = resume_points(previous, own_positions(await stored_tails(nc, stream, run_id)))
+    resume: dict[int, PartitionResume] = {}
+    after: dict[int, int] = {}
+    if routed:
+        tails = await stored_tails(nc, stream, run_id)
+        if previous is not None:
+            resume = resume_points(previous, own_positions(tails))
+        else:
+            after = {p: t.seq for p, t in tails.items()}
     attempt = (previous.attempts if previous is not None else 0) + 1
     if begin:
         attempt = (await ledger.begin(run_id)).attempts
-    return RunPlan(run_id, resume=resume, attempt=attempt, previous=previous)
+    return RunPlan(run_id, resume=resume, attempt=attempt, previous=previous, after=after)
 
 
 def absorb_reports(
@@ -178,7 +188,9 @@ async def record_run(
         error = vanished(resume, seen, run_id)
     absorb_reports(rec, reports, allow_refused=options.allow_refused, error=error)
     if from_stream:
-        tails = await stored_tails(nc, options.stream, run_id)
+        tails = {}
+        with contextlib.suppress(Exception):  # the failure is recorded whatever the stream says
+            tails = await stored_tails(nc, options.stream, run_id)
         for p, t in tails.items():
             if t.position > rec.acked_per_partition.get(p, 0):
                 rec.acked_per_partition[p] = t.position

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -90,23 +90,24 @@ async def publish_task(
     schema_names: list[str],
     run_producer_id: str,
     previous: RunRecord | None,
-    resume_from_stream: bool,
+    after: Mapping[int, int],
     task: int,
     attempt: int,
     label: str,
 ) -> TaskReport:
     """Publish one task's rows; raise if any was not confirmed as stored. Routed rows
     resume after what ``previous`` (the run's record when the job began) recorded or the
-    stream holds now (an earlier attempt of this task may have stored more)."""
+    stream holds now (an earlier attempt of this task may have stored more), counting only
+    the run's messages after ``after`` (per partition, a stream sequence)."""
     knobs: dict[str, Any] = {}
     if options.delivery_timeout is not None:
         knobs["delivery_timeout"] = options.delivery_timeout
     routed = PARTITION_COLUMN in schema_names
     producer = run_producer_id if routed else f"{run_producer_id}.t{task}"
     resume = {}
-    if routed and (previous is not None or resume_from_stream):
+    if routed:  # what earlier attempts of this job (a task retry) stored counts too
         tails = await stored_tails(nc, options.stream, run_producer_id)
-        resume = resume_points(previous, own_positions(tails))
+        resume = resume_points(previous, own_positions(tails, after))
     pub = ResumingPublisher(
         nc,
         options.stream,
