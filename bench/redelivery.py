@@ -28,7 +28,9 @@ from typing import Any
 
 VARIANTS: dict[str, list[str]] = {
     "old-cadence": ["--commit-every", "1000", "--commit-interval", "1"],
-    "default": [],
+    "every-100": ["--commit-every", "100", "--commit-interval", "0.1"],
+    "every-25": ["--commit-every", "25", "--commit-interval", "0.025"],
+    "every-5": ["--commit-every", "5", "--commit-interval", "0.005"],
 }
 
 

@@ -15,7 +15,10 @@ Guarantees (each tested by breaking it in ``tests/test_worker_chaos.py``)
   and calls the handler message by message (or batch by batch) in stream order.
 * **At-least-once.** Positions are committed after the handler returned, every
   ``commit_every`` messages / ``commit_interval`` seconds and on hand-over, so a crash
-  re-delivers at most the uncommitted tail; a fenced sink makes it effectively-once.
+  re-delivers at most the uncommitted tail; a fenced sink makes it effectively-once. The
+  writes leave the hot path (:mod:`.committer`: one in flight per partition, coalesced to
+  the latest position, never after the lease is lost); a partition waits for the write in
+  flight only when ``2 * commit_every`` messages are uncommitted, which bounds that tail.
 * **Fenced handlers stop.** A handler that raises :class:`Fenced` (its sink saw a newer
   token) stops the partition at once, without retrying, dead-lettering or committing.
 * **Poison messages.** A failing handler is retried with backoff; then the message goes to
@@ -35,6 +38,7 @@ from typing import Any
 
 from nats.errors import Error as NatsError
 
+from .committer import PartitionCommitter
 from .continuity import Position, delivering, divergence, stopped_reason
 from .dead_letters import DeadLettering
 from .errors import (
@@ -45,7 +49,6 @@ from .errors import (
 )
 from .group import (
     Fenced,
-    Grant,
     GroupStore,
     LeaseLost,
     StateWentBack,
@@ -89,9 +92,12 @@ class PartitionDelivery(DeadLettering):
             lambda seq, msg_id: self._verify_position(p, seq, msg_id),
             grant.committed_id or None,
         )
+        #: commit writes leave the hot path: one in flight, coalesced to the latest position
+        committer = PartitionCommitter(self.store, grant, o.lease, self.member)
         last, last_id = grant.committed, grant.committed_id or None
         last_commit = time.monotonic()
         since_commit = 0
+        handled = 0  # messages handled and submitted for commit, in total
         graceful = False
         given_up = False  # fenced or lease lost: stop without committing, free what is held
         halted = False  # the handler could not finish a message: stop here, commit before it
@@ -129,17 +135,22 @@ class PartitionDelivery(DeadLettering):
                     if done < len(chunk):
                         halted = True
                         break
-                    if self._commit_due(since_commit, last_commit) and await self._commit(
-                        grant, last, last_id
-                    ):
+                    if self._commit_due(since_commit, last_commit):
+                        handled += since_commit
+                        committer.submit(last, last_id, handled)
                         since_commit, last_commit = 0, time.monotonic()
+                        # at most two commit periods uncommitted: a crash re-delivers that
+                        await committer.wait_behind(handled, 2 * self.cfg.commit_every, 1.0)
+                    if committer.fenced is not None:
+                        raise committer.fenced
                 # handled: let go of them before fetching more (the byte bound counts on it)
                 msgs = chunk = []
-                if stopped is None and (
-                    self._commit_due(since_commit, last_commit)
-                    and await self._commit(grant, last, last_id)
-                ):
+                if stopped is None and self._commit_due(since_commit, last_commit):
+                    handled += since_commit
+                    committer.submit(last, last_id, handled)
                     since_commit, last_commit = 0, time.monotonic()
+                if committer.fenced is not None:
+                    raise committer.fenced
             if stopped is not None:
                 # no commit: what was handled since the last one may be past the stream's end
                 given_up = True
@@ -178,6 +189,11 @@ class PartitionDelivery(DeadLettering):
             o.finishing = True  # from here on a lost lease must not cancel the clean-up
             stopped_at = time.time()  # processing has stopped: the end of this owner's window
             try:
+                if graceful and o.lease.valid:
+                    # the write in flight ends first: the final commit below is the last
+                    await committer.settle(timeout=max(0.1, o.lease.valid_until - time.monotonic()))
+                else:
+                    committer.cancel()
                 await reader.close()
                 async with o.lock:
                     o.releasing = True
@@ -328,22 +344,6 @@ class PartitionDelivery(DeadLettering):
             since_commit >= self.cfg.commit_every
             or time.monotonic() - last_commit >= self.cfg.commit_interval
         )
-
-    async def _commit(self, grant: Grant, seq: int, msg_id: str | None) -> bool:
-        """Commit; a transient failure (server restart) is retried at the next commit point.
-        Fenced propagates: a newer owner exists."""
-        try:
-            await self.store.commit(grant, seq, msg_id)
-            return True
-        except (NatsError, TimeoutError) as exc:
-            log.warning(
-                "member %s: committing partition %d at %d failed (%s); will retry",
-                self.member,
-                grant.partition,
-                seq,
-                exc,
-            )
-            return False
 
     async def _call(self, arg: Any) -> None:
         # the msg-ids of what is handed over, for a sink the handler gives no msg_id
