@@ -352,7 +352,7 @@ class PartitionDelivery(DeadLettering):
         token = delivering.set(ids)
         try:
             r = self.handler(arg)
-            if self._is_async or inspect.isawaitable(r):
+            if self._is_async or (r is not None and inspect.isawaitable(r)):
                 await r
         finally:
             delivering.reset(token)
