@@ -35,6 +35,7 @@ from ..core.drain import (
     wait_drained,
 )
 from ..core.errors import ConfigError, NatsOrderedError
+from ..core.global_position import GlobalPosition
 from ..core.group import GroupStore
 from ..core.group_admin import dead_letters
 from ..core.streams import describe, stream_contents
@@ -115,14 +116,21 @@ async def _read(nc: NATS, stream_name: str, group: str) -> dict[str, Any]:
     if snap.assignment:
         generation = Assignment.from_json(snap.assignment).generation
     now = time.time()
+    gp, reader = snap.global_position, snap.global_reader
+    # a global-order reader (one member reading every partition) owns them all while alive
+    reader_id = str(reader.get("member") or "") or None if reader else None
     parts: list[dict[str, Any]] = []
     for p in lag.partitions:
         c = snap.commits.get(p.partition)
+        owner = snap.leases.get(p.partition, (None, 0))[0]
+        token = c.token if c else 0
+        if c is None and gp is not None:
+            owner, token = reader_id, gp.token
         parts.append(
             {
                 "partition": p.partition,
-                "owner": snap.leases.get(p.partition, (None, 0))[0],
-                "fencing_token": c.token if c else 0,
+                "owner": owner,
+                "fencing_token": token,
                 "committed": p.committed,
                 "last": p.last,
                 "lag": p.lag,
@@ -160,6 +168,23 @@ async def _read(nc: NATS, stream_name: str, group: str) -> dict[str, Any]:
             "purge": strays.purge_commands() if strays else [],
         },
         "problems": list(snap.problems) + ([strays.problem()] if strays else []),
+        "global_order": _global_order(snap.global_position, reader_id, now),
+    }
+
+
+def _global_order(gp: GlobalPosition | None, reader: str | None, now: float) -> Any:
+    """A global-order reader's position (None for a group of per-key workers): the last
+    global sequence handed over, its token, who wrote it and when, late records (window
+    mode), and the running reader, if any."""
+    if gp is None:
+        return None
+    return {
+        "position": gp.g,
+        "fencing_token": gp.token,
+        "member": gp.member,
+        "written_age": round(max(0.0, now - gp.ts), 3) if gp.ts else None,
+        "late": gp.late,
+        "reader": reader,
     }
 
 
@@ -201,6 +226,13 @@ def _print_table(out: dict[str, Any]) -> None:
         if members
         else "no live members"
     )
+    glob = out.get("global_order")
+    if glob:
+        running = f"reader {glob['reader']} running" if glob["reader"] else "no reader running"
+        print(
+            f"global order: position {glob['position']:,} (token {glob['fencing_token']}, "
+            f"written by {glob['member'] or '-'}), {glob['late']:,} late record(s), {running}"
+        )
     dlq = out["dead_letters"]
     if dlq["exists"]:
         print(f"dead letters: {dlq['messages']:,} in stream {dlq['stream']} ({dlq['subjects']})")

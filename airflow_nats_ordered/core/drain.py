@@ -1,10 +1,12 @@
 """How far behind a consumer group is, and waiting until it has caught up (drained).
 
 A partition's *lag* is the number of its messages after the group's committed position
-(``c.<n>`` in the group's state bucket). A group is *drained* up to a set of *marks*
-(partition -> stream sequence) when every partition's committed position is at or past its
-mark; by default the marks are the partitions' last sequences at the time of the call, so
-"drained" means "everything published before I asked has been processed and committed".
+(``c.<n>`` in the group's state bucket; for a global-order reader's group, the partition's
+stream sequence in the reader's position, key ``global``). A group is *drained* up to a
+set of *marks* (partition -> stream sequence) when every partition's committed position
+is at or past its mark; by default the marks are the partitions' last sequences at the
+time of the call, so "drained" means "everything published before I asked has been
+processed and committed".
 
 :func:`wait_drained` watches the commit records with a KV watcher (the server pushes each
 commit; nothing is polled), so an Airflow trigger can sit on it for hours at no cost. It
@@ -31,13 +33,15 @@ from dataclasses import dataclass
 
 import nats.errors
 from nats.aio.client import Client as NATS
-from nats.js.errors import BucketNotFoundError, NotFoundError
+from nats.js.errors import BucketNotFoundError, KeyDeletedError, KeyNotFoundError, NotFoundError
 from nats.js.kv import KV_DEL, KV_PURGE
 
 from .errors import ConfigError, NatsOrderedError
+from .global_position import POSITION_KEY, READER_KEY, GlobalPosition
 from .group import CommitRecord, GroupState, GroupStore, StreamRecreated
 from .group_admin import live_members
 from .group_config import GroupConfig
+from .kv import latest_entry
 from .streams import (
     PartitionedStream,
     PartitionStats,
@@ -163,13 +167,17 @@ def group_lag(
     """The lag of ``group`` from already-read partition stats and a group snapshot (and the
     stream's strays, read with the stats by :func:`.streams.stream_contents`)."""
     parts = []
+    gp = state.global_position
     for s in stats:
         c = state.commits.get(s.partition)
+        # a global-order reader's group: its position holds the partitions' sequences
+        global_seq = gp.seqs.get(s.partition, 0) if gp is not None else 0
+        committed = c.seq if c is not None else global_seq
         parts.append(
             PartitionLag(
                 s.partition,
                 s.last_seq,
-                c.seq if c else 0,
+                committed,
                 s.messages,
                 state.blocked.get(s.partition),
             )
@@ -296,6 +304,16 @@ async def wait_drained(
     # change as the server stores it
     watcher = await store.state.watch(">")
     caught_up = False
+    # a global-order reader's group: its position (key ``global``) holds every partition's
+    # stream sequence; a partition with its own commit record goes by that record
+    global_rev = 0
+
+    def take_global(value: bytes | None) -> None:
+        seqs = GlobalPosition.from_json(value).seqs if value else {}
+        for p in set(marks) | set(seqs):
+            if p not in commit_rev:
+                committed[p] = seqs.get(p, 0)
+
     try:
         while True:
             if caught_up:
@@ -337,8 +355,13 @@ async def wait_drained(
                         rec, rev = await store.read_commit(p)
                         if rec is not None and rev > commit_rev.get(p, 0):
                             committed[p], commit_rev[p] = rec.seq, rev
+                    if global_rev:
+                        found = await latest_entry(nc, store.cfg.state_bucket, POSITION_KEY)
+                        if found is not None and found[1] > global_rev:
+                            take_global(found[0])
+                            global_rev = found[1]
                 if no_members_timeout is not None:
-                    if await live_members(nc, stream, group):
+                    if await live_members(nc, stream, group) or await reader_alive(store):
                         members_seen = now
                     elif now - members_seen > no_members_timeout:
                         raise no_members_error(stream, group, no_members_timeout, marks, committed)
@@ -357,6 +380,11 @@ async def wait_drained(
                     continue  # older than what a re-read found
                 committed[p] = 0 if deleted else CommitRecord.from_json(entry.value).seq
                 commit_rev[p] = entry.revision or 0
+            elif entry.key == POSITION_KEY:
+                if entry.revision and entry.revision < global_rev:
+                    continue  # older than what a re-read found
+                take_global(None if deleted else entry.value)
+                global_rev = entry.revision or 0
             elif entry.key == "stream" and not deleted:
                 recorded = json.loads(entry.value or b"{}").get("created", "")
                 if recorded and described.created and recorded != described.created:
@@ -372,6 +400,16 @@ async def wait_drained(
                 continue
     finally:
         await asyncio.shield(watcher.stop())
+
+
+async def reader_alive(store: GroupStore) -> bool:
+    """Whether a global-order reader of the group is running (its heartbeat, key
+    ``global`` of the lease bucket, has not expired)."""
+    try:
+        await store.leases.get(READER_KEY)
+    except (KeyNotFoundError, KeyDeletedError):
+        return False
+    return True
 
 
 async def _wait_for_group(
@@ -430,7 +468,8 @@ def no_members_error(
     return NoMembersError(
         f"no worker pool is consuming group {group} of stream {stream}: {why} while "
         f"{behind} partition(s) are behind their mark. Start the workers (`nats-ordered "
-        f"worker --stream {stream} --group {group} --handler ...`), then retry"
+        f"worker --stream {stream} --group {group} --handler ...`, or `nats-ordered "
+        "global-read ...` for a global-order group), then retry"
         + ("; or check the group name" if group_missing else "")
     )
 

@@ -40,7 +40,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import json
 import logging
+import os
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -53,7 +56,7 @@ from nats.js.errors import NotFoundError
 from .commits import Fenced
 from .errors import ConfigError, NatsOrderedError
 from .global_merge import GlobalMerge, GlobalOrderViolation
-from .global_position import GlobalPositions
+from .global_position import READER_KEY, GlobalPositions
 from .global_watermarks import HDR_GLOBAL_SEQ, parse_global_seq, watermark_bucket, watermark_of
 from .group import GroupStore
 from .group_config import GroupConfig, default_member_id
@@ -144,6 +147,9 @@ class GlobalOrderReader:
         self._wake = asyncio.Event()
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
+        self._heartbeat: asyncio.Task[None] | None = None
+        self._store: GroupStore | None = None
+        self._started = time.time()
         self._seqs: dict[int, int] = {}
         self._g = 0
         self._token = 0
@@ -195,6 +201,7 @@ class GlobalOrderReader:
             )
         store = await GroupStore.open(self.nc, cfg)
         assert store.stream is not None
+        self._store = store
         self.stream = store.stream
         self._positions = GlobalPositions(
             self.nc, store.state, cfg.state_bucket, cfg.stream, cfg.group, self.stream.created
@@ -226,8 +233,46 @@ class GlobalOrderReader:
             pos.token,
         )
 
+    # -- presence ------------------------------------------------------------------------
+    def _info(self) -> bytes:
+        problems = [] if self.error is None else [f"global-order reader stopped: {self.error}"]
+        return json.dumps(
+            {
+                "member": self.member_id,
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "started": self._started,
+                "ts": round(time.time(), 3),
+                "global_order": True,
+                "problems": problems,
+            }
+        ).encode()
+
+    async def _beat(self) -> None:
+        """Key ``global`` of the lease bucket, every quarter of its TTL: ``status`` shows the
+        reader as the group's member and drains see it alive; the TTL removes it when the
+        process dies."""
+        assert self._store is not None
+        every = self._store.cfg.lease_ttl / 4
+        while True:
+            try:
+                await self._store.leases.put(READER_KEY, self._info())
+            except (NatsError, TimeoutError) as exc:  # tried again at the next beat
+                log.info("global-order reader: heartbeat not written: %s", exc)
+            await asyncio.sleep(every)
+
+    async def _leave(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            await asyncio.gather(self._heartbeat, return_exceptions=True)
+            self._heartbeat = None
+        if self._store is not None:
+            with contextlib.suppress(NatsError, TimeoutError, NotFoundError):
+                await self._store.leases.delete(READER_KEY)
+
     async def _run(self) -> None:
         self._fetchers = [asyncio.ensure_future(self._fetch(p)) for p in range(len(self._readers))]
+        self._heartbeat = asyncio.ensure_future(self._beat())
         try:
             await self._merge_loop()
             if self._uncommitted:
@@ -241,6 +286,7 @@ class GlobalOrderReader:
             await asyncio.gather(*self._fetchers, return_exceptions=True)
             for r in self._readers:
                 await r.close()
+            await self._leave()
 
     def _fail(self, exc: BaseException) -> None:
         if self.error is None:

@@ -29,6 +29,11 @@ from .kv import compact_json, latest_entry
 #: the key of the position in the group's state bucket
 POSITION_KEY = "global"
 
+#: the key of a running reader's heartbeat in the group's lease bucket (whose TTL expires
+#: it when the reader dies); per-key workers list members by ``m.<id>`` only, so they
+#: never take a global-order reader for one of theirs
+READER_KEY = "global"
+
 
 class GlobalPositionMissing(NatsOrderedError):
     """The group's global position was deleted although it existed: resuming from the
@@ -38,13 +43,17 @@ class GlobalPositionMissing(NatsOrderedError):
 @dataclass(frozen=True)
 class GlobalPosition:
     """``g``: the last global sequence handed over (0: none); ``seqs``: per partition the
-    stream sequence of its last record handed over (absent: none yet)."""
+    stream sequence of its last record handed over (absent: none yet); ``late``: records
+    the time-window mode found late so far (``status`` shows it); ``ts``: wall-clock time
+    of the write (seconds since the epoch; 0 when read from an older record)."""
 
     g: int = 0
     seqs: dict[int, int] = field(default_factory=dict)
     token: int = 0
     member: str = ""
     stream: str = ""
+    late: int = 0
+    ts: float = 0.0
 
     def to_json(self) -> bytes:
         return compact_json(
@@ -55,6 +64,7 @@ class GlobalPosition:
                 "member": self.member,
                 "ts": round(time.time(), 3),
                 "stream": self.stream,
+                "late": self.late,
             }
         )
 
@@ -67,6 +77,8 @@ class GlobalPosition:
             int(d.get("token") or 0),
             str(d.get("member") or ""),
             str(d.get("stream") or ""),
+            int(d.get("late") or 0),
+            float(d.get("ts") or 0.0),
         )
 
 
@@ -110,6 +122,7 @@ class GlobalPositions:
                 next_token(old.token, 0, int(time.time() * 1000)),
                 member,
                 self.created,
+                old.late,
             )
             try:
                 if found is None:
@@ -121,11 +134,12 @@ class GlobalPositions:
             self.revision, self.current = rev, new
             return new
 
-    async def commit(self, g: int, seqs: dict[int, int]) -> None:
-        """Write ``g`` and ``seqs`` under this reader's token; :class:`Fenced` if a newer
-        reader has taken the position."""
+    async def commit(self, g: int, seqs: dict[int, int], late: int | None = None) -> None:
+        """Write ``g`` and ``seqs`` (and the count of ``late`` records, unchanged if None)
+        under this reader's token; :class:`Fenced` if a newer reader has taken the position."""
         cur = self.current
-        new = GlobalPosition(g, dict(seqs), cur.token, cur.member, cur.stream)
+        late = cur.late if late is None else late
+        new = GlobalPosition(g, dict(seqs), cur.token, cur.member, cur.stream, late)
         value = new.to_json()
         try:
             self.revision = await self.state.update(POSITION_KEY, value, last=self.revision)
@@ -133,7 +147,7 @@ class GlobalPositions:
             found = await latest_entry(self.nc, self.bucket, POSITION_KEY)
             if found is not None and found[0] is not None:
                 now = GlobalPosition.from_json(found[0])
-                if now.token == cur.token and now.g == g and now.seqs == new.seqs:
+                if (now.token, now.g, now.seqs, now.late) == (cur.token, g, new.seqs, late):
                     self.revision, self.current = found[1], new  # our write, reply lost
                     return
             raise Fenced(
@@ -143,4 +157,10 @@ class GlobalPositions:
         self.current = new
 
 
-__all__ = ["POSITION_KEY", "GlobalPosition", "GlobalPositionMissing", "GlobalPositions"]
+__all__ = [
+    "POSITION_KEY",
+    "READER_KEY",
+    "GlobalPosition",
+    "GlobalPositionMissing",
+    "GlobalPositions",
+]

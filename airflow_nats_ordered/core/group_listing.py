@@ -138,12 +138,14 @@ async def summarize_group(nc: NATS, ref: GroupRef) -> GroupSummary:
     lag = group_lag(ref.stream, ref.group, contents.partitions, snap, contents.strays)
     if contents.strays and contents.strays.problem() not in problems:
         problems.append(contents.strays.problem())
+    # a running global-order reader reads (owns) every partition of its group
+    owned = len(lag.partitions) if snap.global_reader is not None else len(snap.leases)
     return GroupSummary(
         ref.stream,
         ref.group,
         sorted(snap.members),
         len(lag.partitions),
-        len(snap.leases),
+        owned,
         lag.total_lag,
         lag.drained,
         sorted(p.partition for p in lag.partitions if p.blocked),

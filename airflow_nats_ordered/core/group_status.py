@@ -19,6 +19,7 @@ from nats.js.kv import KeyValue
 
 from .commits import CommitRecord
 from .errors import StreamNotFoundError
+from .global_position import POSITION_KEY, READER_KEY, GlobalPosition
 from .group_stream import GroupStreamIdentity
 from .kv import bucket_keys
 from .streams import describe
@@ -34,6 +35,12 @@ class GroupState:
     leader: str | None = None
     assignment: bytes | None = None
     blocked: dict[int, str] = field(default_factory=dict)
+    #: a global-order reader's position (key ``global`` of the state bucket), if any: its
+    #: per-partition stream sequences are the group's committed positions
+    global_position: GlobalPosition | None = None
+    #: a running global-order reader's heartbeat (key ``global`` of the lease bucket); it is
+    #: also listed in ``members`` under its member id
+    global_reader: dict[str, Any] | None = None
     #: what needs an operator: blocked partitions, deleted commit records, a deleted or
     #: re-created stream, and each member's own ``problems`` (from its heartbeat) prefixed
     #: with the member id
@@ -79,6 +86,10 @@ class GroupSnapshot(GroupStreamIdentity):
                         snap.members[key[2:]] = json.loads(val)
                     elif key == "leader":
                         snap.leader = json.loads(val)["member"]
+                    elif key == READER_KEY:
+                        snap.global_reader = json.loads(val)
+                        member = str(snap.global_reader.get("member") or "global-reader")
+                        snap.members[member] = snap.global_reader
                 else:
                     if key.startswith("c."):
                         snap.commits[int(key[2:])] = CommitRecord.from_json(val)
@@ -86,6 +97,8 @@ class GroupSnapshot(GroupStreamIdentity):
                         snap.assignment = val
                     elif key.startswith("blocked."):
                         snap.blocked[int(key[8:])] = val.decode()
+                    elif key == POSITION_KEY:
+                        snap.global_position = GlobalPosition.from_json(val)
                     elif key == "stream":
                         recorded_stream = json.loads(val).get("created", "")
         snap.problems = await self._stream_problems(recorded_stream)
