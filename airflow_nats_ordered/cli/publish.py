@@ -102,6 +102,14 @@ def configure(p: argparse.ArgumentParser) -> None:
         help="publish records without a key round-robin instead of refusing them",
     )
     p.add_argument(
+        "--global-order",
+        action="store_true",
+        help="stamp every record with a global sequence (Nats-Global-Seq, publish order over "
+        "all partitions) and write per-partition watermarks, so `nats-ordered global-read` "
+        "can merge the partitions into one exact order. One global-order publisher per "
+        "stream at a time: a second is refused while the first runs",
+    )
+    p.add_argument(
         "--max-pending-bytes",
         type=positive_size,
         metavar="SIZE",
@@ -374,6 +382,7 @@ def _publisher_knobs(args: argparse.Namespace) -> dict[str, Any]:
         "producer_id": _producer_id(args),
         "allow_keyless": args.allow_keyless or None,
         "max_pending_bytes": args.max_pending_bytes,
+        "global_order": args.global_order or None,
     }
     return {k: v for k, v in knobs.items() if v is not None}
 

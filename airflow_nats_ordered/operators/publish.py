@@ -87,6 +87,12 @@ class NatsPublishOperator(NatsLineageMixin, BaseOperator):
     missing stream and an ``expected_partitions`` that differs from the stream's
     (:mod:`.failures` lists what fails at once).
 
+    ``global_order=True`` stamps every record with a global sequence (``Nats-Global-Seq``,
+    publish order over all partitions) and writes watermarks, for
+    :class:`~airflow_nats_ordered.core.global_order.GlobalOrderReader`; one such publisher
+    per stream at a time (a second fails at once). A retried try keeps what the failed one
+    stored, with its sequence, and numbers what it sends above everything stored.
+
     ``stream_outlet=True`` makes the stream the task's outlet asset ``nats://<STREAM>``
     (a DAG scheduled on it runs after each successful publish; the event's extra has the
     run's producer id and high-water marks); a templated stream needs an ``AssetAlias`` in
@@ -123,6 +129,7 @@ class NatsPublishOperator(NatsLineageMixin, BaseOperator):
         allow_keyless: bool = False,
         publisher_config: Mapping[str, Any] | None = None,
         expected_partitions: int | None = None,
+        global_order: bool = False,
         nats_conn_id: str = NatsHook.default_conn_name,
         stream_outlet: bool = False,
         **kwargs: Any,
@@ -164,6 +171,7 @@ class NatsPublishOperator(NatsLineageMixin, BaseOperator):
         self.allow_keyless = allow_keyless
         self.publisher_config = dict(publisher_config or {})
         self.expected_partitions = expected_partitions
+        self.global_order = bool(global_order)
         self.nats_conn_id = nats_conn_id
         self.declare_stream_outlet(stream_outlet)
 
@@ -194,16 +202,21 @@ class NatsPublishOperator(NatsLineageMixin, BaseOperator):
             return self.record_stream_event(context, self._publish(context))
 
     def _publisher_config(self, producer_id: str) -> PublisherConfig:
-        own = {"producer_id", "allow_keyless"}  # the operator's own arguments
+        own = {"producer_id", "allow_keyless", "global_order"}  # the operator's own arguments
         known = {f.name for f in dataclasses.fields(PublisherConfig)} - own
         unknown = sorted(set(self.publisher_config) - known)
         if unknown:
             raise ConfigError(
                 f"NatsPublishOperator {self.task_id!r}: publisher_config has unknown "
                 f"setting(s) {', '.join(unknown)}; valid ones: {', '.join(sorted(known))} "
-                "(producer_id and allow_keyless are arguments of the operator itself)"
+                "(producer_id, allow_keyless and global_order are arguments of the operator "
+                "itself)"
             )
-        knobs = {**self.publisher_config, "allow_keyless": self.allow_keyless}
+        knobs = {
+            **self.publisher_config,
+            "allow_keyless": self.allow_keyless,
+            "global_order": self.global_order,
+        }
         return PublisherConfig(**knobs, producer_id=producer_id)
 
     def _publish(self, context: Any) -> dict[str, Any]:
