@@ -54,6 +54,7 @@ from .group import (
     StateWentBack,
     StreamRecreated,
 )
+from .keys import HDR_KEY, HDR_KEY_B64
 from .message import HDR_MSG_ID, AppliedPosition, BatchHandler, Handler, Message
 from .owned import OwnedPartition
 from .partitioning import partition_subject
@@ -327,9 +328,20 @@ class PartitionDelivery(DeadLettering):
         keys_required = bool(getattr(self.stream, "keys_required", False))
         msgs: list[Message] = []
         rejected: dict[int, str] = {}
+        # route_key depends only on the two key headers (and the partition): a key seen
+        # before on this partition is not decoded and hashed again (bounded memory)
+        routed = o.routed
+        if len(routed) > 10_000:
+            routed.clear()
         for seq, m in fetched:
             headers = m.headers or {}
-            key, why = route_key(headers, p, partitions, keys_required=keys_required)
+            ident = (headers.get(HDR_KEY), headers.get(HDR_KEY_B64))
+            found = routed.get(ident)
+            if found is None:
+                found = routed[ident] = route_key(
+                    headers, p, partitions, keys_required=keys_required
+                )
+            key, why = found
             if why is not None:
                 rejected[seq] = why
             msgs.append(Message(key or "", m.data, headers, p, seq, token, m.subject))

@@ -29,3 +29,5 @@ class OwnedPartition:
         self.finishing = False  # the partition task is in its clean-up (commit, release, revoke)
         self.lost = False
         self.processed_once = False
+        #: (key header, base64 key header) -> route_key's (key, rejection) on this partition
+        self.routed: dict[tuple[str | None, str | None], tuple[str | None, str | None]] = {}
