@@ -7,6 +7,7 @@ everything that is stored, per partition and per key.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections import defaultdict
@@ -67,15 +68,41 @@ async def read_stream(
     out: list[Stored] = []
     if total == 0:
         return out
-    # ack-none: nothing limits how many messages one fetch may carry
-    sub = await retried(
-        lambda: js.pull_subscribe(
-            ">", stream=stream, config=api.ConsumerConfig(ack_policy=api.AckPolicy.NONE)
+
+    def consumer(start: int) -> Awaitable[Any]:
+        # ack-none: nothing limits how many messages one fetch may carry. An ephemeral
+        # consumer is deleted after its inactive threshold (5 s by default): a reader slowed
+        # down by a loaded machine got 503 / a timeout from its next fetch (seen in a loaded
+        # CI run), so the threshold is long, and a consumer gone anyway is made again from
+        # the next sequence, not read from the start
+        return js.pull_subscribe(
+            ">",
+            stream=stream,
+            config=api.ConsumerConfig(
+                ack_policy=api.AckPolicy.NONE,
+                inactive_threshold=300.0,
+                deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
+                opt_start_seq=start,
+            ),
         )
-    )
+
+    sub = await retried(lambda: consumer(1))
     try:
         while len(out) < total:
-            msgs = await sub.fetch(min(batch, total - len(out)), timeout=10)
+            try:
+                msgs = await sub.fetch(min(batch, total - len(out)), timeout=10)
+            except (
+                nats_errors.TimeoutError,
+                nats_errors.NoRespondersError,
+                ServiceUnavailableError,
+            ):
+                if time.monotonic() > deadline + 60:
+                    raise
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
+                after = out[-1].seq + 1 if out else 1
+                sub = await retried(lambda after=after: consumer(after))
+                continue
             for m in msgs:
                 h = m.headers or {}
                 out.append(
@@ -88,7 +115,8 @@ async def read_stream(
                     )
                 )
     finally:
-        await sub.unsubscribe()
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
     out.sort(key=lambda s: s.seq)
     return out
 
