@@ -45,6 +45,7 @@ import logging
 import os
 import socket
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -55,9 +56,11 @@ from nats.js.errors import NotFoundError
 
 from .commits import Fenced
 from .errors import ConfigError, NatsOrderedError
+from .global_late import set_aside
 from .global_merge import GlobalMerge, GlobalOrderViolation
 from .global_position import READER_KEY, GlobalPositions
 from .global_watermarks import HDR_GLOBAL_SEQ, parse_global_seq, watermark_bucket, watermark_of
+from .global_window import LATE_POLICIES, WindowMerge, pending, stored_time_ns
 from .group import GroupStore
 from .group_config import GroupConfig, default_member_id
 from .keys import message_key
@@ -81,6 +84,8 @@ class GlobalMessage:
     stream_seq: int
     fencing_token: int
     subject: str
+    #: time-window mode, ``late="flag"``: the record came after later ones were handed over
+    late: bool = False
 
 
 GlobalHandler = Callable[[GlobalMessage], Any]
@@ -92,6 +97,9 @@ class GlobalReaderStats:
     commits: int = 0
     #: times a partition's bound was raised by its watermark (an idle partition advanced)
     watermark_advances: int = 0
+    #: time-window mode: late records met by this reader (flagged, dead-lettered or blocked)
+    late: int = 0
+    dead_lettered: int = 0
 
 
 class GlobalOrderReader:
@@ -99,7 +107,17 @@ class GlobalOrderReader:
     order; the group ``group`` holds its position. Knobs: ``commit_every`` records,
     ``commit_interval`` seconds, ``max_buffer_bytes`` (whole reader), ``fetch_batch``
     records per pull request, ``poll_interval`` seconds between watermark checks of a
-    partition that holds the merge back, ``member_id`` (who writes the position)."""
+    partition that holds the merge back, ``member_id`` (who writes the position).
+
+    ``order_by="time"`` is the time-window mode for records without ``Nats-Global-Seq``
+    (foreign producers, no watermarks): records are ordered by the time the server stored
+    them (ties: stream sequence) and released ``lateness`` seconds after that time once
+    every partition has been read that far (:mod:`.global_window`); a record that comes
+    after later ones were released is *late*: ``late="block"`` (default) stops the reader
+    before it, ``"dead-letter"`` sets it aside on ``<prefix>.dlq.<group>.<partition>`` (as
+    a worker's poison policy does) and ``"flag"`` hands it over at once with
+    ``msg.late=True``. Late records are counted in ``stats.late`` and in the position
+    (``status`` shows them)."""
 
     def __init__(
         self,
@@ -114,7 +132,19 @@ class GlobalOrderReader:
         fetch_batch: int = 500,
         poll_interval: float = 0.1,
         member_id: str | None = None,
+        order_by: str = "sequence",
+        lateness: float = 2.0,
+        late: str = "block",
     ) -> None:
+        if order_by not in ("sequence", "time"):
+            raise ConfigError(f"order_by must be 'sequence' or 'time', got {order_by!r}")
+        if late not in LATE_POLICIES:
+            raise ConfigError(f"late must be one of {', '.join(LATE_POLICIES)}, got {late!r}")
+        if float(lateness) <= 0:
+            raise ConfigError(f"lateness must be > 0 seconds, got {lateness!r}")
+        self.order_by = order_by
+        self.lateness = float(lateness)
+        self.late = late
         for name, value in (
             ("commit_every", commit_every),
             ("max_buffer_bytes", max_buffer_bytes),
@@ -141,6 +171,9 @@ class GlobalOrderReader:
         self.stream: PartitionedStream
         self._positions: GlobalPositions
         self._merge: GlobalMerge
+        self._window: WindowMerge | None = None
+        self._late: deque[tuple[int, int, Any]] = deque()  # (partition, time, record)
+        self._late_total = 0
         self._readers: list[PartitionReader] = []
         self._fetchers: list[asyncio.Task[None]] = []
         self._space: list[asyncio.Event] = []
@@ -206,11 +239,21 @@ class GlobalOrderReader:
         self._positions = GlobalPositions(
             self.nc, store.state, cfg.state_bucket, cfg.stream, cfg.group, self.stream.created
         )
-        pos = await self._positions.grant(self.member_id)
+        pos = await self._positions.grant(self.member_id, self.order_by)
+        if pos.order != self.order_by:
+            raise ConfigError(
+                f"group {cfg.group} of stream {cfg.stream} holds a position ordered by "
+                f"{pos.order!r}; this reader was given order_by={self.order_by!r}: the two do "
+                "not resume each other, so use another group"
+            )
         self._g, self._seqs, self._token = pos.g, dict(pos.seqs), pos.token
+        self._late_total = pos.late
         nparts = self.stream.partitions
         share = max(2, self.max_buffer_bytes // nparts)
         self._merge = GlobalMerge(nparts, after=pos.g, share_bytes=share // 2)
+        if self.order_by == "time":
+            lateness_ns = int(self.lateness * 1e9)
+            self._window = WindowMerge(nparts, lateness_ns, (pos.g, 0), share // 2)
         self._readers = [
             PartitionReader(
                 self.nc,
@@ -271,10 +314,14 @@ class GlobalOrderReader:
                 await self._store.leases.delete(READER_KEY)
 
     async def _run(self) -> None:
-        self._fetchers = [asyncio.ensure_future(self._fetch(p)) for p in range(len(self._readers))]
+        fetch = self._fetch if self._window is None else self._fetch_window
+        self._fetchers = [asyncio.ensure_future(fetch(p)) for p in range(len(self._readers))]
         self._heartbeat = asyncio.ensure_future(self._beat())
         try:
-            await self._merge_loop()
+            if self._window is None:
+                await self._merge_loop()
+            else:
+                await self._window_loop()
             if self._uncommitted:
                 await self._commit()  # a graceful stop or an error: keep what was handled
         except Fenced as exc:
@@ -413,13 +460,125 @@ class GlobalOrderReader:
             if self._uncommitted >= self.commit_every:
                 await self._commit()
 
+    # -- the time-window mode ----------------------------------------------------------
+    async def _fetch_window(self, p: int) -> None:
+        reader, space = self._readers[p], self._space[p]
+        merge = self._window
+        assert merge is not None
+        while not self._stopping:
+            if not merge.room(p):
+                merge.stalled(p)
+                space.clear()
+                await space.wait()
+                continue
+            try:
+                got = await reader.fetch(timeout=1.0)
+            except Exception as exc:  # never leave a partition silently unread
+                self._fail(exc)
+                return
+            if not got:
+                merge.idle(p)  # nothing came within the fetch's wait: caught up
+            for seq, m in got:
+                headers = dict(m.headers or {})
+                reply = m.reply or ""
+                size = len(m.data or b"") + sum(len(k) + len(v) for k, v in headers.items())
+                try:
+                    key = message_key(headers) or ""
+                except NatsOrderedError as exc:  # a malformed key header
+                    self._fail(exc)
+                    return
+                t = stored_time_ns(reply)
+                item = (seq, m, headers, key)
+                if merge.add(p, t, seq, item, size, pending(reply) == 0):
+                    self._late.append((p, t, item))
+            self._wake.set()
+
+    async def _window_loop(self) -> None:
+        merge = self._window
+        assert merge is not None
+        while not self._stopping:
+            if self._late:
+                p, t, item = self._late.popleft()
+                if not await self._late_record(p, t, item):
+                    return
+                continue
+            now = time.time_ns()
+            popped = merge.pop(now)
+            if popped is None:
+                await self._commit_if_due()
+                due = merge.wait_ns(now)
+                wait = self.poll_interval if due is None else min(self.poll_interval, due / 1e9)
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(max(0.001, wait)):
+                        await self._wake.wait()
+                continue
+            p, (t, _), item = popped
+            self._space[p].set()
+            if not await self._hand(p, t, item, late=False):
+                return
+            self._g = t
+
+    async def _hand(self, p: int, t: int, item: Any, late: bool) -> bool:
+        """Hand a time-window record to the handler; False if the reader stops."""
+        seq, m, headers, key = item
+        msg = GlobalMessage(t, key, m.data or b"", headers, p, seq, self._token, m.subject, late)
+        try:
+            result = self.handler(msg)
+            if inspect.isawaitable(result):
+                await result
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._fail(
+                NatsOrderedError(
+                    f"the handler raised on partition {p}, stream sequence {seq}: {exc!r}; the "
+                    "reader stops before it and resumes with it when started again"
+                )
+            )
+            return False
+        self._seqs[p] = seq
+        self.stats.handled += 1
+        self._uncommitted += 1
+        if self._uncommitted >= self.commit_every:
+            await self._commit()
+        return True
+
+    async def _late_record(self, p: int, t: int, item: Any) -> bool:
+        """Apply the late-record policy; False if the reader stops."""
+        seq = item[0]
+        self.stats.late += 1
+        self._late_total += 1
+        self._uncommitted += 1  # the count is written with the position
+        behind = (self._g - t) / 1e9
+        reason = (
+            f"late record: partition {p}, stream sequence {seq}, stored {behind:.3f}s before "
+            f"a record already handed over (lateness {self.lateness:g}s)"
+        )
+        if self.late == "flag":
+            return await self._hand(p, t, item, late=True)
+        if self.late == "block":
+            self._fail(
+                NatsOrderedError(
+                    f"{reason}: the reader stops before it (late='block'). Pass a larger "
+                    "lateness, or late='dead-letter' to set late records aside, or "
+                    "late='flag' to hand them over flagged"
+                )
+            )
+            return False
+        if not await set_aside(self, p, item, reason):
+            return False  # stopping: not set aside, so it is read again next time
+        self.stats.dead_lettered += 1
+        self._seqs[p] = seq
+        return True
+
     async def _commit_if_due(self) -> None:
         if self._uncommitted and time.monotonic() - self._last_commit >= self.commit_interval:
             await self._commit()
 
     async def _commit(self) -> None:
         try:
-            await self._positions.commit(self._g, self._seqs)
+            await self._positions.commit(self._g, self._seqs, self._late_total)
         except Fenced:
             raise
         except (NatsError, TimeoutError) as exc:  # written at the next occasion

@@ -54,6 +54,9 @@ class GlobalPosition:
     stream: str = ""
     late: int = 0
     ts: float = 0.0
+    #: what ``g`` counts: ``sequence`` (``Nats-Global-Seq``) or ``time`` (the time-window
+    #: mode: the stored time in ns of the last record handed over)
+    order: str = "sequence"
 
     def to_json(self) -> bytes:
         return compact_json(
@@ -65,6 +68,7 @@ class GlobalPosition:
                 "ts": round(time.time(), 3),
                 "stream": self.stream,
                 "late": self.late,
+                "order": self.order,
             }
         )
 
@@ -79,6 +83,7 @@ class GlobalPosition:
             str(d.get("stream") or ""),
             int(d.get("late") or 0),
             float(d.get("ts") or 0.0),
+            str(d.get("order") or "sequence"),
         )
 
 
@@ -97,8 +102,10 @@ class GlobalPositions:
         self.revision = 0
         self.current = GlobalPosition()
 
-    async def grant(self, member: str) -> GlobalPosition:
-        """Take the position over with a new fencing token; returns it."""
+    async def grant(self, member: str, order: str = "sequence") -> GlobalPosition:
+        """Take the position over with a new fencing token; returns it. A position that
+        has handed nothing over yet takes ``order``; otherwise it keeps its own (the
+        caller refuses a mismatch)."""
         while True:
             found = await latest_entry(self.nc, self.bucket, POSITION_KEY)
             if found is not None and found[0] is None:
@@ -123,6 +130,7 @@ class GlobalPositions:
                 member,
                 self.created,
                 old.late,
+                order=old.order if (old.g or old.seqs) else order,
             )
             try:
                 if found is None:
@@ -139,7 +147,9 @@ class GlobalPositions:
         under this reader's token; :class:`Fenced` if a newer reader has taken the position."""
         cur = self.current
         late = cur.late if late is None else late
-        new = GlobalPosition(g, dict(seqs), cur.token, cur.member, cur.stream, late)
+        new = GlobalPosition(
+            g, dict(seqs), cur.token, cur.member, cur.stream, late, order=cur.order
+        )
         value = new.to_json()
         try:
             self.revision = await self.state.update(POSITION_KEY, value, last=self.revision)
