@@ -181,3 +181,28 @@ def test_live_foreign_records_come_out_in_stored_time_order(nats_url, unique_nam
 
     reader, got = asyncio.run(go())
     assert _on_time(got) == list(range(30)) and reader.stats.late == 0
+
+
+def test_global_read_cli_window_mode_exits_3_on_a_late_record_with_block(
+    nats_url, unique_name, tmp_path, monkeypatch, capsys
+):
+    async def setup():
+        nc = await nats.connect(nats_url)
+        try:
+            await _foreign_records(nc, unique_name)
+        finally:
+            await nc.close()
+
+    asyncio.run(setup())
+    (tmp_path / "timeline_handler.py").write_text("def apply(msg):\n    pass\n")
+    monkeypatch.chdir(tmp_path)
+    base = ["global-read", "--stream", unique_name, "--group", GROUP]
+    base += ["--handler", "timeline_handler:apply", "--server", nats_url]
+    capsys.readouterr()
+    assert cli([*base, "--lateness", "1"]) == 2  # a window knob without the window mode
+    assert "--lateness applies to --order-by time" in capsys.readouterr().err
+    assert cli([*base, "--order-by", "time", "--lateness", "0.2", "--late", "block"]) == 3
+    err = capsys.readouterr().err
+    (final,) = [line for line in err.splitlines() if line.startswith("error:")]
+    assert "late record: partition 0" in final and "--late dead-letter" in final, err
+    assert "late='block'" not in final  # the CLI's terms, not the Python parameter's

@@ -19,8 +19,9 @@ import signal
 from nats.errors import Error as NatsError
 
 from ..core.connection import ConnectionOptions
-from ..core.errors import NatsOrderedError
+from ..core.errors import ConfigError, NatsOrderedError
 from ..core.global_order import GlobalOrderReader
+from ..core.global_window import LateRecordError
 from ..handlers import current_directory_first, load_handler
 from .common import (
     EXIT_FAILED,
@@ -87,9 +88,38 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--member-id", metavar="ID", default=None, help="who writes the position (default HOST-PID)"
     )
+    p.add_argument(
+        "--order-by",
+        choices=("sequence", "time"),
+        default="sequence",
+        help="sequence (default): the exact merge by Nats-Global-Seq (publish --global-order); "
+        "time: the time-window mode for records of any producer, ordered by the time the "
+        "server stored them and released --lateness after it (see docs/architecture.md, "
+        "Time-window mode)",
+    )
+    p.add_argument(
+        "--lateness",
+        type=positive_float,
+        default=None,
+        metavar="SECONDS",
+        help="with --order-by time: the window (default 2); a record that reaches the reader "
+        "later than this after it was stored may be late",
+    )
+    p.add_argument(
+        "--late",
+        choices=("block", "dead-letter", "flag"),
+        default=None,
+        help="with --order-by time: what to do with a late record: block (default: stop, exit "
+        "3), dead-letter (to <prefix>.dlq.<group>.<partition>), flag (hand it over with "
+        "msg.late set)",
+    )
 
 
 async def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
+    if args.order_by != "time":
+        for flag, value in (("--lateness", args.lateness), ("--late", args.late)):
+            if value is not None:
+                raise ConfigError(f"{flag} applies to --order-by time; pass both, or neither")
     current_directory_first()
     loaded = load_handler(args.handler, stream=args.stream, group=args.group)
     options = dataclasses.replace(options, max_reconnect_attempts=-1)
@@ -104,6 +134,9 @@ async def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
             fetch_batch=args.fetch_batch,
             max_buffer_bytes=args.max_buffer_bytes,
             member_id=args.member_id,
+            order_by=args.order_by,
+            lateness=2.0 if args.lateness is None else args.lateness,
+            late=args.late or "block",
         )
         await reader.start()  # before this, errors are usage errors (exit 2)
         print_err(
@@ -131,14 +164,23 @@ async def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
             await done
     st = reader.stats
     if reader.error is not None:
+        error = str(reader.error)
+        if isinstance(reader.error, LateRecordError):  # in this interface's terms
+            error = (
+                f"late record: partition {reader.error.partition}, stream sequence "
+                f"{reader.error.seq} was stored before records already handed over; the "
+                "reader stopped before it (--late block). Pass a larger --lateness, or "
+                "--late dead-letter to set late records aside, or --late flag"
+            )
         print_err(
             f"error: global-order reader {reader.member_id} stopped after global sequence "
-            f"{reader.position}: {reader.error}"
+            f"{reader.position}: {error}"
         )
         return EXIT_FAILED
+    late = f", {st.late:,} late" if args.order_by == "time" else ""
     print_err(
-        f"global-order reader {reader.member_id} stopped: {st.handled:,} records handled, "
-        f"position {reader.position}"
+        f"global-order reader {reader.member_id} stopped: {st.handled:,} records handled"
+        f"{late}, position {reader.position}"
     )
     return EXIT_OK
 
@@ -155,5 +197,6 @@ COMMAND = Command(
     "handed over again, in the same order. SIGTERM/SIGINT: finish the record in hand, "
     "write the position and exit 0. Exit 3 when it stops on an error: a record outside "
     "the global order, a handler that raised (it is handed over again on restart), or a "
-    "newer reader of the same group. See docs/architecture.md, Global order.",
+    "newer reader of the same group, or (--order-by time, --late block) a late record. "
+    "See docs/architecture.md, Global order.",
 )

@@ -60,7 +60,7 @@ from .global_late import set_aside
 from .global_merge import GlobalMerge, GlobalOrderViolation
 from .global_position import READER_KEY, GlobalPositions
 from .global_watermarks import HDR_GLOBAL_SEQ, parse_global_seq, watermark_bucket, watermark_of
-from .global_window import LATE_POLICIES, WindowMerge, pending, stored_time_ns
+from .global_window import LATE_POLICIES, LateRecordError, WindowMerge, pending, stored_time_ns
 from .group import GroupStore
 from .group_config import GroupConfig, default_member_id
 from .keys import message_key
@@ -559,10 +559,12 @@ class GlobalOrderReader:
             return await self._hand(p, t, item, late=True)
         if self.late == "block":
             self._fail(
-                NatsOrderedError(
+                LateRecordError(
                     f"{reason}: the reader stops before it (late='block'). Pass a larger "
                     "lateness, or late='dead-letter' to set late records aside, or "
-                    "late='flag' to hand them over flagged"
+                    "late='flag' to hand them over flagged",
+                    p,
+                    seq,
                 )
             )
             return False

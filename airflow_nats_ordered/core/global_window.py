@@ -27,8 +27,19 @@ from __future__ import annotations
 import heapq
 from typing import Any
 
+from .errors import NatsOrderedError
+
 #: the late-record policies of the time-window mode
 LATE_POLICIES = ("dead-letter", "block", "flag")
+
+
+class LateRecordError(NatsOrderedError):
+    """A late record with ``late="block"``: the reader stopped before it."""
+
+    def __init__(self, message: str, partition: int, seq: int) -> None:
+        super().__init__(message)
+        self.partition = partition
+        self.seq = seq
 
 
 def stored_time_ns(reply: str) -> int:
@@ -117,4 +128,4 @@ class WindowMerge:
         return self._count[partition]
 
 
-__all__ = ["LATE_POLICIES", "WindowMerge", "pending", "stored_time_ns"]
+__all__ = ["LATE_POLICIES", "LateRecordError", "WindowMerge", "pending", "stored_time_ns"]
