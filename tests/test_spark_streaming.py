@@ -92,7 +92,10 @@ def test_streaming_query_stopped_mid_batch_and_restarted_stores_nothing_twice(
         first.stop()
         assert PER_FILE < at_stop < FILES * PER_FILE, at_stop
         assert not (checkpoint / "commits" / "1").exists(), "batch 1 was committed"
-        assert run_record(nats_url, unique_name, batch_run_id("events", 0)).status == "complete"
+        assert (
+            run_record(nats_url, unique_name, batch_run_id("events", 0, first.id)).status
+            == "complete"
+        )
 
         gate.unlink()
         second = (
@@ -102,12 +105,13 @@ def test_streaming_query_stopped_mid_batch_and_restarted_stores_nothing_twice(
         )
         second.awaitTermination(180)
         assert second.exception() is None, second.exception()
+        assert second.id == first.id  # one query: its checkpoint keeps its id
     finally:
         spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
     got = stored(nats_url, unique_name)
     assert exactly_once_in_order(rows, got, "k", "ts") == []
-    replayed = run_record(nats_url, unique_name, batch_run_id("events", 1))
+    replayed = run_record(nats_url, unique_name, batch_run_id("events", 1, first.id))
     assert replayed is not None and replayed.status == "complete"
     assert replayed.duplicates >= at_stop - PER_FILE  # what the stopped attempt had stored
-    last = run_record(nats_url, unique_name, batch_run_id("events", 2))
+    last = run_record(nats_url, unique_name, batch_run_id("events", 2, first.id))
     assert last is not None and last.status == "complete" and last.acked == PER_FILE

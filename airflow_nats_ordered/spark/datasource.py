@@ -23,9 +23,10 @@ Guarantees (details in :mod:`.task` and :mod:`.runs`):
   what :func:`~airflow_nats_ordered.spark.write_ordered` guarantees.
 * **Nothing dropped silently.** Rows without a key or too large are counted and reported in
   the run record; the job fails unless ``allowRefused`` is true.
-* **Streaming.** One run per micro-batch (``<producerId>.batch-<id>``), whose id is in every
-  derived msg-id: a micro-batch replayed after a restart stores nothing twice inside the
-  duplicate window (past it too when its rows are routed).
+* **Streaming.** One run per micro-batch (``<producerId>.<query id>.batch-<id>``: a new
+  checkpoint is a new query, whose batch 0 is not the old query's), whose id is in every
+  derived msg-id: a micro-batch replayed after a restart stores nothing
+  twice inside the duplicate window (past it too when its rows are routed).
 * **Routing.** A ``nats_partition`` column is checked against the stream's routing of each
   key before a row of its batch is sent (:class:`~.records.RoutingError`).
 """
@@ -188,7 +189,8 @@ class NatsOrderedWriter(DataSourceArrowWriter):
 
 
 class NatsOrderedStreamWriter(DataSourceStreamArrowWriter):
-    """Structured Streaming writer: each micro-batch is a run ``<producerId>.batch-<id>``."""
+    """Structured Streaming writer: each micro-batch is a run
+    ``<producerId>.<query id>.batch-<id>`` (:func:`~.runs.batch_run_id`)."""
 
     def __init__(self, options: SinkOptions, schema: StructType) -> None:
         self.options = options
@@ -198,14 +200,20 @@ class NatsOrderedStreamWriter(DataSourceStreamArrowWriter):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
         tc, task, attempt = _task()
         batch = tc.getLocalProperty("streaming.sql.batchId")
-        if batch is None:
-            raise RuntimeError("no micro-batch id in the task context (streaming.sql.batchId)")
-        run_id = batch_run_id(self.options.producer_id, int(batch))
+        query = tc.getLocalProperty("sql.streaming.queryId")
+        if batch is None or not query:
+            raise RuntimeError(
+                "no micro-batch id or query id in the task context (streaming.sql.batchId, "
+                "sql.streaming.queryId): the nats-ordered stream writer needs both"
+            )
+        run_id = batch_run_id(self.options.producer_id, int(batch), query)
 
         async def go(nc: NATS) -> TaskReport:
             plan = await plan_run(nc, self.options.stream, run_id, begin=False, routed=False)
             if plan.complete:  # replayed after its commit was recorded: send nothing
-                return TaskReport(task, attempt, run_id, False, drain(iterator), skipped_run=True)
+                return TaskReport(
+                    task, attempt, run_id, False, drain(iterator), skipped_run=True, run=run_id
+                )
             return await publish_task(
                 nc,
                 self.options,
@@ -227,13 +235,17 @@ class NatsOrderedStreamWriter(DataSourceStreamArrowWriter):
         reports = _reports(messages)
         if reports and all(r is not None and r.skipped_run for r in reports):
             return
-        run_id = batch_run_id(self.options.producer_id, batchId)
+        run_id = _run_of(reports)
+        if run_id is None:  # no task ran: nothing was published, nothing to record
+            return
         rec = _on_nats(self.options, lambda nc: record_run(nc, self.options, run_id, reports))
         if rec.status != "complete":
             raise RunRefusedError(f"run {rec.producer_id!r} is recorded partial: {rec.error}")
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        run_id = batch_run_id(self.options.producer_id, batchId)
+        run_id = _run_of(_reports(messages))
+        if run_id is None:  # no task reported (the driver sees no query id): the replay
+            return  # after a restart resumes or de-duplicates from the stream itself
         _on_nats(
             self.options,
             lambda nc: record_run(
@@ -256,6 +268,12 @@ class NatsOrderedStreamWriter(DataSourceStreamArrowWriter):
 
 def _reports(messages: list[WriterCommitMessage | None]) -> list[TaskReport | None]:
     return [m if isinstance(m, TaskReport) else None for m in messages]
+
+
+def _run_of(reports: list[TaskReport | None]) -> str | None:
+    """A micro-batch's run id, as its tasks computed it from their query and batch ids (the
+    driver-side ``commit()`` and ``abort()`` get the batch id only)."""
+    return next((r.run for r in reports if r is not None and r.run), None)
 
 
 class NatsOrderedDataSource(DataSource):

@@ -1,16 +1,16 @@
 """A Spark write as a run of the stream's run ledger (see :mod:`airflow_nats_ordered.core.runs`).
 
 A batch write is the run ``producerId``; a streaming query writes one run per micro-batch,
-``<producerId>.batch-<batch id>``. On the driver, before any task starts, a run the ledger has
-as ``complete`` is not published again (tasks read their input and send nothing), otherwise it
-is begun (``running``, one more attempt) and each task of routed rows resumes after what is
-stored: what the ledger recorded, or, where a partition's last message is the run's, its
-position (a killed driver or an aborted job recorded nothing of it), checked to be the same
-input (:mod:`.resume`). The driver's ``commit()`` records the result from the tasks' reports
-(per-partition high-water marks and counts, digests, refusals; ``complete`` or ``partial``),
-``abort()`` records the failure with what the stream holds of the run, so
-the drain sensor and backfills read a run's outcome by its name. Marks only go up across
-attempts and cover every partition any attempt stored (as for every run, see
+``<producerId>.<query id>.batch-<batch id>`` (:func:`batch_run_id`). On the driver, before any
+task starts, a run the ledger has as ``complete`` is not published again (tasks read their input
+and send nothing), otherwise it is begun (``running``, one more attempt) and each task of routed
+rows resumes after what is stored: what the ledger recorded, or, where a partition's last
+message is the run's, its position (a killed driver or an aborted job recorded nothing of it),
+checked to be the same input (:mod:`.resume`). The driver's ``commit()`` records the result from
+the tasks' reports (per-partition high-water marks and counts, digests, refusals; ``complete``
+or ``partial``), ``abort()`` records the failure with what the stream holds of the run, so the
+drain sensor and backfills read a run's outcome by its name. Marks only go up across attempts
+and cover every partition any attempt stored (as for every run, see
 :mod:`airflow_nats_ordered.core.runs`).
 """
 
@@ -42,9 +42,18 @@ class RunRefusedError(NatsOrderedError):
     """The run was recorded partial: refused rows (without allowRefused) or broken routing."""
 
 
-def batch_run_id(producer_id: str, batch_id: int) -> str:
-    """The run of one micro-batch of a streaming query."""
-    return f"{producer_id}.batch-{batch_id}"
+def batch_run_id(producer_id: str, batch_id: int, query_id: str | None = None) -> str:
+    """The run of one micro-batch of a streaming query: ``<producerId>.<query id>.batch-<id>``.
+
+    ``query_id`` is the query's ``id`` (``StreamingQuery.id``, the task property
+    ``sql.streaming.queryId``): kept in its checkpoint, the same on every restart from it and
+    new for a new checkpoint, whose batch ids start at 0 again. Without it two queries with
+    one ``producerId`` share run ids, and the second one's micro-batches are taken for the
+    first one's, complete: nothing of them is stored. ``None`` gives the id without a query
+    (``<producerId>.batch-<id>``, what versions before it wrote)."""
+    if query_id is None:
+        return f"{producer_id}.batch-{batch_id}"
+    return f"{producer_id}.{query_id}.batch-{batch_id}"
 
 
 @dataclass(frozen=True)

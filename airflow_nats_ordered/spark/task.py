@@ -63,6 +63,8 @@ class TaskReport(WriterCommitMessage):
     refused: dict[str, int] = field(default_factory=dict)
     refused_examples: list[dict[str, str]] = field(default_factory=list)
     digests: dict[int, str] = field(default_factory=dict)
+    #: the run (a micro-batch's run id: the driver's ``commit()`` learns it from the tasks)
+    run: str = ""
 
 
 async def _records(
@@ -155,4 +157,5 @@ async def publish_task(
         refused=dict(refusals.counts),
         refused_examples=list(refusals.examples),
         digests=pub.digests() if routed else {},
+        run=run_producer_id,
     )
