@@ -25,7 +25,7 @@ from nats.js.errors import KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 from nats.nuid import NUID
 
-from .errors import ConfigError
+from .errors import NatsOrderedError
 from .kv import compact_json, latest_entry
 
 log = logging.getLogger(__name__)
@@ -35,8 +35,11 @@ SEQUENCER_KEY = "sequencer"
 STALE_AFTER = 10.0
 
 
-class SequencerBusy(ConfigError):
-    """Another global-order publisher holds the stream's sequencer claim."""
+class SequencerBusy(NatsOrderedError):
+    """Another global-order publisher holds the stream's sequencer claim. Not a
+    ConfigError: it passes (the holder closes, or its claim lapses), so an Airflow task
+    that meets it is retried rather than failed at once (a retry of a killed try meets
+    the killed try's claim for up to ``STALE_AFTER`` seconds)."""
 
 
 class SequencerClaim:
