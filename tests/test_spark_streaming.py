@@ -55,7 +55,8 @@ def _query(spark, src: Path, checkpoint: Path, url: str, stream: str, gate: str)
         df.writeStream.format("nats-ordered")
         .option("stream", stream)
         .option("keyColumn", "k")
-        .option("orderBy", "ts")
+        # no orderBy: refused on unrouted streaming writes (issue 17 item 6); each micro-batch
+        # is one file, one task, whose rows arrive in ts order
         .option("producerId", "events")
         .option("url", url)
         .option("checkpointLocation", str(checkpoint))

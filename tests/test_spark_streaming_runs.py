@@ -62,3 +62,44 @@ def test_a_new_checkpoint_with_the_same_producer_id_stores_its_rows(
     _run(_sink(_source(spark, tmp_path / "b", b), nats_url, unique_name, tmp_path / "chk-b"))
     got = stored(nats_url, unique_name)
     assert exactly_once_in_order(a + b, got, "k", "ts") == []
+
+
+def test_order_by_is_kept_per_micro_batch_or_refused(spark, nats_url, unique_name, tmp_path):
+    """Item 6: one micro-batch in 2 Spark tasks (2 input files), each task's rows in order,
+    with orderBy: the old sink stored it with keys out of order and recorded it complete.
+    The sink refuses orderBy on unrouted rows, naming ordered_batches, which routes each
+    micro-batch and keeps every key in order."""
+    make_stream(nats_url, unique_name, partitions=2)
+    rows = _rows(0, 80)
+    # two files, each in ts order: two Spark tasks of one micro-batch, every key in both
+    df = _source(spark, tmp_path / "in", rows[0::2], rows[1::2])
+    error = ""
+    try:
+        q = _sink(df, nats_url, unique_name, tmp_path / "chk", orderBy="ts").start()
+        q.awaitTermination(180)
+        error = str(q.exception() or "")
+    except Exception as exc:  # refused when the query starts
+        error = str(exc)
+    got = stored(nats_url, unique_name)
+    assert "orderBy" in error and "ordered_batches" in error, (
+        f"orderBy accepted: {len(got)} stored, {exactly_once_in_order(rows, got, 'k', 'ts')[:3]}"
+    )
+    assert got == []
+
+    from airflow_nats_ordered.spark import ordered_batches
+
+    fn = ordered_batches(
+        stream=unique_name,
+        key="k",
+        order_by="ts",
+        producer_id="events",
+        connection={"url": nats_url},
+    )
+    q = (
+        df.writeStream.foreachBatch(fn)
+        .option("checkpointLocation", str(tmp_path / "chk-fb"))
+        .trigger(availableNow=True)
+    )
+    _run(q)
+    got = stored(nats_url, unique_name)
+    assert exactly_once_in_order(rows, got, "k", "ts") == []

@@ -8,7 +8,7 @@ publishes in one call and returns the run's ledger record. Importing this packag
 
 from .datasource import NAME, NatsOrderedDataSource, register
 from .options import PARTITION_COLUMN, SinkOptions
-from .ordered_write import write_ordered
+from .ordered_write import ordered_batches, write_ordered
 from .records import DisorderError
 from .routing import partition_column, partitions_of, route
 from .runs import RunRefusedError, batch_run_id
@@ -21,6 +21,7 @@ __all__ = [
     "RunRefusedError",
     "SinkOptions",
     "batch_run_id",
+    "ordered_batches",
     "partition_column",
     "partitions_of",
     "register",

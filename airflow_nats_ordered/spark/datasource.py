@@ -27,6 +27,8 @@ Guarantees (details in :mod:`.task` and :mod:`.runs`):
   checkpoint is a new query, whose batch 0 is not the old query's), whose id is in every
   derived msg-id: a micro-batch replayed after a restart stores nothing
   twice inside the duplicate window (past it too when its rows are routed).
+  ``orderBy`` is refused on unrouted streaming writes (a key's rows in two tasks would
+  interleave): use :func:`~.ordered_write.ordered_batches` with ``foreachBatch``.
 * **Routing.** A ``nats_partition`` column is checked against the stream's routing of each
   key before a row of its batch is sent (:class:`~.records.RoutingError`).
 """
@@ -188,6 +190,19 @@ class NatsOrderedWriter(DataSourceArrowWriter):
         )
 
 
+def _refuse_unkept_order(options: SinkOptions, schema_names: list[str]) -> None:
+    if options.order_by and PARTITION_COLUMN not in schema_names:
+        raise ConfigError(
+            f"option orderBy ({','.join(options.order_by)}) cannot be kept by a streaming "
+            "write: the sink gets each micro-batch's rows per Spark task, and a key whose "
+            "rows are in two tasks would be stored interleaved, out of that order. Route and "
+            "sort each micro-batch instead: stream_df.writeStream.foreachBatch("
+            "ordered_batches(stream=..., key=..., order_by=[...], producer_id=...)) "
+            "(from airflow_nats_ordered.spark: write_ordered per micro-batch), or remove "
+            "orderBy to publish each task's rows as they arrive, without a declared order"
+        )
+
+
 class NatsOrderedStreamWriter(DataSourceStreamArrowWriter):
     """Structured Streaming writer: each micro-batch is a run
     ``<producerId>.<query id>.batch-<id>`` (:func:`~.runs.batch_run_id`)."""
@@ -195,6 +210,7 @@ class NatsOrderedStreamWriter(DataSourceStreamArrowWriter):
     def __init__(self, options: SinkOptions, schema: StructType) -> None:
         self.options = options
         self.schema_names = [f.name for f in schema.fields]
+        _refuse_unkept_order(options, self.schema_names)
         self.created = time.time()
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:

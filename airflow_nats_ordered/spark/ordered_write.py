@@ -1,9 +1,10 @@
-"""``write_ordered``: the common case in one call, routing included."""
+"""``write_ordered``: the common case in one call, routing included; ``ordered_batches``:
+the same for each micro-batch of a streaming query (``foreachBatch``)."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from nats.aio.client import Client as NATS
@@ -14,6 +15,7 @@ from ..core.runs import RunLedger, RunRecord
 from .datasource import NAME, _on_nats, register
 from .options import CONNECTION_OPTIONS, SinkOptions
 from .routing import KEY_TEXT_COLUMN, check_key_column, is_integral_key, route
+from .runs import batch_run_id
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -117,3 +119,54 @@ def write_ordered(
     if rec is None:
         raise RuntimeError(f"run {producer_id!r} left no record in the ledger of {stream}")
     return rec
+
+
+def ordered_batches(
+    *,
+    stream: str,
+    key: str,
+    producer_id: str,
+    order_by: Sequence[str] | str = (),
+    tie_breaker: Sequence[str] | None = None,
+    msg_id_column: str | None = None,
+    allow_refused: bool = False,
+    tasks: int | None = None,
+    connection: Mapping[str, str] | None = None,
+) -> Callable[[DataFrame, int], None]:
+    """A ``foreachBatch`` function publishing each micro-batch with :func:`write_ordered`:
+    routed, each NATS partition in one task sorted by (``order_by``, tie-breaker), so every
+    key is stored in that order, and resumed from what is stored on a replay (at any time,
+    not only inside the duplicate window)::
+
+        stream_df.writeStream.foreachBatch(
+            ordered_batches(stream="EVENTS", key="k", order_by="ts", producer_id="events")
+        ).option("checkpointLocation", "/chk/events").start()
+
+    Micro-batch ``i`` of the query is the run :func:`~.runs.batch_run_id` (``producer_id``,
+    ``i``, the query's id): a new checkpoint is a new query whose runs are new. Raises (the
+    query fails) if a micro-batch ends partial."""
+    check_producer_id(
+        producer_id, "producer_id", "no default: name the stream this query publishes"
+    )
+
+    def write_batch(df: DataFrame, batch_id: int) -> None:
+        query = df.sparkSession.sparkContext.getLocalProperty("sql.streaming.queryId")
+        if not query:
+            raise RuntimeError(
+                "ordered_batches runs as a streaming query's foreachBatch function only "
+                "(no sql.streaming.queryId in this thread)"
+            )
+        write_ordered(
+            df,
+            stream=stream,
+            key=key,
+            producer_id=batch_run_id(producer_id, batch_id, query),
+            order_by=order_by,
+            tie_breaker=tie_breaker,
+            msg_id_column=msg_id_column,
+            allow_refused=allow_refused,
+            tasks=tasks,
+            connection=connection,
+        )
+
+    return write_batch
