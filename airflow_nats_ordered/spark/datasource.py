@@ -25,8 +25,9 @@ Guarantees (details in :mod:`.task` and :mod:`.runs`):
   the run record; the job fails unless ``allowRefused`` is true.
 * **Streaming.** One run per micro-batch (``<producerId>.<query id>.batch-<id>``: a new
   checkpoint is a new query, whose batch 0 is not the old query's), whose id is in every
-  derived msg-id: a micro-batch replayed after a restart stores nothing
-  twice inside the duplicate window (past it too when its rows are routed).
+  derived msg-id; unrouted rows' ids come from the rows, not the task layout. A micro-batch
+  replayed after a restart stores nothing twice inside the duplicate window (past it too
+  when its rows are routed), whatever the core count.
   ``orderBy`` is refused on unrouted streaming writes (a key's rows in two tasks would
   interleave): use :func:`~.ordered_write.ordered_batches` with ``foreachBatch``.
 * **Routing.** A ``nats_partition`` column is checked against the stream's routing of each
@@ -243,6 +244,7 @@ class NatsOrderedStreamWriter(DataSourceStreamArrowWriter):
                 task=task,
                 attempt=attempt,
                 label=f"micro-batch {batch}, Spark partition {task} (attempt {attempt})",
+                content_ids=True,
             )
 
         return _on_nats(self.options, go)

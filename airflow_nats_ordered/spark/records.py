@@ -10,6 +10,8 @@
 * the declared order (``orderBy``) is checked per NATS partition, one whole batch before any
   of its rows is handed to the publisher: a task that receives rows of a partition out of
   order fails with :class:`DisorderError` having sent only rows that were in order;
+* unrouted rows of a micro-batch get msg-ids from their content (:class:`ContentIds`), not
+  from their task and position, so a replay with another task layout stores nothing twice;
 * a ``nats_partition`` column (routed rows: positions are ranks in whole NATS partitions)
   is checked the same way, before any row of the batch is sent: every keyed row's value must
   be the partition the stream routes its key to, and a task's rows must come partition by
@@ -21,7 +23,9 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import decimal
+import hashlib
 import json
+from collections import Counter
 from json.encoder import encode_basestring
 from typing import TYPE_CHECKING, Any
 
@@ -83,6 +87,35 @@ class RoutingCheck:
                 )
             last = got
         self.last = last
+
+
+class ContentIds:
+    """Msg-ids of a micro-batch's unrouted rows, from the rows alone.
+
+    A row's id is a digest of the run (``<producerId>.<query id>.batch-<id>``), its key, its
+    payload, its headers and its copy number: 1 for the first row of the task with that key,
+    payload and headers, 2 for the next identical one, and so on. Nothing of the Spark task or
+    the row's position is in it, so a micro-batch replayed with another task layout (another
+    core count, another ``repartition``) gives each row the id it had, and the stream's
+    de-duplication stores it once. Identical rows that Spark puts in different tasks of one
+    micro-batch get the same id, and the stream keeps one of them (counted as duplicates in
+    the run record): rows that must be stored as separate records need a column telling them
+    apart (an event id, the source offset) or a ``msgIdColumn``."""
+
+    def __init__(self, run: str) -> None:
+        self.run = run.encode()
+        self.copies: Counter[bytes] = Counter()
+
+    def __call__(self, key: str | bytes | None, payload: bytes, headers: Any) -> str:
+        kb = b"" if key is None else key.encode() if isinstance(key, str) else bytes(key)
+        hb = b"" if not headers else json.dumps(sorted(headers.items())).encode()
+        row = hashlib.blake2b(
+            b"%d:%s\x00%d:%s\x00%s" % (len(kb), kb, len(hb), hb, payload), digest_size=16
+        ).digest()
+        self.copies[row] += 1
+        return hashlib.blake2b(
+            b"%s\x00%s\x00%d" % (self.run, row, self.copies[row]), digest_size=15
+        ).hexdigest()
 
 
 class SparkRecord:
@@ -226,8 +259,20 @@ class OrderCheck:
 class BatchRecords:
     """Turns one task's Arrow batches into :class:`SparkRecord` lists, checking order."""
 
-    def __init__(self, options: SinkOptions, schema_names: list[str], partitions: int, task: str):
+    def __init__(
+        self,
+        options: SinkOptions,
+        schema_names: list[str],
+        partitions: int,
+        task: str,
+        *,
+        content_ids: str | None = None,
+    ):
         self.options = options
+        #: unrouted rows of a micro-batch: ids from the rows (``content_ids`` is the run)
+        self.content_ids = (
+            ContentIds(content_ids) if content_ids and not options.msg_id_column else None
+        )
         self.partitions = partitions
         self.task = task
         self.check = OrderCheck(options, partitions, task)
@@ -271,9 +316,15 @@ class BatchRecords:
         )
         self.rows += batch.num_rows
         task = self.task
+        keys_list = key_values(keys)
+        if self.content_ids is not None:
+            ids = [
+                self.content_ids(k, data, hdr)
+                for k, data, hdr in zip(keys_list, payloads, headers, strict=True)
+            ]
         return [
             SparkRecord(k, data, None if mid is None else str(mid), hdr, task, first + i)
             for i, (k, data, mid, hdr) in enumerate(
-                zip(key_values(keys), payloads, ids, headers, strict=True)
+                zip(keys_list, payloads, ids, headers, strict=True)
             )
         ]

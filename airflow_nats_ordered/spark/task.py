@@ -17,7 +17,11 @@ the ``msgIdColumn``), with the task's *run producer id*:
   (:mod:`.resume`: a changed input fails the task before anything more of it is sent);
 * unrouted rows: the producer id plus ``.t<Spark partition id>``, so two tasks sharing a NATS
   partition never share an id (positions restart in each task); nothing is skipped on resume
-  (ids repeat only inside one Spark partition's recomputation).
+  (ids repeat only inside one Spark partition's recomputation);
+* unrouted rows of a micro-batch (``content_ids``): ids derived from the rows themselves
+  (:class:`~.records.ContentIds`: run, key, payload, headers, the copy's number among
+  identical rows of the task), not from the task layout, so a micro-batch replayed with
+  other Spark partitions (another core count, another ``repartition``) stores nothing twice.
 """
 
 from __future__ import annotations
@@ -96,6 +100,7 @@ async def publish_task(
     task: int,
     attempt: int,
     label: str,
+    content_ids: bool = False,
 ) -> TaskReport:
     """Publish one task's rows; raise if any was not confirmed as stored. Routed rows
     resume after what ``previous`` (the run's record when the job began) recorded or the
@@ -119,7 +124,13 @@ async def publish_task(
         label=label,
     )
     await pub.start()
-    maker = BatchRecords(options, schema_names, pub.partitions, label)
+    maker = BatchRecords(
+        options,
+        schema_names,
+        pub.partitions,
+        label,
+        content_ids=run_producer_id if content_ids and not routed else None,
+    )
     refusals = Refusals()
     try:
         await publish_records(
