@@ -146,3 +146,41 @@ def test_wait_drained_follows_a_running_global_reader(nats_url, unique_name, cap
     assert out["members"][0]["partitions"] == [0, 1, 2]
     assert {p["owner"] for p in out["partitions"]} == {"merger"}
     assert out["global_order"]["reader"] == "merger"
+
+
+def test_a_running_global_reader_is_a_live_member_and_keeps_its_group_from_deletion(
+    nats_url, unique_name
+):
+    """A drain's no-members check and `group delete` (without --force) look for live
+    members: a running global-order reader is one (it was ignored: its group could be
+    deleted under it without --force)."""
+    from airflow_nats_ordered.core.group_admin import GroupInUseError, delete_group, live_members
+
+    async def go():
+        nc = await nats.connect(nats_url)
+        try:
+            await provision(nc, StreamSpec(unique_name, partitions=2))
+            await _publish(nc, unique_name, 5)
+            got: list[GlobalMessage] = []
+            reader = GlobalOrderReader(nc, unique_name, "ledger", got.append, member_id="r1")
+            await reader.start()
+            try:
+                await _until(lambda: len(got) == 5, "5 records")
+                async with asyncio.timeout(WAIT):
+                    while "r1" not in await live_members(nc, unique_name, "ledger"):
+                        await asyncio.sleep(0.05)
+                try:
+                    await delete_group(nc, unique_name, "ledger")
+                except GroupInUseError as exc:
+                    refused = str(exc)
+                else:
+                    refused = None
+            finally:
+                await reader.stop()
+            return refused, await live_members(nc, unique_name, "ledger")
+        finally:
+            await nc.close()
+
+    refused, after = asyncio.run(go())
+    assert refused is not None and "r1" in refused, refused
+    assert after == [], "a stopped reader is no longer a live member"

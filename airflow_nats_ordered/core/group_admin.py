@@ -31,6 +31,7 @@ from nats.js.errors import (
 
 from .assignor import Assignment, assign, imbalance, moves
 from .errors import ConfigError, NatsOrderedError
+from .global_position import READER_KEY
 from .group import GroupConfig, GroupStore, RebalancePolicy
 from .kv import bucket_keys
 from .streams import describe, partition_bounds, partition_stats
@@ -91,7 +92,9 @@ class GroupDeleted:
 
 
 async def live_members(nc: NATS, stream: str, group: str) -> list[str]:
-    """Members whose heartbeat (``m.<id>`` in the lease bucket) has not expired."""
+    """Members whose heartbeat (``m.<id>`` in the lease bucket) has not expired, and a
+    running global-order reader of the group (its heartbeat, key ``global``), so a drain's
+    no-members check and ``group delete`` see it too."""
     bucket = GroupConfig(stream, group).lease_bucket
     try:
         kv = await nc.jetstream().key_value(bucket)
@@ -104,7 +107,12 @@ async def live_members(nc: NATS, stream: str, group: str) -> list[str]:
         except (KeyNotFoundError, KeyDeletedError):
             continue  # left (deleted) or expired meanwhile
         members.append(key[2:])
-    return members
+    try:
+        reader = await kv.get(READER_KEY)
+    except (KeyNotFoundError, KeyDeletedError):
+        return members
+    member = json.loads(reader.value or b"{}").get("member") or "global-order reader"
+    return [*members, str(member)]
 
 
 async def dead_letter_prefix(nc: NATS, stream: str) -> str | None:
