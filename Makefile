@@ -34,7 +34,7 @@ demo: venv
 	$(BIN)/python -m airflow_nats_ordered.demo
 
 bench: venv
-	$(BIN)/python bench/run.py && $(BIN)/python bench/worker_bench.py && $(BIN)/python bench/drain_bench.py && $(BIN)/python bench/spark_bench.py
+	$(BIN)/python bench/run.py && $(BIN)/python bench/worker_bench.py && $(BIN)/python bench/drain_bench.py && $(BIN)/python bench/spark_bench.py && $(BIN)/python bench/global_bench.py
 
 CODE_DIRS := $(wildcard airflow_nats_ordered pyspark_nats_ordered dags spark_apps bench tests)
 
