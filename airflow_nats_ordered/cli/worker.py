@@ -43,6 +43,9 @@ from .common import (
     stream_name,
 )
 
+#: WorkerConfig's defaults, which the flags share (one place to change them)
+_DEFAULTS = WorkerConfig("S", "g")
+
 
 def configure(p: argparse.ArgumentParser) -> None:
     add_member_flags(p)
@@ -107,16 +110,17 @@ def add_member_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--commit-every",
         type=positive_int,
-        default=1000,
+        default=_DEFAULTS.commit_every,
         metavar="N",
-        help="commit the position every N messages (default 1000)",
+        help="commit the position every N messages (default %(default)s; written in the "
+        "background, so a SIGKILL re-delivers a short tail)",
     )
     p.add_argument(
         "--commit-interval",
         type=positive_float,
-        default=1.0,
+        default=_DEFAULTS.commit_interval,
         metavar="SECONDS",
-        help="... or every this many seconds (default 1)",
+        help="... or every this many seconds (default %(default)s)",
     )
     p.add_argument(
         "--max-retries",
