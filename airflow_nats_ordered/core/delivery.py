@@ -94,7 +94,7 @@ class PartitionDelivery(DeadLettering):
             grant.committed_id or None,
         )
         #: commit writes leave the hot path: one in flight, coalesced to the latest position
-        committer = PartitionCommitter(self.store, grant, o.lease, self.member)
+        committer = o.committer = PartitionCommitter(self.store, grant, o.lease, self.member)
         last, last_id = grant.committed, grant.committed_id or None
         last_commit = time.monotonic()
         since_commit = 0
@@ -308,6 +308,10 @@ class PartitionDelivery(DeadLettering):
         self.stats["stopped"] += 1
         log.error("member %s: partition %d %s", self.member, p, reason)
         self._report(f"continuity.{p}", f"partition {p}: {reason}")
+        if o.committer is not None:
+            # nothing more is committed, and the marker goes after any write already sent
+            o.committer.cancel()
+            await o.committer.settle(0.0)
         written = False
         while not o.revoke.is_set():
             if not written:
@@ -468,6 +472,12 @@ class PartitionDelivery(DeadLettering):
             tried = f" after {attempts} attempts" if attempts is not None else ""
             o.blocked = f"blocked at seq {m.stream_seq}{tried}: {reason}"
             log.error("member %s: partition %d %s", self.member, o.partition, o.blocked)
+            if o.committer is not None:
+                # the marker goes after this grant's last background commit write: a drain
+                # takes a commit record newer than the marker for a new owner retrying the
+                # message, so a write landing after it hid the block (drains waited for
+                # their timeout instead of failing at once)
+                await o.committer.settle(timeout=max(0.1, o.lease.valid_until - time.monotonic()))
             await self.store.set_blocked(o.partition, o.blocked)
             # keep the lease (nobody may skip the message), stop processing
             await o.revoke.wait()

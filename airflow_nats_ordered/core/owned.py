@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 
 from .commits import Grant
+from .committer import PartitionCommitter
 from .leases import Lease
 
 
@@ -29,5 +30,7 @@ class OwnedPartition:
         self.finishing = False  # the partition task is in its clean-up (commit, release, revoke)
         self.lost = False
         self.processed_once = False
+        #: the partition task's background commit writer (set by the task while it runs)
+        self.committer: PartitionCommitter | None = None
         #: (key header, base64 key header) -> route_key's (key, rejection) on this partition
         self.routed: dict[tuple[str | None, str | None], tuple[str | None, str | None]] = {}
