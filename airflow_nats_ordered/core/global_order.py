@@ -438,27 +438,11 @@ class GlobalOrderReader:
                 self._token,
                 m.subject,
             )
-            try:
-                result = self.handler(msg)
-                if inspect.isawaitable(result):
-                    await result
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                self._fail(
-                    NatsOrderedError(
-                        f"the handler raised on global sequence {g} (partition {p}, stream "
-                        f"sequence {seq}): {exc!r}; the reader stops before it (skipping it "
-                        "would break the order) and resumes with it when started again"
-                    )
-                )
+            where = f"global sequence {g} (partition {p}, stream sequence {seq})"
+            if not await self._apply(msg, where, " (skipping it would break the order)"):
                 return
             self._g = g
-            self._seqs[p] = seq
-            self.stats.handled += 1
-            self._uncommitted += 1
-            if self._uncommitted >= self.commit_every:
-                await self._commit()
+            await self._handled(p, seq)
 
     # -- the time-window mode ----------------------------------------------------------
     async def _fetch_window(self, p: int) -> None:
@@ -523,6 +507,14 @@ class GlobalOrderReader:
         """Hand a time-window record to the handler; False if the reader stops."""
         seq, m, headers, key = item
         msg = GlobalMessage(t, key, m.data or b"", headers, p, seq, self._token, m.subject, late)
+        if not await self._apply(msg, f"partition {p}, stream sequence {seq}"):
+            return False
+        await self._handled(p, seq)
+        return True
+
+    async def _apply(self, msg: GlobalMessage, where: str, why: str = "") -> bool:
+        """Call the handler with ``msg``; on an exception stop the reader before it (it is
+        handed over again when the reader starts again) and return False."""
         try:
             result = self.handler(msg)
             if inspect.isawaitable(result):
@@ -532,17 +524,20 @@ class GlobalOrderReader:
         except Exception as exc:
             self._fail(
                 NatsOrderedError(
-                    f"the handler raised on partition {p}, stream sequence {seq}: {exc!r}; the "
-                    "reader stops before it and resumes with it when started again"
+                    f"the handler raised on {where}: {exc!r}; the reader stops before it"
+                    f"{why} and resumes with it when started again"
                 )
             )
             return False
+        return True
+
+    async def _handled(self, p: int, seq: int) -> None:
+        """Count a handled record of partition ``p`` and commit every ``commit_every``."""
         self._seqs[p] = seq
         self.stats.handled += 1
         self._uncommitted += 1
         if self._uncommitted >= self.commit_every:
             await self._commit()
-        return True
 
     async def _late_record(self, p: int, t: int, item: Any) -> bool:
         """Apply the late-record policy; False if the reader stops."""
