@@ -58,14 +58,9 @@ class _Fatal(Exception):
     """This partition cannot make progress; fail its remaining records."""
 
 
-class _Rec:
-    """One accepted record: payload and its encoded header block."""
-
-    __slots__ = ("data", "hdr")
-
-    def __init__(self, data: bytes, hdr: bytes) -> None:
-        self.data = data
-        self.hdr = hdr
+#: One accepted record: ``(header block, payload)``. A plain tuple: the publisher builds
+#: one per record, and a tuple costs a fraction of an object (issue 19 item 1).
+_Rec = tuple[bytes, bytes]
 
 
 class _Lane:
@@ -103,14 +98,16 @@ class _Lane:
 
     # -- accepting -----------------------------------------------------------------------
     def accept(self, rec: _Rec) -> None:
+        """Queue one record (``OrderedPublisher.publish`` inlines this on its hot path)."""
         self.summary.accepted += 1
         if self.error is not None:
             self.summary.failed += 1
-            self.pub._release(1, len(rec.data))
+            self.pub._release(1, len(rec[1]))
             return
+        if not self.queue:  # the lane waits for work only with an empty queue
+            self.idle.clear()
+            self.wake.set()
         self.queue.append(rec)
-        self.idle.clear()
-        self.wake.set()
 
     # -- the sender loop -------------------------------------------------------------------
     async def run(self) -> None:
@@ -182,7 +179,7 @@ class _Lane:
         self.batch_seq += 1
         reply = b"%s%d.%d.$FI" % (self.reply_prefix, self.batch_seq, op)
         try:
-            await wire.send(self.pub.nc, self.pub._fast, self.subject_b, reply, rec.hdr, rec.data)
+            await wire.send(self.pub.nc, self.pub._fast, self.subject_b, reply, rec[0], rec[1])
         except NatsError as exc:
             raise _Retry(f"send failed: {type(exc).__name__}: {exc}") from exc
 
@@ -210,10 +207,43 @@ class _Lane:
 
     async def _send_window(self) -> None:
         q, inflight = self.queue, self.inflight
-        while q and self._window_open() and self.batch_seq < self.cfg.batch_size:
+        if not wire.can_coalesce(self.pub._fast):  # one message at a time
+            while q and self._window_open() and self.batch_seq < self.cfg.batch_size:
+                rec = q.popleft()
+                inflight.append(rec)
+                await self._publish(rec, 1)
+            return
+        # everything the window and the batch allow, written as one command: the same
+        # frames, in the same order, as one _publish() each (issue 19 item 1)
+        cfg = self.cfg
+        out = self.batch_seq - self.acked_bseq
+        n = min(
+            len(q), min(cfg.max_in_flight, self.flow * 2) - out, cfg.batch_size - self.batch_seq
+        )
+        if n <= 0:
+            return
+        seq = self.batch_seq
+        subject, prefix = self.subject_b, self.reply_prefix
+        frames = []
+        payload = largest = 0
+        for _ in range(n):
             rec = q.popleft()
             inflight.append(rec)
-            await self._publish(rec, 1)
+            seq += 1
+            hdr, data = rec
+            size = len(hdr) + len(data)
+            frames.append(
+                b"HPUB %s %s%d.1.$FI %d %d\r\n%s%s\r\n"
+                % (subject, prefix, seq, len(hdr), size, hdr, data)
+            )
+            payload += len(data)
+            if size > largest:
+                largest = size
+        self.batch_seq = seq
+        try:
+            await wire.send_frames(self.pub.nc, b"".join(frames), n, payload, largest)
+        except NatsError as exc:
+            raise _Retry(f"send failed: {type(exc).__name__}: {exc}") from exc
 
     async def _commit(self) -> None:
         """End the batch without storing another message; the reply acknowledges it all."""
@@ -300,7 +330,7 @@ class _Lane:
         inflight = self.inflight
         nbytes = 0
         for _ in range(n):
-            nbytes += len(inflight.popleft().data)
+            nbytes += len(inflight.popleft()[1])
         self.acked_bseq += n
         self.summary.acked += n
         self.pub._release(n, nbytes)
@@ -356,7 +386,7 @@ class _Lane:
     def _fail(self, reason: str) -> None:
         self._end_batch()
         n = len(self.queue) + len(self.inflight)
-        nbytes = sum(len(r.data) for r in self.queue) + sum(len(r.data) for r in self.inflight)
+        nbytes = sum(len(r[1]) for r in self.queue) + sum(len(r[1]) for r in self.inflight)
         self.queue.clear()
         self.inflight.clear()
         self.summary.failed += n

@@ -100,6 +100,11 @@ from .streams import PartitionedStream, describe
 
 log = logging.getLogger(__name__)
 
+#: the key cache of :meth:`OrderedPublisher.publish`: at most this many keys, each at most
+#: this many UTF-8 bytes (a few MB at most; typical keys take well under 1 MB in all)
+_KEY_CACHE_SIZE = 8192
+_KEY_CACHE_KEY_BYTES = 256
+
 
 class OrderedPublisher:
     """Publishes keyed records to a partitioned stream, in order per partition, exactly once.
@@ -174,6 +179,9 @@ class OrderedPublisher:
             glob = b"%s: %%d\r\n\r\n" % HDR_GLOBAL_SEQ.encode()
             self._hdr_fmt = self._hdr_fmt[:-2] + glob
             self._hdr_fmt_keyless = self._hdr_fmt_keyless[:-2] + glob
+        #: key -> (UTF-8 bytes, header line, partition) of str keys seen before, so a repeated
+        #: key skips the checks, the encoding and the hash (bounded: cleared when full)
+        self._keys: dict[object, tuple[bytes, bytes, int]] = {}
         self._next_g = 0  # the next global sequence (global_order): set by start()
         self._watermarks: WatermarkWriter | None = None
 
@@ -330,7 +338,10 @@ class OrderedPublisher:
         if self._closing:
             raise RuntimeError("the publisher is closed")
         cfg = self.config
-        if key is None or key == "" or key == b"":
+        known = self._keys.get(key) if key.__class__ is str else None
+        if known is not None:  # a key seen before: its bytes, header line and partition
+            kb, key_line, part = known
+        elif key is None or key == "" or key == b"":
             if not cfg.allow_keyless:
                 self._refused += 1
                 raise KeylessRecordError()
@@ -343,6 +354,10 @@ class OrderedPublisher:
                 self._refused += 1
                 raise
             part = mmh3.hash(kb, HASH_SEED, signed=False) % self._nparts
+            if key.__class__ is str and len(kb) <= _KEY_CACHE_KEY_BYTES:
+                if len(self._keys) >= _KEY_CACHE_SIZE:
+                    self._keys.clear()
+                self._keys[key] = (kb, key_line, part)
         if msg_id is not None:
             mid = msg_id.encode()
             if not mid or b"\r" in mid or b"\n" in mid or len(mid) > 256:
@@ -405,7 +420,15 @@ class OrderedPublisher:
             self._next_g += 1
         self._pending += 1
         self._pending_bytes += size
-        lane.accept(_Rec(data, hdr))
+        if lane.error is None:  # _Lane.accept, inlined: this runs once per record
+            lane.summary.accepted += 1
+            q = lane.queue
+            if not q:  # the lane waits for work only with an empty queue
+                lane.idle.clear()
+                lane.wake.set()
+            q.append((hdr, data))
+        else:
+            lane.accept((hdr, data))  # counted as failed at once
         self._since_yield += 1
         if self._since_yield >= 256:  # let the partition senders run while a producer loops
             self._since_yield = 0

@@ -43,6 +43,13 @@ def parse_header_block(block: bytes) -> dict[str, str]:
     return out
 
 
+def can_coalesce(fast: bool) -> bool:
+    """True when several messages may be written as one command (:func:`send_frames`): the
+    client has the fast path and :func:`send` is this module's own. A wrapper put in its
+    place (a test injecting faults on the wire, say) sees every message one at a time."""
+    return fast and send is _SEND
+
+
 def supports_fast_path(nc: NATS) -> bool:
     return all(
         hasattr(nc, name)
@@ -80,6 +87,44 @@ async def send(nc: NATS, fast: bool, subject: bytes, reply: bytes, hdr: bytes, d
     stats["out_msgs"] += 1
     stats["out_bytes"] += len(data)
     await nc._send_command(cmd)
+    fq = nc._flush_queue
+    if fq is not None and fq.empty():
+        await nc._flush_pending()
+
+
+_SEND = send
+
+
+def frame(subject: bytes, reply: bytes, hdr: bytes, data: bytes) -> bytes:
+    """One ``HPUB`` frame, exactly as :func:`send` writes it."""
+    return b"HPUB %s %s %d %d\r\n%s%s\r\n" % (
+        subject,
+        reply,
+        len(hdr),
+        len(hdr) + len(data),
+        hdr,
+        data,
+    )
+
+
+async def send_frames(nc: NATS, frames: bytes, count: int, payload: int, largest: int) -> None:
+    """Write ``count`` ready ``HPUB`` frames (fast path only) as one command.
+
+    ``payload`` is their payload bytes (the client's ``out_bytes``) and ``largest`` the
+    biggest header block + payload among them. All or nothing: when this raises (the same
+    errors as :func:`send`), none of them was queued."""
+    if nc.is_closed:
+        raise nats_errors.ConnectionClosedError
+    if not nc.is_connected and (
+        nc._max_pending_size <= 0 or len(frames) + nc._pending_data_size > nc._max_pending_size
+    ):
+        raise nats_errors.OutboundBufferLimitError
+    if largest > nc.max_payload:
+        raise nats_errors.MaxPayloadError
+    stats: Any = nc.stats
+    stats["out_msgs"] += count
+    stats["out_bytes"] += payload
+    await nc._send_command(frames)
     fq = nc._flush_queue
     if fq is not None and fq.empty():
         await nc._flush_pending()
