@@ -192,7 +192,7 @@ class _Lane:
                 self.pub._slot_waiters -= 1
             self.slot = True
         # batch ids are per stream on the server: unique per publisher, partition and batch
-        self.batch_id = f"{self.pub._run_tag}p{self.p}b{next(self._batches)}"
+        self.batch_id = f"{self.pub._batch_tag}p{self.p}b{next(self._batches)}"
         # <inbox>.<partition>.<batch id>.<flow>.<gap mode>.<batch seq>.<op>.$FI (ADR-50)
         self.reply_prefix = f"{self.inbox}.{self.batch_id}.{self.cfg.flow}.fail.".encode()
         self.batch_seq = 0

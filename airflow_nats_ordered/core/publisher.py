@@ -51,6 +51,8 @@ import asyncio
 import contextlib
 import logging
 import math
+import secrets
+import string
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -104,6 +106,11 @@ log = logging.getLogger(__name__)
 #: this many UTF-8 bytes (a few MB at most; typical keys take well under 1 MB in all)
 _KEY_CACHE_SIZE = 8192
 _KEY_CACHE_KEY_BYTES = 256
+_BASE62 = string.digits + string.ascii_letters
+
+
+def _short_tag() -> str:
+    return "".join(secrets.choice(_BASE62) for _ in range(12))
 
 
 class OrderedPublisher:
@@ -161,7 +168,11 @@ class OrderedPublisher:
         self._t0 = 0.0
         self._sub: Any = None
         self._run_tag = NUID().next().decode()
-        self._inbox = f"_INBOX.{NUID().next().decode()}"
+        # batch ids and the reply inbox are in every message's reply subject, which the
+        # server parses per message: 12 random base62 characters (71 bits) keep them unique
+        # per stream and connection at 20 bytes less per message than two NUIDs
+        self._batch_tag = _short_tag()
+        self._inbox = f"_INBOX.{self._batch_tag}"
         self._max_size = 0
         self._nparts = 0
         self._fast = False
