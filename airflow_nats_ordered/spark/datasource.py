@@ -21,8 +21,16 @@ Guarantees (details in :mod:`.task` and :mod:`.runs`):
   arriving out of ``orderBy`` order fail the task before anything out of order is sent. Per
   key order across the whole write holds when each key's rows are in one task, in order:
   what :func:`~airflow_nats_ordered.spark.write_ordered` guarantees.
-* **Nothing dropped silently.** Rows without a key or too large are counted and reported in
-  the run record; the job fails unless ``allowRefused`` is true.
+* **Nothing dropped silently.** Rows without a key, too large or with headers that cannot
+  be sent (:mod:`.headers`) are counted and reported in the run record; the job fails
+  unless ``allowRefused`` is true.
+* **Kafka-sink conventions.** The key is the column ``key`` unless ``keyColumn`` names
+  another; ``value`` is the payload; ``headers`` is a map or Kafka's array of key/value
+  structs. Only ``mode("append")`` (Spark refuses its default mode for a Python source).
+* **Refused before anything is sent.** Options, column types (key, value, headers) and a
+  stream whose ``duplicate_window`` is shorter than a task's resends (``deliveryTimeout``,
+  :mod:`.preflight`) are checked on the driver when the writer is created, before the run
+  is begun in the ledger.
 * **Streaming.** One run per micro-batch (``<producerId>.<query id>.batch-<id>``: a new
   checkpoint is a new query, whose batch 0 is not the old query's), whose id is in every
   derived msg-id; unrouted rows' ids come from the rows, not the task layout. A micro-batch
@@ -51,7 +59,15 @@ from pyspark.sql.datasource import (
 
 from ..core.connection import connect
 from ..core.errors import ConfigError
-from .options import HEADERS_COLUMN, PARTITION_COLUMN, VALUE_COLUMN, SinkOptions
+from .headers import check_headers_type
+from .options import (
+    DEFAULT_KEY_COLUMN,
+    HEADERS_COLUMN,
+    PARTITION_COLUMN,
+    VALUE_COLUMN,
+    SinkOptions,
+)
+from .preflight import check_resend_window, last_seq
 from .routing import check_key_type
 from .runs import RunPlan, RunRefusedError, batch_run_id, plan_run, record_run
 from .task import TaskReport, drain, publish_task
@@ -79,7 +95,7 @@ def _on_nats(options: SinkOptions, fn: Callable[[NATS], Awaitable[T]]) -> T:
 
 
 def _check_schema(options: SinkOptions, schema: StructType) -> None:
-    from pyspark.sql.types import BinaryType, MapType, StringType
+    from pyspark.sql.types import BinaryType, StringType
 
     fields = {f.name: f.dataType for f in schema.fields}
 
@@ -89,6 +105,12 @@ def _check_schema(options: SinkOptions, schema: StructType) -> None:
                 f"{what} {column!r} is not a column of the DataFrame (columns: {', '.join(fields)})"
             )
 
+    if options.key_column not in fields and options.key_defaulted:
+        raise ConfigError(
+            f"option keyColumn is required for format 'nats-ordered' unless the DataFrame has "
+            f"a column {DEFAULT_KEY_COLUMN!r} (the default, as in Spark's Kafka sink); "
+            f'columns: {", ".join(fields)}. Name the key: .option("keyColumn", "tailnum")'
+        )
     need(options.key_column, "keyColumn")
     check_key_type(schema, options.key_column, "keyColumn")
     for c in options.order_by:
@@ -100,10 +122,8 @@ def _check_schema(options: SinkOptions, schema: StructType) -> None:
             f"column {VALUE_COLUMN!r} is the payload and must be string or binary, not "
             f"{fields[VALUE_COLUMN].simpleString()}; rename it to send the row as JSON"
         )
-    if HEADERS_COLUMN in fields and not isinstance(fields[HEADERS_COLUMN], MapType):
-        raise ConfigError(
-            f"column {HEADERS_COLUMN!r} holds message headers and must be map<string,string>"
-        )
+    if HEADERS_COLUMN in fields:
+        check_headers_type(fields[HEADERS_COLUMN])
 
 
 def _task() -> tuple[Any, int, int]:
@@ -123,12 +143,22 @@ class NatsOrderedWriter(DataSourceArrowWriter):
         self.schema_names = [f.name for f in schema.fields]
         self.created = time.time()
         self.routed = PARTITION_COLUMN in self.schema_names
-        self.plan: RunPlan = _on_nats(
-            options,
-            lambda nc: plan_run(
+
+        async def start(nc: NATS) -> tuple[int, RunPlan]:
+            try:  # before the run is begun: a refusal here leaves the ledger alone
+                await check_resend_window(nc, options)
+            except ConfigError:
+                plan = await plan_run(nc, options.stream, options.producer_id, begin=False)
+                if plan.complete:  # nothing will be sent: no resend to de-duplicate
+                    return 0, plan
+                raise
+            seq = await last_seq(nc, options.stream)
+            return seq, await plan_run(
                 nc, options.stream, options.producer_id, begin=True, routed=self.routed
-            ),
-        )
+            )
+
+        #: the stream's last sequence before this job: unrouted rows' duplicates count from it
+        self.seq_before, self.plan = _on_nats(options, start)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
         _, task, attempt = _task()
@@ -160,7 +190,12 @@ class NatsOrderedWriter(DataSourceArrowWriter):
         rec = _on_nats(
             self.options,
             lambda nc: record_run(
-                nc, self.options, self.plan.run_id, _reports(messages), resume=self.plan.resume
+                nc,
+                self.options,
+                self.plan.run_id,
+                _reports(messages),
+                resume=self.plan.resume,
+                seq_before=None if self.routed else self.seq_before,
             ),
         )
         if rec.status != "complete":
@@ -212,6 +247,7 @@ class NatsOrderedStreamWriter(DataSourceStreamArrowWriter):
         self.options = options
         self.schema_names = [f.name for f in schema.fields]
         _refuse_unkept_order(options, self.schema_names)
+        _on_nats(options, lambda nc: check_resend_window(nc, options))
         self.created = time.time()
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
@@ -256,7 +292,12 @@ class NatsOrderedStreamWriter(DataSourceStreamArrowWriter):
         run_id = _run_of(reports)
         if run_id is None:  # no task ran: nothing was published, nothing to record
             return
-        rec = _on_nats(self.options, lambda nc: record_run(nc, self.options, run_id, reports))
+        starts = [r.seq_before for r in reports if r is not None and not r.routed]
+        seq_before = min(starts) if starts and all(starts) else None
+        rec = _on_nats(
+            self.options,
+            lambda nc: record_run(nc, self.options, run_id, reports, seq_before=seq_before),
+        )
         if rec.status != "complete":
             raise RunRefusedError(f"run {rec.producer_id!r} is recorded partial: {rec.error}")
 

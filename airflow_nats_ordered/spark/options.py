@@ -82,10 +82,27 @@ _SPARK_OPTIONS = ("path", "checkpointlocation", "queryname")
 
 #: the routing column :func:`~airflow_nats_ordered.spark.routing.route` adds
 PARTITION_COLUMN = "nats_partition"
+#: the key column when no ``keyColumn`` option is given (as in Spark's Kafka sink)
+DEFAULT_KEY_COLUMN = "key"
 #: payload column used as-is when present (string or binary); otherwise the row as JSON
 VALUE_COLUMN = "value"
 #: optional map<string,string> column of extra message headers
 HEADERS_COLUMN = "headers"
+
+
+def _seconds(name: str, raw: Any) -> float | None:
+    if raw is None or str(raw).strip() == "":
+        return None
+    try:
+        value = float(str(raw).strip())
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise ConfigError(
+            f'option {name} must be a number of seconds > 0, e.g. .option("{name}", "60"); '
+            f"got {raw!r}"
+        )
+    return value
 
 
 def _flag(name: str, raw: str | None) -> bool:
@@ -120,6 +137,8 @@ class SinkOptions:
     connection: Mapping[str, str] = field(default_factory=dict)
     #: the auth method the caller resolved (option ``auth``), checked against ``resolved``
     expected_auth: str | None = None
+    #: no ``keyColumn`` option was given: the key is the column ``key`` (Kafka's sink)
+    key_defaulted: bool = False
     #: the connection, resolved once by :meth:`from_spark` (see the class docstring)
     resolved: ConnectionOptions | None = field(default=None, repr=False, compare=False)
 
@@ -149,6 +168,9 @@ class SinkOptions:
                 f"{', '.join(accepted)}, allowRefused, deliveryTimeout, auth and the connection "
                 f"options {', '.join(sorted(set(CONNECTION_OPTIONS)))}"
             )
+        key_defaulted = "keycolumn" not in opts
+        if key_defaulted:  # Spark's Kafka sink: the key is the column "key"
+            opts["keycolumn"] = DEFAULT_KEY_COLUMN
         for required, example in (
             ("stream", "FLIGHTS"),
             ("keycolumn", "tailnum"),
@@ -182,7 +204,7 @@ class SinkOptions:
         connection = {
             CONNECTION_OPTIONS[k]: str(v) for k, v in opts.items() if k in CONNECTION_OPTIONS
         }
-        timeout = opts.get("deliverytimeout")
+        timeout = _seconds("deliveryTimeout", opts.get("deliverytimeout"))
         sink = cls(
             stream=str(opts["stream"]).strip(),
             key_column=str(opts["keycolumn"]).strip(),
@@ -194,7 +216,8 @@ class SinkOptions:
             if opts.get("msgidcolumn")
             else None,
             allow_refused=_flag("allowRefused", opts.get("allowrefused")),
-            delivery_timeout=float(timeout) if timeout not in (None, "") else None,
+            delivery_timeout=timeout,
+            key_defaulted=key_defaulted,
             connection=connection,
             expected_auth=str(opts[AUTH_OPTION]).strip() if opts.get(AUTH_OPTION) else None,
         )

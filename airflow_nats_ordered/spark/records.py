@@ -30,6 +30,7 @@ from json.encoder import encode_basestring
 from typing import TYPE_CHECKING, Any
 
 from ..core.errors import ConfigError, NatsOrderedError
+from .headers import headers_of
 from .options import HEADERS_COLUMN, PARTITION_COLUMN, VALUE_COLUMN, SinkOptions
 from .routing import KEY_TEXT_COLUMN, key_values, partitions_of
 
@@ -310,7 +311,7 @@ class BatchRecords:
             else [None] * batch.num_rows
         )
         headers: list[Any] = (
-            [None if h is None else dict(h) for h in batch.column(HEADERS_COLUMN).to_pylist()]
+            headers_of(batch.column(HEADERS_COLUMN))
             if self.has_headers
             else [None] * batch.num_rows
         )

@@ -27,10 +27,11 @@ from typing import TYPE_CHECKING, Any
 
 from nats.js.errors import NotFoundError
 
-from ..core.errors import NatsOrderedError
+from ..core.errors import NatsOrderedError, RecordError
 from ..core.msg_ids import HDR_MSG_ID, HDR_PRODUCER, HDR_SEQ, derive_msg_id
 from ..core.publisher import OrderedPublisher, PublisherConfig
 from ..core.streams import describe
+from .headers import BadHeaders
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
@@ -175,6 +176,8 @@ class ResumingPublisher(OrderedPublisher):
         msg_id: str | None = None,
         headers: dict[str, str] | None = None,
     ) -> int:
+        if isinstance(headers, BadHeaders):  # refused (counted, reported), takes no position
+            raise RecordError(headers.reason)
         # raises for a refused record, which takes no position
         part = await super().publish(key, data, msg_id=msg_id, headers=headers)
         pos = self._positions.get(part, 0) + 1

@@ -34,6 +34,7 @@ from ..core.runs import (
     unmarked_error,
 )
 from .options import SinkOptions
+from .preflight import last_seq
 from .resume import PartitionResume, own_positions, resume_points, stored_tails, vanished
 from .task import TaskReport
 
@@ -172,6 +173,7 @@ async def record_run(
     unless_finished_after: float | None = None,
     resume: Mapping[int, PartitionResume] | None = None,
     from_stream: bool = False,
+    seq_before: int | None = None,
 ) -> RunRecord:
     """Record the run's result in the ledger and return it.
 
@@ -181,6 +183,9 @@ async def record_run(
     has rows of now means the input changed, and the run is not complete.
     ``from_stream``: count, per partition whose last message is the run's, what the stream
     holds (an aborted job's failed and cancelled tasks report nothing, but stored rows).
+    ``seq_before``: unrouted rows, the stream's last sequence before the attempt began: its
+    ``duplicates`` are the rows acknowledged minus the messages stored since (tasks share NATS
+    partitions, so a task's own count of them is hidden by the others' stores).
     """
     reports = list(reports)
     ledger = await RunLedger.open(nc, options.stream)
@@ -196,6 +201,10 @@ async def record_run(
         seen = {p for r in reports if r is not None and r.routed for p in r.partitions}
         error = vanished(resume, seen, run_id)
     absorb_reports(rec, reports, allow_refused=options.allow_refused, error=error)
+    if seq_before is not None:
+        with contextlib.suppress(Exception):  # the result is recorded whatever the count says
+            stored = await last_seq(nc, options.stream) - seq_before
+            rec.duplicates = max(0, rec.acked - stored)
     if from_stream:
         tails = {}
         with contextlib.suppress(Exception):  # the failure is recorded whatever the stream says

@@ -30,13 +30,13 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pyspark.sql.datasource import WriterCommitMessage
 
-from ..core.publisher import PublisherConfig
 from ..core.runs import Refusals, publish_records
 from .options import PARTITION_COLUMN, SinkOptions
+from .preflight import last_seq, publisher_config
 from .records import BatchRecords, SparkRecord
 from .resume import ResumingPublisher, own_positions, resume_points, stored_tails
 
@@ -69,6 +69,8 @@ class TaskReport(WriterCommitMessage):
     digests: dict[int, str] = field(default_factory=dict)
     #: the run (a micro-batch's run id: the driver's ``commit()`` learns it from the tasks)
     run: str = ""
+    #: unrouted rows: the stream's last sequence when the task started (0: not read)
+    seq_before: int = 0
 
 
 async def _records(
@@ -106,19 +108,17 @@ async def publish_task(
     resume after what ``previous`` (the run's record when the job began) recorded or the
     stream holds now (an earlier attempt of this task may have stored more), counting only
     the run's messages after ``after`` (per partition, a stream sequence)."""
-    knobs: dict[str, Any] = {}
-    if options.delivery_timeout is not None:
-        knobs["delivery_timeout"] = options.delivery_timeout
     routed = PARTITION_COLUMN in schema_names
     producer = run_producer_id if routed else f"{run_producer_id}.t{task}"
     resume = {}
     if routed:  # what earlier attempts of this job (a task retry) stored counts too
         tails = await stored_tails(nc, options.stream, run_producer_id)
         resume = resume_points(previous, own_positions(tails, after))
+    seq_before = 0 if routed else await last_seq(nc, options.stream)
     pub = ResumingPublisher(
         nc,
         options.stream,
-        PublisherConfig(producer_id=producer, **knobs),
+        publisher_config(options, producer),
         resume=resume,
         run=run_producer_id,
         label=label,
@@ -169,4 +169,5 @@ async def publish_task(
         refused_examples=list(refusals.examples),
         digests=pub.digests() if routed else {},
         run=run_producer_id,
+        seq_before=seq_before,
     )
