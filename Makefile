@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 # the Spark tests stay in one worker (one JVM). PYTEST_WORKERS=0 runs them in one process.
 PYTEST_WORKERS ?= 2
 
-.PHONY: venv test demo bench lint format clean
+.PHONY: venv test demo bench bench-growth lint format clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "error: Python >= 3.11 is needed (found %s); set PYTHON=python3.11" % sys.version.split()[0])'
@@ -35,6 +35,12 @@ demo: venv
 
 bench: venv
 	$(BIN)/python bench/run.py && $(BIN)/python bench/worker_bench.py && $(BIN)/python bench/drain_bench.py && $(BIN)/python bench/spark_bench.py && $(BIN)/python bench/global_bench.py
+
+# how cost grows with members, partitions and input size (issue 19 item 5): separate from
+# `make bench`, which already takes over 10 minutes; the 10M-record publisher run alone
+# takes minutes and ~5 GB of stream storage (BENCH_GROWTH_PUB_N=1000000,3000000 for less)
+bench-growth: venv
+	$(BIN)/python bench/growth_bench.py
 
 CODE_DIRS := $(wildcard airflow_nats_ordered pyspark_nats_ordered dags spark_apps bench tests)
 
