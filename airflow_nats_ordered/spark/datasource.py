@@ -292,8 +292,10 @@ class NatsOrderedStreamWriter(DataSourceStreamArrowWriter):
         run_id = _run_of(reports)
         if run_id is None:  # no task ran: nothing was published, nothing to record
             return
-        starts = [r.seq_before for r in reports if r is not None and not r.routed]
-        seq_before = min(starts) if starts and all(starts) else None
+        starts = [
+            r.seq_before for r in reports if r is not None and not (r.routed or r.skipped_run)
+        ]
+        seq_before = min(starts) if starts and min(starts) >= 0 else None
         rec = _on_nats(
             self.options,
             lambda nc: record_run(nc, self.options, run_id, reports, seq_before=seq_before),

@@ -69,8 +69,8 @@ class TaskReport(WriterCommitMessage):
     digests: dict[int, str] = field(default_factory=dict)
     #: the run (a micro-batch's run id: the driver's ``commit()`` learns it from the tasks)
     run: str = ""
-    #: unrouted rows: the stream's last sequence when the task started (0: not read)
-    seq_before: int = 0
+    #: unrouted rows: the stream's last sequence when the task started (-1: not read)
+    seq_before: int = -1
 
 
 async def _records(
@@ -114,7 +114,7 @@ async def publish_task(
     if routed:  # what earlier attempts of this job (a task retry) stored counts too
         tails = await stored_tails(nc, options.stream, run_producer_id)
         resume = resume_points(previous, own_positions(tails, after))
-    seq_before = 0 if routed else await last_seq(nc, options.stream)
+    seq_before = -1 if routed else await last_seq(nc, options.stream)
     pub = ResumingPublisher(
         nc,
         options.stream,
