@@ -3,6 +3,7 @@
 Usage (``nats-ordered COMMAND --help`` for every flag)::
 
     nats-ordered provision --stream ORDERS --partitions 16 [--max-age 7d] [--json]
+    nats-ordered repartition --stream ORDERS --partitions 32 [--json]
     nats-ordered publish --stream ORDERS orders.jsonl --key-field customer \\
         [--order-by ts] [--msg-id-field id] [--json]
     nats-ordered info --stream ORDERS [--json]
@@ -54,7 +55,18 @@ import nats.errors
 import nats.js.errors
 
 from ..core.errors import NatsOrderedError
-from . import dead_letters, global_read, group, info, pool, provision, publish, status, worker
+from . import (
+    dead_letters,
+    global_read,
+    group,
+    info,
+    pool,
+    provision,
+    publish,
+    repartition,
+    status,
+    worker,
+)
 from .common import (
     EXIT_CODES_HELP,
     EXIT_FAILED,
@@ -85,6 +97,7 @@ __all__ = [
 
 COMMANDS: list[Command] = [
     provision.COMMAND,
+    repartition.COMMAND,
     publish.COMMAND,
     worker.COMMAND,
     pool.COMMAND,

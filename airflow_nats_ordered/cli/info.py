@@ -41,6 +41,8 @@ async def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
                 "prefix": stream.prefix,
                 "subjects": stream.subjects_text,
                 "explicit_subjects": stream.explicit_subjects,
+                "epoch": stream.epoch,
+                "layouts": [lay.to_json() for lay in stream.layouts],
                 "hash": stream.hash_name,
                 "seed": stream.seed,
                 "duplicate_window": stream.duplicate_window,
@@ -91,6 +93,15 @@ async def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
         f"{stream.storage} storage, {stream.replicas} "
         f"replica{'s' if stream.replicas != 1 else ''}"
     )
+    if stream.layouts:
+        earlier = ", ".join(
+            f"epoch {lay.epoch}: {lay.partitions} partitions up to seq {lay.switch_seq}"
+            for lay in stream.layouts
+        )
+        print(
+            f"layout epoch {stream.epoch} ({stream.subjects_text}), repartitioned; earlier "
+            f"layouts ({earlier}) are read by each group before this one"
+        )
     if not stream.explicit_subjects:
         print(
             f"subjects {stream.subjects_text}: the stream also stores publishes to subjects "

@@ -32,6 +32,7 @@ from ..core.drain import (
     StrayMessagesError,
     group_exists,
     group_lag,
+    later_messages,
     wait_drained,
 )
 from ..core.errors import ConfigError, NatsOrderedError
@@ -106,8 +107,10 @@ def configure(p: argparse.ArgumentParser) -> None:
 async def _read(nc: NATS, stream_name: str, group: str) -> dict[str, Any]:
     """The status as a JSON-safe dict (the ``--json`` output)."""
     stream = await describe(nc, stream_name)
-    contents = await stream_contents(nc, stream)
     store = await GroupStore.attach(nc, stream_name, group)
+    # a repartitioned stream: the partitions of the layout epoch the group is at
+    contents = await stream_contents(nc, stream.at_epoch(store.epoch))
+    later = await later_messages(nc, stream, store.epoch)
     snap = await store.snapshot()
     dlq = await dead_letters(nc, stream_name, group)
     strays = contents.strays
@@ -152,8 +155,11 @@ async def _read(nc: NATS, stream_name: str, group: str) -> dict[str, Any]:
         "group": group,
         "generation": generation,
         "leader": snap.leader,
-        "total_lag": lag.total_lag,
-        "drained": lag.drained,
+        "total_lag": lag.total_lag + later,
+        "drained": lag.drained and not later,
+        "epoch": store.epoch,
+        "stream_epoch": stream.current_epoch,
+        "later_layout_messages": later,
         "partitions": parts,
         "members": members,
         "dead_letters": {
@@ -243,6 +249,12 @@ def _print_table(out: dict[str, Any]) -> None:
         shown = ", ".join(f"{s} ({n})" for s, n in list(strays["subjects"].items())[:5])
         more = ", ..." if len(strays["subjects"]) > 5 else ""
         print(f"strays: {strays['messages']:,} never read by any worker: {shown}{more}")
+    if out.get("epoch", 0) != out.get("stream_epoch", 0):
+        print(
+            f"layout: the stream was repartitioned (epoch {out['stream_epoch']}); the group "
+            f"finishes the partitions of epoch {out['epoch']} (shown) before any record of a "
+            f"later layout ({out['later_layout_messages']:,} waiting, counted in the lag)"
+        )
     if out["problems"]:
         print("problems:")
         for problem in out["problems"]:

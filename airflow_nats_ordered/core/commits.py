@@ -32,6 +32,7 @@ from .continuity import AtSeq
 from .errors import NatsOrderedError
 from .group_stream import GroupStreamIdentity, StreamRecreated
 from .kv import compact_json, latest_entry
+from .layout import state_key
 from .leases import GroupLeases
 from .streams import PartitionedStream, partition_bounds
 
@@ -72,6 +73,8 @@ class Grant:
     stream: str = ""  # identity of the stream the position refers to (its creation time)
     #: the Nats-Msg-Id of the message at ``committed`` ("" if unknown)
     committed_id: str = ""
+    #: the layout epoch of the partition (its commit record is ``state_key(epoch, "c", n)``)
+    epoch: int = 0
 
 
 @dataclass(frozen=True)
@@ -119,7 +122,8 @@ class GroupCommits(GroupStreamIdentity, GroupLeases):
         """Partition's commit record and its revision, read from the stream leader.
         A deleted record gives ``(None, revision of the delete marker)``, a record never
         written ``(None, 0)``."""
-        found = await latest_entry(self.nc, self.cfg.state_bucket, f"c.{partition}")
+        key = state_key(self.epoch, "c", partition)
+        found = await latest_entry(self.nc, self.cfg.state_bucket, key)
         if found is None:
             return None, 0
         data, rev = found
@@ -136,13 +140,17 @@ class GroupCommits(GroupStreamIdentity, GroupLeases):
         message. Raises StreamRecreated if the stream is not the one the group's positions
         refer to."""
         live = await self.check_stream()
-        key = f"c.{partition}"
+        key = state_key(self.epoch, "c", partition)
         for _ in range(20):
             rec, rev = await self.read_commit(partition)
             if rec is not None and rec.stream and live.created and rec.stream != live.created:
                 raise StreamRecreated(self._recreated_message(rec.stream, live.created))
             msg_id = ""
-            if rec is None and (rev > 0 or floor > 0):
+            # a sink's floor says a record existed only in the stream's oldest layout epoch:
+            # in a later one the sink has seen tokens of the earlier layout's partition of
+            # that number, and a group that lost its state starts at the oldest epoch again
+            floor_says = floor > 0 and self.epoch <= live.oldest_epoch
+            if rec is None and (rev > 0 or floor_says):
                 seq = await self._resume_without_record(live, partition, rev, floor)
             else:
                 seq, msg_id = (rec.seq, rec.msg_id) if rec else (0, "")
@@ -152,7 +160,7 @@ class GroupCommits(GroupStreamIdentity, GroupLeases):
                 new_rev = await self._put_commit(key, value, rev)
             except KeyWrongLastSequenceError:
                 continue  # a previous owner committed meanwhile: read again
-            return Grant(partition, token, seq, new_rev, member, live.created, msg_id)
+            return Grant(partition, token, seq, new_rev, member, live.created, msg_id, self.epoch)
         raise NatsOrderedError(f"could not bump the fencing token of partition {partition}")
 
     async def _put_commit(self, key: str, value: bytes, rev: int) -> int:
@@ -167,10 +175,11 @@ class GroupCommits(GroupStreamIdentity, GroupLeases):
         """Where a partition whose commit record is missing resumes, by ``missing_commit``."""
         c = self.cfg
         why = (
-            f"its commit record c.{partition} was deleted or purged"
+            f"its commit record {state_key(self.epoch, 'c', partition)} was deleted or purged"
             if marker_rev
             else f"the sink has seen fencing token {floor} for it but the group has no commit "
-            f"record c.{partition} (the state bucket {c.state_bucket} was re-created or purged)"
+            f"record {state_key(self.epoch, 'c', partition)} (the state bucket "
+            f"{c.state_bucket} was re-created or purged)"
         )
         if c.missing_commit == "fail":
             raise CommitRecordMissing(
@@ -202,10 +211,12 @@ class GroupCommits(GroupStreamIdentity, GroupLeases):
         from ``seq``. Clears a ``blocked`` marker (a reset past a poison message is
         how an operator skips it). Returns ``(previous position, token)``."""
         live = await self.check_stream()
-        key = f"c.{partition}"
+        key = state_key(self.epoch, "c", partition)
         # the lease as it is before the new token: only that holder is taken away (a new
         # owner claiming after the reset keeps its lease)
-        held = await latest_entry(self.nc, self.cfg.lease_bucket, f"p.{partition}")
+        held = await latest_entry(
+            self.nc, self.cfg.lease_bucket, state_key(self.epoch, "p", partition)
+        )
         # the msg-id of the message at seq, so the position can be checked (continuity)
         at = await self.stored_at(seq) if seq > 0 else None
         msg_id = (at.msg_id or "") if at and at.subject == live.subject(partition) else ""
@@ -249,7 +260,7 @@ class GroupCommits(GroupStreamIdentity, GroupLeases):
         revision is adopted, and the write is sent again unless it already holds ``seq``."""
         if seq <= grant.committed:
             return
-        key = f"c.{grant.partition}"
+        key = state_key(grant.epoch, "c", grant.partition)
         value = _commit_value(seq, grant.token, grant.member, grant.stream, msg_id or "")
         for _ in range(5):
             try:
@@ -273,7 +284,7 @@ class GroupCommits(GroupStreamIdentity, GroupLeases):
         )
 
     async def set_blocked(self, partition: int, reason: str | None) -> None:
-        key = f"blocked.{partition}"
+        key = state_key(self.epoch, "blocked", partition)
         if reason is None:
             # only an existing marker is deleted: every claim clears it, and a needless
             # delete marker would wake every drain watcher of the group

@@ -57,7 +57,6 @@ from .group import (
 from .keys import HDR_KEY, HDR_KEY_B64
 from .message import HDR_MSG_ID, AppliedPosition, BatchHandler, Handler, Message
 from .owned import OwnedPartition
-from .partitioning import partition_subject
 from .reader import PartitionReader
 from .routing_check import route_key
 
@@ -82,7 +81,7 @@ class PartitionDelivery(DeadLettering):
 
     async def _run_partition(self, o: OwnedPartition) -> None:
         p, grant = o.partition, o.grant
-        subject = partition_subject(self.stream.prefix, p)
+        subject = self.stream.subject(p)  # the subject in the member's layout epoch
         reader = PartitionReader(
             self.nc,
             self.stream.name,

@@ -26,6 +26,7 @@ drained: :attr:`GroupLag.drained` is False and :func:`wait_drained` fails with
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -42,11 +43,13 @@ from .group import CommitRecord, GroupState, GroupStore, StreamRecreated
 from .group_admin import live_members
 from .group_config import GroupConfig
 from .kv import latest_entry
+from .layout import GROUP_EPOCH_KEY, group_epoch_of, key_partition
 from .streams import (
     PartitionedStream,
     PartitionStats,
     Strays,
     describe,
+    partition_stats,
     stray_messages,
     stream_contents,
 )
@@ -147,14 +150,23 @@ class GroupLag:
     group: str
     partitions: tuple[PartitionLag, ...]
     strays: Strays | None = None
+    #: the layout epoch of ``partitions`` (the one the group processes), the stream's
+    #: current epoch, and the messages of layouts after the group's (none processed yet)
+    epoch: int = 0
+    stream_epoch: int = 0
+    later: int = 0
 
     @property
     def total_lag(self) -> int:
-        return sum(p.lag for p in self.partitions)
+        return sum(p.lag for p in self.partitions) + self.later
 
     @property
     def drained(self) -> bool:
-        return not self.strays and all(p.committed >= p.last for p in self.partitions)
+        return (
+            not self.strays
+            and not self.later
+            and all(p.committed >= p.last for p in self.partitions)
+        )
 
 
 def group_lag(
@@ -205,8 +217,23 @@ async def read_lag(nc: NATS, stream: str, group: str) -> GroupLag:
     if not await group_exists(nc, stream, group):
         raise NoGroupStateError(stream, group)
     store = await GroupStore.attach(nc, stream, group)
-    contents = await stream_contents(nc, described)
-    return group_lag(stream, group, contents.partitions, await store.snapshot(), contents.strays)
+    # a repartitioned stream: the partitions of the layout the group is at, and what the
+    # layouts after it hold (the group reads none of it before finishing its own)
+    contents = await stream_contents(nc, described.at_epoch(store.epoch))
+    later = await later_messages(nc, described, store.epoch)
+    found = group_lag(stream, group, contents.partitions, await store.snapshot(), contents.strays)
+    return dataclasses.replace(
+        found, epoch=store.epoch, stream_epoch=described.current_epoch, later=later
+    )
+
+
+async def later_messages(nc: NATS, described: PartitionedStream, epoch: int) -> int:
+    """Messages the stream holds in layouts after ``epoch`` (a group at ``epoch`` has
+    processed none of them: it finishes its own layout first)."""
+    later = 0
+    for e in range(epoch + 1, described.current_epoch + 1):
+        later += sum(s.messages for s in await partition_stats(nc, described.at_epoch(e)))
+    return later
 
 
 @dataclass(frozen=True)
@@ -218,6 +245,9 @@ class DrainProgress:
     elapsed: float
     #: True while the group has no state yet (no worker has joined it): nothing committed
     group_missing: bool = False
+    #: the stream's layout epoch while the group still processes an earlier one (it was
+    #: repartitioned and the group has not finished the old partitions); None once reached
+    waiting_epoch: int | None = None
 
     @property
     def behind(self) -> dict[int, tuple[int, int]]:
@@ -230,7 +260,7 @@ class DrainProgress:
 
     @property
     def done(self) -> bool:
-        return not self.behind
+        return not self.behind and self.waiting_epoch is None
 
 
 async def wait_drained(
@@ -285,8 +315,21 @@ async def wait_drained(
                 f"marks name partitions {wrong} but stream {stream} has partitions 0 to "
                 f"{described.partitions - 1}; pass the marks the publisher reported for it"
             )
+    # a repartitioned stream: the group must also have finished every earlier layout, whose
+    # records are all at or below the last switch point (a mark there is covered by that)
+    need_epoch = described.current_epoch
+    switch = max((lay.switch_seq for lay in described.layouts), default=0)
+    if switch:
+        marks = {p: m for p, m in marks.items() if m > switch}
+    group_epoch = described.oldest_epoch
+
+    def waiting() -> int | None:
+        return need_epoch if group_epoch < need_epoch else None
+
     if not await group_exists(nc, stream, group):
-        nothing = DrainProgress(marks, {}, time.monotonic() - t0, group_missing=True)
+        nothing = DrainProgress(
+            marks, {}, time.monotonic() - t0, group_missing=True, waiting_epoch=waiting()
+        )
         if nothing.done:
             if on_progress is not None:
                 on_progress(nothing)
@@ -295,6 +338,7 @@ async def wait_drained(
             nc, described, group, marks, t0, timeout, no_members_timeout, on_progress
         )
     store = await GroupStore.attach(nc, stream, group)
+    store.epoch = need_epoch  # the commit records of the stream's current layout
     committed: dict[int, int] = {}
     commit_rev: dict[int, int] = {}  # revision of each partition's latest commit record
     blocked: dict[int, tuple[str, int]] = {}  # reason, revision of the marker
@@ -317,7 +361,9 @@ async def wait_drained(
     try:
         while True:
             if caught_up:
-                progress = DrainProgress(marks, dict(committed), time.monotonic() - t0)
+                progress = DrainProgress(
+                    marks, dict(committed), time.monotonic() - t0, waiting_epoch=waiting()
+                )
                 behind = progress.behind
                 # a marker counts while no commit record came after it: a newer grant or the
                 # hand-over commit means the next owner is trying again
@@ -337,12 +383,14 @@ async def wait_drained(
                     )
                 if on_progress is not None:
                     on_progress(progress)
-                if not behind:
+                if progress.done:
                     return progress
             now = time.monotonic()
             wait = None if timeout is None else timeout - (now - t0)
             if wait is not None and wait <= 0:
-                raise _timeout_error(stream, group, timeout or 0.0, marks, committed)
+                raise _timeout_error(
+                    stream, group, timeout or 0.0, marks, committed, waiting_epoch=waiting()
+                )
             if now >= next_check:
                 next_check = now + CHECK_EVERY
                 await store.check_stream()
@@ -355,6 +403,9 @@ async def wait_drained(
                         rec, rev = await store.read_commit(p)
                         if rec is not None and rev > commit_rev.get(p, 0):
                             committed[p], commit_rev[p] = rec.seq, rev
+                    if waiting() is not None:
+                        found = await latest_entry(nc, store.cfg.state_bucket, GROUP_EPOCH_KEY)
+                        group_epoch = group_epoch_of(found and found[0], described.oldest_epoch)
                     if global_rev:
                         found = await latest_entry(nc, store.cfg.state_bucket, POSITION_KEY)
                         if found is not None and found[1] > global_rev:
@@ -374,12 +425,14 @@ async def wait_drained(
                 caught_up = True
                 continue
             deleted = entry.operation in (KV_DEL, KV_PURGE)
-            if entry.key.startswith("c."):
-                p = int(entry.key[2:])
-                if entry.revision and entry.revision < commit_rev.get(p, 0):
+            if entry.key == GROUP_EPOCH_KEY:
+                value = None if deleted else entry.value
+                group_epoch = group_epoch_of(value, described.oldest_epoch)
+            elif (cp := key_partition(entry.key, need_epoch, "c")) is not None:
+                if entry.revision and entry.revision < commit_rev.get(cp, 0):
                     continue  # older than what a re-read found
-                committed[p] = 0 if deleted else CommitRecord.from_json(entry.value).seq
-                commit_rev[p] = entry.revision or 0
+                committed[cp] = 0 if deleted else CommitRecord.from_json(entry.value).seq
+                commit_rev[cp] = entry.revision or 0
             elif entry.key == POSITION_KEY:
                 if entry.revision and entry.revision < global_rev:
                     continue  # older than what a re-read found
@@ -389,13 +442,12 @@ async def wait_drained(
                 recorded = json.loads(entry.value or b"{}").get("created", "")
                 if recorded and described.created and recorded != described.created:
                     raise StreamRecreated(store._recreated_message(recorded, described.created))
-            elif entry.key.startswith("blocked."):
-                p = int(entry.key[len("blocked.") :])
+            elif (bp := key_partition(entry.key, need_epoch, "blocked")) is not None:
                 if deleted:
-                    blocked.pop(p, None)
+                    blocked.pop(bp, None)
                 else:
                     reason = (entry.value or b"").decode(errors="replace")
-                    blocked[p] = (reason, entry.revision or 0)
+                    blocked[bp] = (reason, entry.revision or 0)
             else:
                 continue
     finally:
@@ -481,11 +533,17 @@ def _timeout_error(
     marks: Mapping[int, int],
     committed: Mapping[int, int],
     group_missing: bool = False,
+    waiting_epoch: int | None = None,
 ) -> DrainTimeoutError:
     behind = DrainProgress(marks, committed, timeout).behind
     shown = ", ".join(f"{p} at {c} of {m}" for p, (c, m) in list(behind.items())[:5])
     more = f" and {len(behind) - 5} more" if len(behind) > 5 else ""
     missing = " (the group has no state yet: no worker has joined it)" if group_missing else ""
+    if waiting_epoch is not None:
+        missing += (
+            f" (the stream was repartitioned: the group has not yet finished the partitions "
+            f"of its earlier layout, so it has not reached layout epoch {waiting_epoch})"
+        )
     return DrainTimeoutError(
         f"group {group} of stream {stream} did not drain within {timeout:g}s{missing}: "
         f"{len(behind)} partition(s) behind their mark (partition {shown}{more}). Check that "

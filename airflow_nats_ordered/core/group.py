@@ -73,7 +73,8 @@ from .group_config import (
 )
 from .group_status import GroupSnapshot, GroupState
 from .group_stream import StateWentBack, StreamRecreated
-from .kv import ensure_replicas
+from .kv import ensure_replicas, latest_entry
+from .layout import GROUP_EPOCH_KEY, group_epoch_of
 from .leases import Lease, LeaseLost
 from .streams import PartitionedStream, describe
 
@@ -137,7 +138,11 @@ class GroupStore(GroupCommits, GroupSnapshot, GroupAssignment):
             live: PartitionedStream | None = await describe(nc, stream)
         except StreamNotFoundError:
             live = None
-        return cls(nc, GroupConfig(stream, group, lease_ttl=ttl), leases, state, live)
+        store = cls(nc, GroupConfig(stream, group, lease_ttl=ttl), leases, state, live)
+        if live is not None:  # the layout epoch the group processes (see .layout)
+            found = await latest_entry(nc, store.cfg.state_bucket, GROUP_EPOCH_KEY)
+            store.epoch = group_epoch_of(found[0] if found else None, live.oldest_epoch)
+        return store
 
     @classmethod
     async def open(cls, nc: NATS, cfg: GroupConfig, create: bool = True) -> GroupStore:

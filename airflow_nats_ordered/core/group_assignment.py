@@ -15,6 +15,7 @@ from nats.js.errors import KeyDeletedError, KeyNotFoundError, KeyWrongLastSequen
 from nats.js.kv import KeyValue
 
 from .kv import compact_json
+from .layout import state_key
 
 
 @dataclass
@@ -62,19 +63,21 @@ class GroupAssignment:
     the state bucket ``state``)."""
 
     state: KeyValue
+    epoch: int = 0  # the layout epoch: each epoch has its own assignment (e<k>.assignment)
 
     async def read_assignment(self) -> tuple[bytes | None, int]:
         try:
-            e = await self.state.get("assignment")
+            e = await self.state.get(state_key(self.epoch, "assignment"))
         except (KeyNotFoundError, KeyDeletedError):
             return None, 0
         return e.value, e.revision or 0
 
     async def write_assignment(self, data: bytes, last: int) -> int | None:
         try:
+            key = state_key(self.epoch, "assignment")
             if last == 0:
-                return await self.state.create("assignment", data)
-            return await self.state.update("assignment", data, last=last)
+                return await self.state.create(key, data)
+            return await self.state.update(key, data, last=last)
         except KeyWrongLastSequenceError:
             return None
 

@@ -22,6 +22,7 @@ from .errors import StreamNotFoundError
 from .global_position import POSITION_KEY, READER_KEY, GlobalPosition
 from .group_stream import GroupStreamIdentity
 from .kv import bucket_keys
+from .layout import key_partition, state_key
 from .streams import describe
 
 
@@ -80,8 +81,8 @@ class GroupSnapshot(GroupStreamIdentity):
                     continue
                 val = e.value or b""
                 if prefix == "lease":
-                    if key.startswith("p."):
-                        snap.leases[int(key[2:])] = (json.loads(val)["member"], e.revision or 0)
+                    if (p := key_partition(key, self.epoch, "p")) is not None:
+                        snap.leases[p] = (json.loads(val)["member"], e.revision or 0)
                     elif key.startswith("m."):
                         snap.members[key[2:]] = json.loads(val)
                     elif key == "leader":
@@ -91,12 +92,13 @@ class GroupSnapshot(GroupStreamIdentity):
                         member = str(snap.global_reader.get("member") or "global-reader")
                         snap.members[member] = snap.global_reader
                 else:
-                    if key.startswith("c."):
-                        snap.commits[int(key[2:])] = CommitRecord.from_json(val)
-                    elif key == "assignment":
+                    # keys of the group's layout epoch only (see .layout.state_key)
+                    if (p := key_partition(key, self.epoch, "c")) is not None:
+                        snap.commits[p] = CommitRecord.from_json(val)
+                    elif key == state_key(self.epoch, "assignment"):
                         snap.assignment = val
-                    elif key.startswith("blocked."):
-                        snap.blocked[int(key[8:])] = val.decode()
+                    elif (p := key_partition(key, self.epoch, "blocked")) is not None:
+                        snap.blocked[p] = val.decode()
                     elif key == POSITION_KEY:
                         snap.global_position = GlobalPosition.from_json(val)
                     elif key == "stream":
@@ -126,26 +128,26 @@ class GroupSnapshot(GroupStreamIdentity):
     async def _deleted_commit_problems(self, commits: dict[int, CommitRecord]) -> list[str]:
         """Partitions whose ``c.<n>`` has a delete marker (it existed, then was deleted);
         not one whose record appeared after ``commits`` was read."""
-        prefix = f"$KV.{self.cfg.state_bucket}.c."
+        prefix = f"$KV.{self.cfg.state_bucket}.{state_key(self.epoch, 'c')}."
         info = await self.nc.jetstream().stream_info(
             f"KV_{self.cfg.state_bucket}", subjects_filter=f"{prefix}*"
         )
         candidates = sorted(
             int(subject[len(prefix) :])
             for subject in info.state.subjects or {}
-            if int(subject[len(prefix) :]) not in commits
+            if subject[len(prefix) :].isdigit() and int(subject[len(prefix) :]) not in commits
         )
         # the keys were listed before this read: a record a member wrote since (a new group's
         # first grant) is not in ``commits`` but is no deleted one either
         gone = []
         for p in candidates:
             try:
-                await self.state.get(f"c.{p}")
+                await self.state.get(state_key(self.epoch, "c", p))
             except (KeyNotFoundError, KeyDeletedError):
                 gone.append(p)
         return [
-            f"partition {p}: commit record c.{p} was deleted; the member that claims it next "
-            "applies its missing_commit policy: fail (the default: the partition is not "
-            "processed), earliest or latest (--missing-commit earliest|latest)"
+            f"partition {p}: commit record {state_key(self.epoch, 'c', p)} was deleted; the "
+            "member that claims it next applies its missing_commit policy: fail (the default: "
+            "the partition is not processed), earliest or latest (--missing-commit earliest|latest)"
             for p in gone
         ]

@@ -54,6 +54,8 @@ class GroupStreamIdentity:
     cfg: GroupConfig
     state: KeyValue
     stream: PartitionedStream | None
+    #: the layout epoch the group's keys and partitions refer to (see :mod:`.layout`)
+    epoch: int = 0
 
     async def _record_stream(self, stream: PartitionedStream) -> None:
         """Record the stream's identity in the state bucket, or check it against the one
@@ -100,4 +102,5 @@ class GroupStreamIdentity:
         opened = self.stream.created if self.stream is not None else ""
         if opened and live.created and opened != live.created:
             raise StreamRecreated(self._recreated_message(opened, live.created))
-        return live
+        # as a reader of the group's layout epoch sees it (partition count, subjects)
+        return live if live.epoch == self.epoch else live.at_epoch(self.epoch)

@@ -24,6 +24,7 @@ from nats.js.kv import KeyValue
 from .errors import NatsOrderedError
 from .group_config import GroupConfig
 from .kv import compact_json, latest_entry
+from .layout import state_key
 
 
 class LeaseLost(NatsOrderedError):
@@ -54,6 +55,7 @@ class GroupLeases:
     nc: NATS
     cfg: GroupConfig
     leases: KeyValue
+    epoch: int = 0  # the layout epoch of the partition keys (see .layout.state_key)
 
     def _deadline(self, sent: float) -> float:
         return sent + self.cfg.lease_ttl - self.cfg.safety_margin
@@ -154,7 +156,7 @@ class GroupLeases:
     async def _take_lease_from(self, partition: int, claim: str | None) -> None:
         """Delete partition's lease while it is still the claim ``claim`` (renewals of it
         change its revision, not its claim); never a newer owner's lease."""
-        key = f"p.{partition}"
+        key = state_key(self.epoch, "p", partition)
         for _ in range(5):
             cur = await latest_entry(self.nc, self.cfg.lease_bucket, key)
             if cur is None or cur[0] is None or json.loads(cur[0]).get("claim") != claim:

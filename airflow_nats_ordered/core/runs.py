@@ -68,6 +68,7 @@ from .errors import (
     RecordTooLargeError,
 )
 from .publisher import HDR_PRODUCER, HDR_SEQ, OrderedPublisher, PublisherConfig, PublishSummary
+from .run_layouts import passing_over_old_layout
 from .streams import PartitionedStream, describe
 
 RunStatus = Literal["running", "complete", "partial"]
@@ -115,6 +116,12 @@ class RunRecord:
     #: there, so a resume can tell that its input is still the one it started with (set by
     #: the Spark sink; left out of the JSON when empty)
     prefix_digests: dict[int, str] = field(default_factory=dict)
+    #: the stream's layout epoch the partitions above refer to (0 unless the stream was
+    #: repartitioned; left out of the JSON when 0)
+    epoch: int = 0
+    #: a run begun before a repartition: ``{"epoch", "partitions", "acked"}``, what the old
+    #: layout stored of it (see :mod:`.run_layouts`; left out of the JSON when empty)
+    before_switch: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -124,6 +131,10 @@ class RunRecord:
             d["prefix_digests"] = {str(k): v for k, v in self.prefix_digests.items()}
         else:  # the record's documented form (docs/protocol.md, 9.4) when nobody sets it
             del d["prefix_digests"]
+        if not self.epoch:
+            del d["epoch"]
+        if not self.before_switch:
+            del d["before_switch"]
         return d
 
     @classmethod
@@ -191,7 +202,16 @@ class RunLedger:
         for _ in range(10):
             rec, rev = await self._read(producer_id)
             if rec is None or _other_incarnation(rec, self.stream):
-                rec = RunRecord(producer_id, self.stream.name, self.stream.created)
+                rec = RunRecord(
+                    producer_id, self.stream.name, self.stream.created, epoch=self.stream.epoch
+                )
+            elif rec.epoch != self.stream.epoch:
+                # begun before a repartition: its positions and marks are of the old layout's
+                # partitions; this attempt sends the run again on the new layout (msg-id
+                # de-duplication drops what the old layout already stored), and a drain
+                # covers the old layout's records by the group's layout epoch
+                rec.acked_per_partition, rec.high_water_marks, rec.prefix_digests = {}, {}, {}
+                rec.epoch = self.stream.epoch
             rec.status = "running"
             rec.attempts += 1
             rec.started = time.time()
@@ -367,7 +387,15 @@ async def publish_run(
     # partition's mark is at least its last message now (the earlier attempt's records
     # are at or before it), recorded at once so that even a progress record has it
     resume: dict[int, int] = {}
-    if previous is not None:
+    if previous is not None and previous.epoch != ledger.stream.epoch:
+        records = await _carry_over(nc, ledger, rec, previous, records)
+    elif previous is not None and rec.before_switch:
+        records = passing_over_old_layout(
+            records,
+            int(rec.before_switch["partitions"]),
+            {int(p): int(n) for p, n in rec.before_switch["acked"].items()},
+        )
+    if previous is not None and previous.epoch == ledger.stream.epoch:
         resume, tails = await _stored_positions(nc, ledger.stream, producer_id, previous)
         raise_marks(rec, {p: tails[p] for p, n in resume.items() if n and p in tails})
         with contextlib.suppress(Exception):  # best effort: the final record follows
@@ -413,6 +441,33 @@ async def publish_run(
         rec.error = unmarked_error(unmarked)
     await ledger.record(rec)
     return RunResult(rec, skipped=False, summary=summary)
+
+
+async def _carry_over(
+    nc: NATS,
+    ledger: RunLedger,
+    rec: RunRecord,
+    previous: RunRecord,
+    records: Iterable[SourceRecord] | AsyncIterable[SourceRecord],
+) -> AsyncIterable[SourceRecord]:
+    """The run was begun on an earlier layout: record what that layout stored of it
+    (``before_switch``) and pass those records over (see :mod:`.run_layouts`)."""
+    if previous.before_switch:
+        raise ConfigError(
+            f"run {previous.producer_id!r} was begun before two repartitions of stream "
+            f"{ledger.stream.name} (epochs {previous.before_switch.get('epoch')} and "
+            f"{previous.epoch}); it cannot be resumed exactly: publish it under a new "
+            "producer id, or delete its ledger record to send it all again"
+        )
+    old = ledger.stream.at_epoch(previous.epoch)
+    stored, _ = await _stored_positions(nc, old, rec.producer_id, previous)
+    rec.before_switch = {
+        "epoch": old.epoch,
+        "partitions": old.partitions,
+        "acked": {str(p): n for p, n in stored.items()},
+    }
+    await ledger.record(rec)
+    return passing_over_old_layout(records, old.partitions, stored)
 
 
 async def _stored_positions(

@@ -18,9 +18,9 @@ reads them. :func:`stream_contents` counts them next to the partitions, ``info``
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -29,14 +29,18 @@ from nats.js import api
 from nats.js.errors import APIError, NotFoundError
 
 from .errors import ConfigError, PartitionMismatchError, StreamConflictError, StreamNotFoundError
+from .layout import Layout, layout_subject, read_layouts
 from .partitioning import (
     HASH_NAME,
     HASH_SEED,
-    is_partition_subject,
     partition_subject,
     partition_subjects,
     partition_wildcard,
 )
+from .strays import Strays as Strays  # re-exported: stray messages live in .strays
+from .strays import _strays_in
+from .strays import purge_strays as purge_strays
+from .strays import stray_messages as stray_messages
 
 META_PARTITIONS = "nats-ordered.partitions"
 META_HASH = "nats-ordered.hash"
@@ -187,14 +191,45 @@ class PartitionedStream:
     #: refuses every other publish; False for a stream still on the wildcard
     #: ``<prefix>.p.*`` (or other subjects), which stores what it cannot route as strays.
     explicit_subjects: bool = False
+    #: the layout epoch this describes (the stream's current one unless :meth:`at_epoch`
+    #: gave an earlier one) and the stream's earlier layouts (see :mod:`.layout`)
+    epoch: int = 0
+    layouts: tuple[Layout, ...] = ()
+    #: the stream's current epoch (``epoch`` differs in a view of an earlier layout)
+    current_epoch: int = 0
 
     def subject(self, partition: int) -> str:
-        return partition_subject(self.prefix, partition)
+        return layout_subject(self.prefix, self.epoch, partition)
+
+    @property
+    def layout(self) -> Layout:
+        return Layout(self.epoch, self.partitions, self.prefix)
+
+    @property
+    def oldest_epoch(self) -> int:
+        """The epoch of the stream's oldest recorded layout (0 unless repartitioned)."""
+        return self.layouts[0].epoch if self.layouts else self.current_epoch
+
+    def at_epoch(self, epoch: int) -> PartitionedStream:
+        """This stream as seen by a reader of layout ``epoch`` (its partition count and
+        subjects); ValueError for an epoch the stream never had."""
+        if epoch == self.current_epoch:
+            return dataclasses.replace(self, epoch=epoch, partitions=self.current_partitions)
+        for lay in self.layouts:
+            if lay.epoch == epoch:
+                return dataclasses.replace(self, epoch=epoch, partitions=lay.partitions)
+        raise ValueError(f"stream {self.name} has no layout epoch {epoch}")
+
+    @property
+    def current_partitions(self) -> int:
+        return int((self.config.metadata or {}).get(META_PARTITIONS, self.partitions))
 
     @property
     def subjects_text(self) -> str:
         """The subjects it accepts, in words: ``orders.p.0 to orders.p.15`` or the list."""
         if self.explicit_subjects:
+            if self.epoch:
+                return f"{self.subject(0)} to {self.subject(self.partitions - 1)}"
             return subjects_text(self.prefix, self.partitions)
         return ", ".join(self.config.subjects or []) or "(none)"
 
@@ -203,58 +238,6 @@ def subjects_text(prefix: str, partitions: int) -> str:
     """``<prefix>.p.0 to <prefix>.p.<P-1>`` (or the single subject of a 1-partition stream)."""
     first = partition_subject(prefix, 0)
     return first if partitions == 1 else f"{first} to {partition_subject(prefix, partitions - 1)}"
-
-
-@dataclass(frozen=True)
-class Strays:
-    """Messages a stream holds on subjects that are not its partition subjects.
-
-    Only a stream created before the explicit subject list (subjects ``<prefix>.p.*``) can
-    have them: a foreign producer published to ``.p.<P>``, ``.p.00``, ``.p.x``... No worker
-    reads them, so a group can never process them. ``subjects`` maps each stray subject to
-    its message count; ``accepting`` is True while the stream still stores such publishes
-    (not yet narrowed by :func:`provision`).
-    """
-
-    stream: str
-    partitions: int
-    subjects: Mapping[str, int] = field(default_factory=dict)
-    accepting: bool = False
-
-    @property
-    def messages(self) -> int:
-        return sum(self.subjects.values())
-
-    def __bool__(self) -> bool:
-        return self.messages > 0
-
-    def purge_commands(self) -> list[str]:
-        """How to remove them: this tool's own command first, then the ``nats`` CLI's."""
-        return [
-            f"nats-ordered provision --stream {self.stream} --partitions {self.partitions} "
-            "--purge-strays"
-        ] + [f"nats stream purge {self.stream} --subject {s} --force" for s in self.subjects]
-
-    def problem(self) -> str:
-        """One sentence: how many, where, why they matter and what to do."""
-        if not self:
-            return ""
-        shown = ", ".join(f"{s} ({n})" for s, n in list(self.subjects.items())[:5])
-        more = f" and {len(self.subjects) - 5} more subjects" if len(self.subjects) > 5 else ""
-        why = (
-            "the stream still stores such publishes (it was created with the wildcard "
-            f"subject); `nats-ordered provision --stream {self.stream} --partitions "
-            f"{self.partitions}` narrows it to its partition subjects so the server refuses them"
-            if self.accepting
-            else "they were stored before the stream's subjects were narrowed to its "
-            "partition subjects"
-        )
-        return (
-            f"stream {self.stream} holds {self.messages} stray message(s) on subjects that are "
-            f"not partition subjects (partitions are 0 to {self.partitions - 1}): {shown}{more}. "
-            f"No worker reads them, so no group ever processes them; {why}. Republish what is "
-            f"needed with a key, then remove them: `{self.purge_commands()[0]}`"
-        )
 
 
 @dataclass(frozen=True)
@@ -317,7 +300,14 @@ def _from_info(info: api.StreamInfo) -> PartitionedStream:
             f"version uses {HASH_NAME!r} seed {HASH_SEED}; keys would land on other partitions"
         )
     prefix = meta.get(META_PREFIX) or ""
-    explicit = sorted(cfg.subjects or []) == sorted(partition_subjects(prefix, max(1, partitions)))
+    try:
+        epoch, layouts = read_layouts(meta, prefix)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise StreamConflictError(
+            f"stream {name} has malformed layout metadata {meta!r}: {exc}"
+        ) from exc
+    current = Layout(epoch, max(1, partitions), prefix)
+    explicit = sorted(cfg.subjects or []) == sorted(current.subjects)
     return PartitionedStream(
         name=name,
         prefix=prefix,
@@ -332,6 +322,9 @@ def _from_info(info: api.StreamInfo) -> PartitionedStream:
         config=cfg,
         created=info.created.isoformat() if info.created else "",
         explicit_subjects=explicit,
+        epoch=epoch,
+        layouts=layouts,
+        current_epoch=epoch,
     )
 
 
@@ -424,8 +417,9 @@ async def provision(nc: NATS, spec: StreamSpec) -> ProvisionResult:
         problems.append(
             f"stream {spec.name} has {current.partitions} partitions in its metadata but "
             f"{spec.partitions} were requested; the partition count cannot change in place "
-            "(keys would move to other partitions and lose their order): provision a new "
-            "stream with the new count and republish into it, or request "
+            "(keys would move to other partitions and lose their order): change it with "
+            f"`nats-ordered repartition --stream {spec.name} --partitions {spec.partitions}` "
+            "(which keeps every key's order across the switch), or request "
             f"--partitions {current.partitions}"
         )
     if current.prefix != spec.prefix:
@@ -438,7 +432,10 @@ async def provision(nc: NATS, spec: StreamSpec) -> ProvisionResult:
             f"stream {spec.name} uses {current.storage} storage but {spec.storage} was "
             "requested; storage cannot change in place"
         )
+    # a repartitioned stream's subjects are those of its current layout
     allowed = {*spec.subjects, partition_wildcard(spec.prefix)}
+    if current.epoch:
+        allowed = set(current.layout.subjects)
     foreign = [s for s in info.config.subjects or [] if s not in allowed]
     if foreign and not problems:
         problems.append(
@@ -469,6 +466,8 @@ async def provision(nc: NATS, spec: StreamSpec) -> ProvisionResult:
         return ProvisionResult("unchanged", current, strays=await stray_messages(nc, current))
     _check_request_size(nc, spec)
     new_cfg = spec.stream_config()
+    if current.epoch:
+        new_cfg.subjects = current.layout.subjects
     # keep metadata the server added (e.g. _nats.* API levels) alongside ours
     merged = dict(info.config.metadata or {})
     merged.update(new_cfg.metadata or {})
@@ -501,26 +500,6 @@ def _check_request_size(nc: NATS, spec: StreamSpec) -> None:
             f"({limit} bytes): use a shorter subject prefix (--subject-prefix) or fewer "
             "partitions, or raise max_payload in the server configuration"
         )
-
-
-async def stray_messages(nc: NATS, stream: PartitionedStream) -> Strays:
-    """The stream's stray messages, from one stream-info read (no per-partition reads)."""
-    info = await nc.jetstream().stream_info(stream.name, subjects_filter=">")
-    return _strays_in(stream, info.state.subjects or {})
-
-
-def _strays_in(stream: PartitionedStream, counts: Mapping[str, int]) -> Strays:
-    """The strays among a stream's per-subject counts (every stored subject)."""
-    return Strays(
-        stream.name,
-        stream.partitions,
-        {
-            s: int(n)
-            for s, n in sorted(counts.items())
-            if n and not is_partition_subject(stream.prefix, s, stream.partitions)
-        },
-        accepting=not stream.explicit_subjects,
-    )
 
 
 def _fmt(v: Any) -> str:
@@ -562,19 +541,6 @@ async def stream_contents(nc: NATS, stream: PartitionedStream | str) -> StreamCo
         for p in range(stream.partitions)
     ]
     return StreamContents(stats, strays)
-
-
-async def purge_strays(nc: NATS, stream: PartitionedStream | str) -> Strays:
-    """Remove every stray message; returns what was removed. The partitions are untouched:
-    each purge names one stray subject (a literal subject, never a wildcard). Narrow the
-    stream first (:func:`provision`), or new strays may arrive right after."""
-    if isinstance(stream, str):
-        stream = await describe(nc, stream)
-    strays = await stray_messages(nc, stream)
-    js = nc.jetstream()
-    for subject in strays.subjects:
-        await js.purge_stream(strays.stream, subject=subject)
-    return strays
 
 
 async def partition_bounds(nc: NATS, stream: PartitionedStream, partition: int) -> tuple[int, int]:

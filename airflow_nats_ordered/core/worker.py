@@ -57,12 +57,14 @@ from .delivery import PartitionDelivery
 from .errors import NatsOrderedError
 from .group import GroupStore, Lease, LeaseLost
 from .group_presence import GroupDeletedError, GroupPresence, GroupWatch
+from .layout import state_key
 from .leader import GroupLeader
 from .message import HDR_MSG_ID, AppliedPosition, BatchHandler, Handler, Message
 from .owned import OwnedPartition
 from .reader import PartitionReader
 from .streams import PartitionedStream
 from .worker_config import BACKOFF_MAX, WorkerConfig
+from .worker_epochs import EpochSwitch, read_group_epoch
 
 __all__ = [
     "BACKOFF_MAX",
@@ -101,7 +103,7 @@ async def _cancel_and_wait(tasks: list[asyncio.Task[None]]) -> None:
         _, pending = await asyncio.wait(pending, timeout=1.0)
 
 
-class Worker(PartitionDelivery, GroupLeader, GroupWatch):
+class Worker(PartitionDelivery, GroupLeader, GroupWatch, EpochSwitch):
     """One member of a consumer group. ``await start()`` joins, ``await stop()`` leaves."""
 
     def __init__(
@@ -122,8 +124,10 @@ class Worker(PartitionDelivery, GroupLeader, GroupWatch):
         self.on_revoke = on_revoke
         self.fencing_floor = fencing_floor
         #: the sink's last applied (seq, msg id) of a partition: checked against the stream
-        #: at every grant (a handler object's own ``applied_position`` if not given)
-        self.applied_position = applied_position or getattr(handler, "applied_position", None)
+        #: at every grant (a handler object's own ``applied_position`` if not given); read
+        #: through the member's layout epoch (a position of an earlier layout is none)
+        self._sink_applied = applied_position or getattr(handler, "applied_position", None)
+        self.applied_position = self._epoch_applied if self._sink_applied is not None else None
         self.member = config.member_id
         self.store: GroupStore
         self.stream: PartitionedStream
@@ -176,7 +180,9 @@ class Worker(PartitionDelivery, GroupLeader, GroupWatch):
     async def start(self) -> None:
         self.store = await GroupStore.open(self.nc, self.cfg.group_config)
         assert self.store.stream is not None  # (open() describes the stream)
-        self.stream = self.store.stream
+        described = self.store.stream
+        # the layout epoch the group processes (an earlier one until it finished it)
+        self._enter_epoch(described, await read_group_epoch(self.nc, self.store, described))
         self._presence = GroupPresence(self.nc, self.cfg.group_config)
         await self._presence.record()
         if self.cfg.poison == "dead-letter":
@@ -186,7 +192,8 @@ class Worker(PartitionDelivery, GroupLeader, GroupWatch):
                 log.warning("member %s: %s", self.member, exc)
                 self._report("dead-letter", str(exc))
         self._member_lease = await self.store.heartbeat(self.member, None, self._info())
-        for coro in (self._heartbeat_loop(), self._leader_loop(), self._reconcile_loop()):
+        loops = (self._heartbeat_loop(), self._leader_loop(), self._reconcile_loop())
+        for coro in (*loops, self._epoch_loop()):  # the first three: see _switch_epoch
             self._tasks.append(asyncio.ensure_future(self._guard(coro)))
         log.info(
             "member %s joined group %s of %s (%d partitions, lease TTL %gs)",
@@ -483,7 +490,7 @@ class Worker(PartitionDelivery, GroupLeader, GroupWatch):
         # leader held every other partition back (a claim that timed out is retried next
         # tick; one applied without an answer expires after the TTL, never grants twice)
         async with asyncio.timeout(self._call_bound()):
-            lease = await self.store.acquire(f"p.{p}", self.member)
+            lease = await self.store.acquire(state_key(self.store.epoch, "p", p), self.member)
         if lease is None:
             return
         try:

@@ -1,0 +1,201 @@
+"""A member across a repartition (:class:`EpochSwitch`, mixed into :class:`~.worker.Worker`).
+
+A group processes one layout epoch at a time (see :mod:`.layout`): the epoch in its state
+key ``epoch`` (absent: the stream's oldest layout). While that is an earlier epoch than the
+stream's, its partitions are owned, leased, committed and fenced exactly as before the
+repartition, under their own keys. Every :data:`EPOCH_CHECK_EVERY` seconds each member
+looks at the stream; once **every** partition of the group's epoch has a commit record at
+or past the last record of its subject (an empty partition counts as finished), one member
+moves the group's key to the next epoch by compare-and-set. Each member then hands back
+what it holds of the old epoch (all finished: nothing is left to process), and reads,
+assigns and claims the new epoch's partitions from scratch.
+
+Guarantees: no record of epoch k+1 is handed to a handler before every record of epoch k
+was handled and committed (murmur3 sends the keys of any old partition to any new one, so
+the barrier is over all old partitions, not partition by partition); the same holds from
+one epoch to the next when the stream was repartitioned twice before the group caught up.
+A member killed during the switch changes nothing: the barrier is read from commit
+records, and the CAS on ``epoch`` moves the group once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from nats.aio.client import Client as NATS
+from nats.errors import Error as NatsError
+from nats.js.errors import KeyWrongLastSequenceError
+
+from .group import GroupStore
+from .kv import compact_json, latest_entry
+from .layout import GROUP_EPOCH_KEY, group_epoch_of
+from .message import AppliedPosition
+from .owned import OwnedPartition
+from .streams import PartitionedStream, describe, stream_contents
+from .worker_config import WorkerConfig
+
+log = logging.getLogger(__name__)
+
+#: seconds between two looks at the stream's layout epoch
+EPOCH_CHECK_EVERY = 2.0
+
+
+async def read_group_epoch(nc: NATS, store: GroupStore, stream: PartitionedStream) -> int:
+    """The layout epoch ``store``'s group processes (its ``epoch`` key, read from the leader;
+    the stream's oldest layout if it has none)."""
+    found = await latest_entry(nc, store.cfg.state_bucket, GROUP_EPOCH_KEY)
+    return group_epoch_of(found[0] if found else None, stream.oldest_epoch)
+
+
+async def epoch_finished(nc: NATS, store: GroupStore, stream: PartitionedStream) -> list[int]:
+    """The partitions of ``stream``'s layout (a view :meth:`~.streams.PartitionedStream.
+    at_epoch`) whose commit record is still short of their subject's last record; empty
+    when the whole epoch is processed."""
+    contents = await stream_contents(nc, stream)
+    behind = []
+    for s in contents.partitions:
+        if s.last_seq <= 0:
+            continue
+        rec, _ = await store.read_commit(s.partition)
+        if rec is None or rec.seq < s.last_seq:
+            behind.append(s.partition)
+    return behind
+
+
+async def advance_group_epoch(nc: NATS, store: GroupStore, stream: PartitionedStream) -> int:
+    """Move the group from ``store.epoch`` to the next epoch by compare-and-set; returns the
+    group's epoch afterwards (another member's move counts the same)."""
+    for _ in range(10):
+        found = await latest_entry(nc, store.cfg.state_bucket, GROUP_EPOCH_KEY)
+        value, rev = (found[0], found[1]) if found else (None, 0)
+        now = group_epoch_of(value, stream.oldest_epoch)
+        if now != store.epoch:
+            return now
+        data = compact_json({"epoch": now + 1, "from": now})
+        try:
+            if rev == 0:
+                await store.state.create(GROUP_EPOCH_KEY, data)
+            else:
+                await store.state.update(GROUP_EPOCH_KEY, data, last=rev)
+            return now + 1
+        except KeyWrongLastSequenceError:
+            continue
+    raise NatsError(f"the epoch key of group {store.cfg.group} keeps changing")
+
+
+class EpochSwitch:
+    """The epoch loop of a member (see the module)."""
+
+    nc: NATS
+    cfg: WorkerConfig
+    store: GroupStore
+    stream: PartitionedStream
+    member: str
+    owned: dict[int, OwnedPartition]
+    _tasks: list[asyncio.Task[None]]
+    _stopping: bool
+    _mine: set[int]
+    _assignment_rev: int
+    _previous: dict[int, asyncio.Task[None]]
+    _claim_backoff: dict[int, tuple[float, float]]
+    _sink_applied: AppliedPosition | None
+    _guard: Callable[[Awaitable[None]], Awaitable[None]]
+    _leader_loop: Callable[[], Awaitable[None]]
+    _reconcile_loop: Callable[[], Awaitable[None]]
+    _trouble: Callable[..., None]
+    _report: Callable[[str, str | None], None]
+    #: sequences at or below this belong to earlier layouts than the member's epoch
+    _epoch_start: int = 0
+
+    def _enter_epoch(self, described: PartitionedStream, epoch: int) -> None:
+        self.store.epoch = epoch
+        self.stream = described.at_epoch(epoch)
+        self._epoch_start = max(
+            (lay.switch_seq for lay in described.layouts if lay.epoch < epoch), default=0
+        )
+
+    async def _epoch_applied(self, p: int) -> Any:
+        """The sink's applied position of ``p`` if it belongs to the member's epoch: a
+        position at or below the previous layout's switch point was applied under an
+        earlier layout (another partition with the same number), so this epoch's
+        partition has applied nothing yet."""
+        assert self._sink_applied is not None
+        r = self._sink_applied(p)
+        pos = await r if inspect.isawaitable(r) else r
+        if pos is not None and self._epoch_start and int(pos[0]) <= self._epoch_start:
+            return None
+        return pos
+
+    async def _epoch_loop(self) -> None:
+        while True:
+            await asyncio.sleep(EPOCH_CHECK_EVERY)
+            if self._stopping:
+                return
+            try:
+                described = await describe(self.nc, self.cfg.stream)
+                if described.current_epoch == self.store.epoch:
+                    continue
+                target = await read_group_epoch(self.nc, self.store, described)
+                if target == self.store.epoch:
+                    behind = await epoch_finished(self.nc, self.store, self.stream)
+                    if behind:
+                        self._report(
+                            "epoch",
+                            f"finishing layout epoch {self.store.epoch} before the stream's "
+                            f"epoch {described.current_epoch}: partitions {behind} not yet "
+                            "processed to their last record",
+                        )
+                        continue
+                    target = await advance_group_epoch(self.nc, self.store, described)
+                if target != self.store.epoch:
+                    await self._switch_epoch(described, target)
+            except (TimeoutError, NatsError) as exc:
+                self._trouble("checking the layout epoch failed", exc)
+
+    async def _switch_epoch(self, described: PartitionedStream, target: int) -> None:
+        """Hand back everything of the old epoch, then start over on ``target``."""
+        old = self.store.epoch
+        log.info(
+            "member %s: group %s moves from layout epoch %d to %d (%d partitions)",
+            self.member,
+            self.cfg.group,
+            old,
+            target,
+            described.at_epoch(target).partitions,
+        )
+        # the leader's and the reconcile loop: no claims meanwhile. Cancelled again while one
+        # survives (on Python 3.11 a wait_for inside nats-py can swallow a cancellation)
+        pending = {t for t in self._tasks[1:3] if not t.done()}
+        while pending:
+            for t in pending:
+                t.cancel()
+            _, pending = await asyncio.wait(pending, timeout=1.0)
+        for o in list(self.owned.values()):
+            o.revoke.set()
+        tasks = [o.task for o in self.owned.values() if o.task]
+        if tasks:
+            await asyncio.wait(tasks, timeout=self.cfg.stop_timeout)
+        for o in list(self.owned.values()):  # still in on_assign, or stuck: give it back
+            if o.task is not None and not o.task.done():
+                o.task.cancel()
+            async with o.lock:
+                o.releasing = True
+                with contextlib.suppress(Exception):
+                    await self.store.release(o.lease)
+            if self.owned.get(o.partition) is o:
+                del self.owned[o.partition]
+        self._previous.clear()
+        self._claim_backoff.clear()
+        self._mine = set()
+        self._assignment_rev = 0
+        self._enter_epoch(described, target)
+        self._report("epoch", None)
+        if self._stopping:
+            return
+        self._tasks[1] = asyncio.ensure_future(self._guard(self._leader_loop()))
+        self._tasks[2] = asyncio.ensure_future(self._guard(self._reconcile_loop()))
