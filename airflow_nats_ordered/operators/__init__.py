@@ -1,1 +1,1 @@
-"""Airflow operators: provision, publish, Spark publish, group rebalance and reset."""
+"""Airflow operators: provision, repartition, publish, Spark publish, group rebalance and reset."""
