@@ -27,7 +27,7 @@ import hashlib
 import json
 from collections import Counter
 from json.encoder import encode_basestring
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..core.errors import ConfigError, NatsOrderedError
 from .headers import headers_of
@@ -65,7 +65,30 @@ class RoutingCheck:
         self.last: int | None = None
 
     def check(self, keys: pa.Array, parts: pa.Array, first_row: int) -> None:
-        expected = partitions_of(keys, self.partitions).to_pylist()
+        """Raise :class:`RoutingError` at the first keyed row whose partition is not its
+        key's, or that comes after a row of a higher partition. Checked over whole columns;
+        only a batch with a problem is walked row by row, to name the row."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        if len(keys) == 0 or pa.types.is_null(keys.type):  # no keyed row
+            return
+        expected = partitions_of(keys, self.partitions)
+        text = pc.cast(keys, pa.string()) if pa.types.is_integer(keys.type) else keys
+        keyed = pc.fill_null(pc.greater(pc.binary_length(text), 0), False)
+        got = parts.filter(keyed)
+        ok = pc.all(pc.fill_null(pc.equal(got, expected.filter(keyed)), False)).as_py()
+        if ok is not False and len(got):
+            g = got.to_numpy(zero_copy_only=False)
+            start = g[0] if self.last is None else self.last
+            ok = bool(g[0] >= start and (g[1:] >= g[:-1]).all())
+            if ok:
+                self.last = int(g[-1])
+        if ok is not False:
+            return
+        self._walk(keys, parts, expected.to_pylist(), first_row)
+
+    def _walk(self, keys: pa.Array, parts: pa.Array, expected: list[Any], first_row: int) -> None:
         last = self.last
         for i, (k, got, want) in enumerate(
             zip(key_values(keys), parts.to_pylist(), expected, strict=True)
@@ -287,14 +310,18 @@ class BatchRecords:
         self.json_columns = [c for c in schema_names if c not in hidden]
         self.rows = 0
 
-    def records(self, batch: pa.RecordBatch) -> list[SparkRecord]:
-        """The batch's records, after checking its order (raises :class:`DisorderError`)."""
+    def columns(self, batch: pa.RecordBatch) -> BatchColumns:
+        """The batch's keys, payloads, msg-ids, headers and (routed rows) NATS partitions, as
+        Python lists, after checking its order and routing (raises :class:`DisorderError`,
+        :class:`RoutingError`); ``first``: the task's row number of its first row."""
         opts = self.options
         keys = batch.column(opts.key_column)
         first = self.rows
+        routed: list[Any] | None = None
         if self.routed:
             parts = batch.column(PARTITION_COLUMN)
             self.routing.check(keys, parts, first)
+            routed = parts.to_pylist()
         else:
             parts = partitions_of(keys, self.partitions)
         self.check.check(batch, parts, first)
@@ -305,27 +332,43 @@ class BatchRecords:
             ]
         else:
             payloads = rows_as_json(batch, self.json_columns)
+        n = batch.num_rows
         ids: list[Any] = (
-            batch.column(opts.msg_id_column).to_pylist()
+            [None if v is None else str(v) for v in batch.column(opts.msg_id_column).to_pylist()]
             if opts.msg_id_column
-            else [None] * batch.num_rows
+            else [None] * n
         )
         headers: list[Any] = (
-            headers_of(batch.column(HEADERS_COLUMN))
-            if self.has_headers
-            else [None] * batch.num_rows
+            headers_of(batch.column(HEADERS_COLUMN)) if self.has_headers else [None] * n
         )
-        self.rows += batch.num_rows
-        task = self.task
+        self.rows += n
         keys_list = key_values(keys)
         if self.content_ids is not None:
             ids = [
                 self.content_ids(k, data, hdr)
                 for k, data, hdr in zip(keys_list, payloads, headers, strict=True)
             ]
+        return BatchColumns(keys_list, payloads, ids, headers, routed or [None] * n, first)
+
+    def records(self, batch: pa.RecordBatch) -> list[SparkRecord]:
+        """The batch's records, after checking its order (raises :class:`DisorderError`)."""
+        c = self.columns(batch)
+        task = self.task
         return [
-            SparkRecord(k, data, None if mid is None else str(mid), hdr, task, first + i)
+            SparkRecord(k, data, mid, hdr, task, c.first + i)
             for i, (k, data, mid, hdr) in enumerate(
-                zip(keys_list, payloads, ids, headers, strict=True)
+                zip(c.keys, c.payloads, c.ids, c.headers, strict=True)
             )
         ]
+
+
+class BatchColumns(NamedTuple):
+    """One batch's rows as parallel lists (see :meth:`BatchRecords.columns`)."""
+
+    keys: list[str | bytes | None]
+    payloads: list[bytes]
+    ids: list[str | None]
+    headers: list[dict[str, str] | None]
+    #: per row its ``nats_partition`` (routed rows), else None
+    parts: list[int | None]
+    first: int

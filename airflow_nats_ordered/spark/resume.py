@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from nats.js.errors import NotFoundError
 
 from ..core.errors import NatsOrderedError, RecordError
-from ..core.msg_ids import HDR_MSG_ID, HDR_PRODUCER, HDR_SEQ, derive_msg_id
+from ..core.msg_ids import HDR_MSG_ID, HDR_PRODUCER, HDR_SEQ, _msg_id, derive_msg_id
 from ..core.publisher import OrderedPublisher, PublisherConfig
 from ..core.streams import describe
 from .headers import BadHeaders
@@ -158,6 +158,7 @@ class ResumingPublisher(OrderedPublisher):
         resume: Mapping[int, PartitionResume],
         run: str,
         label: str,
+        track: bool = True,
     ) -> None:
         super().__init__(
             nc, stream, config, start_after={p: r.count for p, r in resume.items() if r.count}
@@ -165,6 +166,9 @@ class ResumingPublisher(OrderedPublisher):
         self.resume = dict(resume)
         self.run = run
         self.label = label
+        #: number positions and keep digests (routed rows); unrouted rows need neither
+        self.track = track
+        self._producer = self.producer_id.encode()
         self._positions: dict[int, int] = {}
         self._hashes: dict[int, Any] = {}
 
@@ -175,14 +179,28 @@ class ResumingPublisher(OrderedPublisher):
         *,
         msg_id: str | None = None,
         headers: dict[str, str] | None = None,
+        partition: int | None = None,
     ) -> int:
+        """The core's ``publish``; ``partition``: the row's NATS partition when the caller
+        has checked it is the key's (a ``nats_partition`` column), so the derived msg-id is
+        computed once, here, and handed to the core with the position it will take."""
         if isinstance(headers, BadHeaders):  # refused (counted, reported), takes no position
             raise RecordError(headers.reason)
-        # raises for a refused record, which takes no position
-        part = await super().publish(key, data, msg_id=msg_id, headers=headers)
-        pos = self._positions.get(part, 0) + 1
+        if not self.track:
+            return await super().publish(key, data, msg_id=msg_id, headers=headers)
+        if msg_id is None and partition is not None and key:
+            pos = self._positions.get(partition, 0) + 1
+            kb = key.encode() if isinstance(key, str) else bytes(key)
+            mid = _msg_id(self._producer, partition, pos, kb, data).decode()
+            # raises for a refused record, which takes no position
+            part = await super().publish(key, data, msg_id=mid, headers=headers)
+            if part != partition:  # cannot happen: RoutingCheck compared them
+                raise RuntimeError(f"key {key!r} went to partition {part}, not {partition}")
+        else:
+            part = await super().publish(key, data, msg_id=msg_id, headers=headers)
+            pos = self._positions.get(part, 0) + 1
+            mid = msg_id or derive_msg_id(self.producer_id, part, pos, _key_bytes(key), data)
         self._positions[part] = pos
-        mid = msg_id or derive_msg_id(self.producer_id, part, pos, _key_bytes(key), data)
         h = self._hashes.get(part)
         if h is None:
             h = self._hashes[part] = hashlib.blake2b(digest_size=16)

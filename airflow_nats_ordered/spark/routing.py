@@ -50,13 +50,26 @@ def key_values(keys: pa.Array) -> list[str | bytes | None]:
 
 def partitions_of(keys: pa.Array, partitions: int) -> pa.Array:
     """``partition_for`` over an Arrow array of string, binary or integer keys (null stays
-    null; an integer is hashed as its decimal text)."""
+    null; an integer is hashed as its decimal text). Each distinct key is hashed once (keys
+    repeat: a batch holds many rows per key), the rest is Arrow's ``take``."""
     import pyarrow as pa
+    import pyarrow.compute as pc
 
-    return pa.array(
-        [None if k is None else partition_for(k, partitions) for k in key_values(keys)],
+    if isinstance(keys, pa.ChunkedArray):
+        keys = keys.combine_chunks()
+    if pa.types.is_null(keys.type):  # every key null
+        return pa.nulls(len(keys), pa.int32())
+    if pa.types.is_integer(keys.type):
+        keys = pc.cast(keys, pa.string())  # exact decimal digits, as str(int)
+    encoded = pc.dictionary_encode(keys)
+    distinct = pa.array(
+        [
+            None if k is None else partition_for(k, partitions)
+            for k in encoded.dictionary.to_pylist()
+        ],
         pa.int32(),
     )
+    return pc.take(distinct, encoded.indices)
 
 
 def partition_column(key: str | Column, partitions: int) -> Column:

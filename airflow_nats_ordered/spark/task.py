@@ -28,13 +28,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from pyspark.sql.datasource import WriterCommitMessage
 
-from ..core.runs import Refusals, publish_records
+from ..core.errors import RecordError
+from ..core.runs import _REASONS, Refusals
 from .options import PARTITION_COLUMN, SinkOptions
 from .preflight import last_seq, publisher_config
 from .records import BatchRecords, SparkRecord
@@ -73,16 +74,40 @@ class TaskReport(WriterCommitMessage):
     seq_before: int = -1
 
 
-async def _records(
-    batches: Iterator[pa.RecordBatch], maker: BatchRecords
-) -> AsyncIterator[SparkRecord]:
+async def _publish_batches(
+    pub: ResumingPublisher,
+    batches: Iterator[pa.RecordBatch],
+    maker: BatchRecords,
+    refusals: Refusals,
+    msg_id_field: str | None,
+) -> None:
+    """Publish every row, a batch at a time (as the core's ``publish_records`` does a record
+    at a time: a refused row is counted in ``refusals`` with why, never dropped silently).
+    The next batch is read in a thread while the publisher sends."""
     it = iter(batches)
+    publish = pub.publish
     while True:
         batch = await asyncio.to_thread(next, it, None)
         if batch is None:
             return
-        for rec in maker.records(batch):
-            yield rec
+        c = maker.columns(batch)
+        for i, (key, data, mid, hdr, part) in enumerate(
+            zip(c.keys, c.payloads, c.ids, c.headers, c.parts, strict=True)
+        ):
+            if msg_id_field and mid is None:
+                refusals.add(
+                    "no msg-id",
+                    SparkRecord(key, data, mid, hdr, maker.task, c.first + i),
+                    f"field {msg_id_field!r} is missing or empty",
+                )
+                continue
+            try:
+                await publish(key, data, msg_id=mid, headers=hdr, partition=part)
+            except RecordError as exc:
+                reason = next(r for t, r in _REASONS if isinstance(exc, t))
+                refusals.add(
+                    reason, SparkRecord(key, data, mid, hdr, maker.task, c.first + i), str(exc)
+                )
 
 
 def drain(batches: Iterator[pa.RecordBatch]) -> int:
@@ -122,6 +147,7 @@ async def publish_task(
         resume=resume,
         run=run_producer_id,
         label=label,
+        track=routed,
     )
     await pub.start()
     maker = BatchRecords(
@@ -133,12 +159,7 @@ async def publish_task(
     )
     refusals = Refusals()
     try:
-        await publish_records(
-            pub,
-            _records(batches, maker),
-            refusals,
-            msg_id_field=options.msg_id_column,
-        )
+        await _publish_batches(pub, batches, maker, refusals, options.msg_id_column)
         pub.check_prefixes_read()
     except BaseException:
         with contextlib.suppress(Exception):
