@@ -160,3 +160,22 @@ def test_a_routing_column_that_is_not_the_streams_routing_is_refused_before_any_
             _records(BatchRecords(_options(), cols, 4, "t"), unsorted)
     # a keyless row's column is not checked (the publisher refuses or round-robins it)
     _records(BatchRecords(_options(), cols, 4, "t"), [{"k": None, "nats_partition": 3}])
+
+
+def test_partitions_of_hashes_distinct_keys_as_partition_for_does_each_key():
+    from airflow_nats_ordered.core.partitioning import partition_for
+    from airflow_nats_ordered.spark.routing import partitions_of
+
+    texts = ["a", None, "abcde", "a", "日本", "", "a", None, "x" * 1001]
+    assert partitions_of(pa.array(texts), 7).to_pylist() == [
+        None if k is None else partition_for(k, 7) for k in texts
+    ]
+    raw = [b"k1", None, b"k1", b"\xc3\xa9"]
+    assert partitions_of(pa.array(raw, pa.binary()), 5).to_pylist() == [
+        None if k is None else partition_for(k, 5) for k in raw
+    ]
+    ints = [-5, 0, None, 2**63 - 1, -5]
+    assert partitions_of(pa.array(ints, pa.int64()), 16).to_pylist() == [
+        None if k is None else partition_for(str(k), 16) for k in ints
+    ]
+    assert partitions_of(pa.array([None, None]), 3).to_pylist() == [None, None]
