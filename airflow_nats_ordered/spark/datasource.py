@@ -178,6 +178,8 @@ class NatsOrderedWriter(DataSourceArrowWriter):
                 # a run without a record before (never published, or forgotten on purpose
                 # to replay it) resumes only after what this job's own attempts stored
                 after=self.plan.after,
+                # what was stored when the job began: a stored row past it is this job's
+                stored_at_start={p: r.count for p, r in self.plan.resume.items()},
                 task=task,
                 attempt=attempt,
                 label=f"Spark partition {task} (attempt {attempt})",

@@ -159,6 +159,7 @@ class ResumingPublisher(OrderedPublisher):
         run: str,
         label: str,
         track: bool = True,
+        stored_at_start: Mapping[int, int] | None = None,
     ) -> None:
         super().__init__(
             nc, stream, config, start_after={p: r.count for p, r in resume.items() if r.count}
@@ -168,6 +169,9 @@ class ResumingPublisher(OrderedPublisher):
         self.label = label
         #: number positions and keep digests (routed rows); unrouted rows need neither
         self.track = track
+        #: per partition, the positions stored when the job began (the driver's resume
+        #: points); a stored position past it was stored by this job (None: not known)
+        self.stored_at_start = stored_at_start
         self._producer = self.producer_id.encode()
         self._positions: dict[int, int] = {}
         self._hashes: dict[int, Any] = {}
@@ -208,10 +212,15 @@ class ResumingPublisher(OrderedPublisher):
         r = self.resume.get(part)
         if r is not None and pos <= r.count:
             if pos == r.digest_at and h.hexdigest() != r.digest:
-                self._changed(part, r, f"the rows at positions 1-{pos} differ from those stored")
+                self._changed(
+                    part, r, f"the rows at positions 1-{pos} differ from those stored", pos
+                )
             if pos == r.last_at and r.last_id and mid != r.last_id:
                 self._changed(
-                    part, r, f"the row at position {pos} (the last one stored) differs from it"
+                    part,
+                    r,
+                    f"the row at position {pos} (the last one stored) differs from it",
+                    pos,
                 )
         return part
 
@@ -222,13 +231,28 @@ class ResumingPublisher(OrderedPublisher):
         for p, have in sorted(self._positions.items()):
             r = self.resume.get(p)
             if r is not None and have < r.count:
-                self._changed(p, r, f"only {have} of its rows are in the input now")
+                self._changed(p, r, f"only {have} of its rows are in the input now", r.count)
 
     def digests(self) -> dict[int, str]:
         """Per partition this publisher numbered rows of: ``"<n>:<digest of positions 1..n>"``."""
         return {p: f"{self._positions[p]}:{h.hexdigest()}" for p, h in self._hashes.items()}
 
-    def _changed(self, p: int, r: PartitionResume, what: str) -> None:
+    def _changed(self, p: int, r: PartitionResume, what: str, at: int) -> None:
+        """Refuse partition ``p``: the stored position ``at`` does not hold this input's row.
+        Past what was stored when the job began, another task of this job stored it."""
+        start = self.stored_at_start
+        if start is not None and at > start.get(p, 0):
+            raise InputChangedError(
+                f"{self.label}: rows of NATS partition {p} were stored by this job already "
+                f"(run {self.run!r}, {r.count} rows), and {what}: the partition's rows are in "
+                "more than one Spark task (a nats_partition column with the right values "
+                "does not put each partition in one task: route with "
+                "airflow_nats_ordered.spark.write_ordered or route()), or an earlier attempt "
+                "of this task read different rows (a non-deterministic input: cache or "
+                "checkpoint it before writing). Nothing more of that partition was sent; "
+                "publish under a new producerId (write_ordered: producer_id): the rows this "
+                "run stored there are not one task's order, so it cannot resume them"
+            )
         raise InputChangedError(
             f"{self.label}: run {self.run!r} cannot resume because its input changed: an "
             f"earlier attempt stored {r.count} rows of NATS partition {p}, but {what}. A run "

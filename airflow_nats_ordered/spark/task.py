@@ -128,6 +128,7 @@ async def publish_task(
     attempt: int,
     label: str,
     content_ids: bool = False,
+    stored_at_start: Mapping[int, int] | None = None,
 ) -> TaskReport:
     """Publish one task's rows; raise if any was not confirmed as stored. Routed rows
     resume after what ``previous`` (the run's record when the job began) recorded or the
@@ -148,6 +149,7 @@ async def publish_task(
         run=run_producer_id,
         label=label,
         track=routed,
+        stored_at_start=stored_at_start,
     )
     await pub.start()
     maker = BatchRecords(
