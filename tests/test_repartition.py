@@ -21,7 +21,12 @@ from airflow_nats_ordered.core.layout import GROUP_EPOCH_KEY
 from airflow_nats_ordered.core.publish_summary import PublishError
 from airflow_nats_ordered.core.publisher import OrderedPublisher
 from airflow_nats_ordered.core.publisher_config import PublisherConfig
-from airflow_nats_ordered.core.repartition import RepartitionRunning, lock_bucket, repartition
+from airflow_nats_ordered.core.repartition import (
+    RepartitionRunning,
+    layout_refusal,
+    lock_bucket,
+    repartition,
+)
 from airflow_nats_ordered.core.streams import StreamSpec, describe, provision
 from airflow_nats_ordered.core.worker import Worker, WorkerConfig
 
@@ -69,9 +74,11 @@ def test_repartition_refuses_bad_requests_with_what_to_do(shared_nats_server, un
         with pytest.raises(RepartitionRunning, match="already running .*to 6 partitions"):
             await repartition(nc, unique_name, 8)
         await kv.delete("lock")
+        old = await describe(nc, unique_name)
         await nc.close()
+        return old
 
-    asyncio.run(setup())
+    old = asyncio.run(setup())
     base = ["repartition", "--stream", unique_name, "--server", url]
     assert cli.main([*base, "--partitions", "4"]) == 2
     assert "already has 4 partitions" in capsys.readouterr().err
@@ -98,6 +105,11 @@ def test_repartition_refuses_bad_requests_with_what_to_do(shared_nats_server, un
         assert now.action == "unchanged"
         with pytest.raises(PartitionMismatchError, match="nats-ordered repartition"):
             await provision(nc, StreamSpec(unique_name, partitions=4, storage="memory"))
+        # what a publisher that read the old layout is told (see layout_refusal)
+        why = await layout_refusal(nc, old, old.subject(3))
+        assert why.startswith(f"stream {unique_name} was repartitioned to 8 partitions (epoch 1)")
+        assert "Restart the publish" in why
+        assert await layout_refusal(nc, s, s.subject(0)) is None  # the layout is current
         await nc.close()
 
     asyncio.run(after())

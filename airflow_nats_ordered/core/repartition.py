@@ -36,9 +36,15 @@ from nats.aio.client import Client as NATS
 from nats.js import api
 from nats.js.errors import APIError, BucketNotFoundError, KeyWrongLastSequenceError, NotFoundError
 
-from .errors import ConfigError, NatsOrderedError, StreamConflictError
-from .layout import META_EPOCH, META_LAYOUTS, Layout, layouts_json
-from .streams import MAX_PARTITIONS, META_PARTITIONS, PROVISION_TIMEOUT, describe
+from .errors import ConfigError, NatsOrderedError, StreamConflictError, StreamNotFoundError
+from .layout import META_EPOCH, META_LAYOUTS, Layout, layouts_json, repartitioned_message
+from .streams import (
+    MAX_PARTITIONS,
+    META_PARTITIONS,
+    PROVISION_TIMEOUT,
+    PartitionedStream,
+    describe,
+)
 
 #: seconds a repartition's lock lives: longer than the update may take
 LOCK_TTL = 300.0
@@ -232,3 +238,21 @@ async def _take_lock(kv: Any, stream: str, partitions: int) -> int:
         f"check the result with `nats-ordered info --stream {stream}` (the lock of a run that "
         f"crashed expires {LOCK_TTL:g}s after it was taken)"
     )
+
+
+async def layout_refusal(nc: NATS, stream: PartitionedStream, subject: str) -> str | None:
+    """Why the server refused a publish to ``subject`` with a no-responders status (no
+    stream takes it), for a publisher that read ``stream`` when it started: the stream was
+    repartitioned since (said in the user's terms, with the new count and epoch) or
+    deleted. None when its layout is unchanged (a blip, e.g. a stream without a leader for
+    a moment: retry)."""
+    try:
+        now = await describe(nc, stream.name)
+    except StreamNotFoundError:
+        return (
+            f"stream {stream.name} no longer exists (no stream takes {subject}); provision it "
+            "again and restart the publish"
+        )
+    if now.current_epoch != stream.epoch:
+        return repartitioned_message(stream.name, now.partitions, now.current_epoch)
+    return None
