@@ -7,14 +7,17 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 
 import nats
 
 from airflow_nats_ordered import cli
-from airflow_nats_ordered.core.drain import read_lag, wait_drained
+from airflow_nats_ordered.core.drain import group_lag, read_lag, wait_drained
+from airflow_nats_ordered.core.group import GroupStore
+from airflow_nats_ordered.core.group_listing import GroupRef, summarize_group
 from airflow_nats_ordered.core.publisher import OrderedPublisher
 from airflow_nats_ordered.core.repartition import repartition
-from airflow_nats_ordered.core.streams import StreamSpec, provision
+from airflow_nats_ordered.core.streams import StreamSpec, provision, stream_contents
 from airflow_nats_ordered.core.worker import Worker, WorkerConfig
 
 KEYS = 8
@@ -83,3 +86,53 @@ def test_a_drain_wait_spanning_the_switch_returns_only_when_old_and_new_are_appl
     asyncio.run(main())
     out = capsys.readouterr().out
     assert "drained" in out
+
+
+def test_a_group_still_on_the_old_layout_is_never_drained_whatever_reads_its_lag(
+    shared_nats_server, unique_name
+):
+    """Right after a repartition the new layout is empty: a lag computed from the stream's
+    current partitions (metrics, group list) must not count the old layout's commits for
+    them, and the group is not drained until it has finished the old layout."""
+    url, stream = shared_nats_server.url, unique_name
+
+    async def main():
+        nc = await nats.connect(url)
+        await provision(nc, StreamSpec(stream, partitions=4, storage="memory"))
+        w = Worker(nc, WorkerConfig(stream, "g", member_id="w1", lease_ttl=2.0), _noop)
+        await w.start()
+        await w.wait_assigned(60)
+        await w.stop()
+        await _publish(nc, stream, range(0, 5))
+        await repartition(nc, stream, 8)  # nothing published on the new layout
+        store = await GroupStore.attach(nc, stream, "g")
+        snap = await store.snapshot()
+        assert (snap.epoch, snap.stream_epoch) == (0, 1)
+        current = await stream_contents(nc, stream)
+        assert not group_lag(stream, "g", current.partitions, snap).drained
+        lag = await read_lag(nc, stream, "g")
+        assert (lag.epoch, lag.later, lag.drained, lag.total_lag) == (0, 0, False, 5 * KEYS)
+        listed = await summarize_group(nc, GroupRef(stream, "g"))
+        assert not listed.drained and listed.total_lag == 5 * KEYS
+        w = Worker(nc, WorkerConfig(stream, "g", member_id="w1", lease_ttl=2.0), _noop)
+        await w.start()
+
+        async def moved():  # finished the old layout, and switched to the new one
+            lag = await read_lag(nc, stream, "g")
+            return lag.drained and lag.epoch == 1
+
+        deadline = time.monotonic() + 60
+        while not await moved():
+            assert time.monotonic() < deadline, "the group did not finish the old layout"
+            await asyncio.sleep(0.2)
+        snap = await (await GroupStore.attach(nc, stream, "g")).snapshot()
+        current = await stream_contents(nc, stream)
+        assert group_lag(stream, "g", current.partitions, snap).drained
+        await w.stop()
+        await nc.close()
+
+    asyncio.run(main())
+
+
+def _noop(msg):
+    pass

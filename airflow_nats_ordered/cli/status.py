@@ -114,7 +114,7 @@ async def _read(nc: NATS, stream_name: str, group: str) -> dict[str, Any]:
     snap = await store.snapshot()
     dlq = await dead_letters(nc, stream_name, group)
     strays = contents.strays
-    lag = group_lag(stream_name, group, contents.partitions, snap, strays)
+    lag = group_lag(stream_name, group, contents.partitions, snap, strays, layout_epoch=store.epoch)
     generation = None
     if snap.assignment:
         generation = Assignment.from_json(snap.assignment).generation

@@ -150,11 +150,15 @@ class GroupLag:
     group: str
     partitions: tuple[PartitionLag, ...]
     strays: Strays | None = None
-    #: the layout epoch of ``partitions`` (the one the group processes), the stream's
-    #: current epoch, and the messages of layouts after the group's (none processed yet)
+    #: the layout epoch the group processes, the stream's current epoch, the messages of
+    #: layouts after the group's (none processed yet), the epoch ``partitions`` are of
+    #: (their commits count only when it is the group's) and the stream's last switch point
+    #: (0 unless repartitioned: a mark at or below it is of an earlier layout)
     epoch: int = 0
     stream_epoch: int = 0
     later: int = 0
+    stats_epoch: int = 0
+    switch_seq: int = 0
 
     @property
     def total_lag(self) -> int:
@@ -165,6 +169,7 @@ class GroupLag:
         return (
             not self.strays
             and not self.later
+            and self.stats_epoch == self.epoch
             and all(p.committed >= p.last for p in self.partitions)
         )
 
@@ -175,13 +180,22 @@ def group_lag(
     stats: Sequence[PartitionStats],
     state: GroupState,
     strays: Strays | None = None,
+    *,
+    layout_epoch: int | None = None,
 ) -> GroupLag:
     """The lag of ``group`` from already-read partition stats and a group snapshot (and the
-    stream's strays, read with the stats by :func:`.streams.stream_contents`)."""
+    stream's strays, read with the stats by :func:`.streams.stream_contents`).
+
+    ``stats`` are of layout ``layout_epoch`` (default: the stream's current one). The
+    snapshot's commits are of the layout the group processes; when that is another (a
+    repartitioned stream whose group has not switched yet) none of them counts for
+    ``stats`` and the result is not drained."""
     parts = []
-    gp = state.global_position
+    stats_epoch = state.stream_epoch if layout_epoch is None else layout_epoch
+    mine = stats_epoch == state.epoch
+    gp = state.global_position if mine else None
     for s in stats:
-        c = state.commits.get(s.partition)
+        c = state.commits.get(s.partition) if mine else None
         # a global-order reader's group: its position holds the partitions' sequences
         global_seq = gp.seqs.get(s.partition, 0) if gp is not None else 0
         committed = c.seq if c is not None else global_seq
@@ -191,10 +205,19 @@ def group_lag(
                 s.last_seq,
                 committed,
                 s.messages,
-                state.blocked.get(s.partition),
+                state.blocked.get(s.partition) if mine else None,
             )
         )
-    return GroupLag(stream, group, tuple(parts), strays)
+    return GroupLag(
+        stream,
+        group,
+        tuple(parts),
+        strays,
+        epoch=state.epoch,
+        stream_epoch=state.stream_epoch,
+        stats_epoch=stats_epoch,
+        switch_seq=state.switch_seq,
+    )
 
 
 async def group_exists(nc: NATS, stream: str, group: str) -> bool:
@@ -221,10 +244,11 @@ async def read_lag(nc: NATS, stream: str, group: str) -> GroupLag:
     # layouts after it hold (the group reads none of it before finishing its own)
     contents = await stream_contents(nc, described.at_epoch(store.epoch))
     later = await later_messages(nc, described, store.epoch)
-    found = group_lag(stream, group, contents.partitions, await store.snapshot(), contents.strays)
-    return dataclasses.replace(
-        found, epoch=store.epoch, stream_epoch=described.current_epoch, later=later
+    snap = await store.snapshot()
+    found = group_lag(
+        stream, group, contents.partitions, snap, contents.strays, layout_epoch=store.epoch
     )
+    return dataclasses.replace(found, later=later)
 
 
 async def later_messages(nc: NATS, described: PartitionedStream, epoch: int) -> int:

@@ -42,6 +42,11 @@ class GroupState:
     #: a running global-order reader's heartbeat (key ``global`` of the lease bucket); it is
     #: also listed in ``members`` under its member id
     global_reader: dict[str, Any] | None = None
+    #: the layout epoch the group processes (its commits, leases and markers above are
+    #: that epoch's), the stream's current epoch and its last switch point (see .layout)
+    epoch: int = 0
+    stream_epoch: int = 0
+    switch_seq: int = 0
     #: what needs an operator: blocked partitions, deleted commit records, a deleted or
     #: re-created stream, and each member's own ``problems`` (from its heartbeat) prefixed
     #: with the member id
@@ -103,7 +108,8 @@ class GroupSnapshot(GroupStreamIdentity):
                         snap.global_position = GlobalPosition.from_json(val)
                     elif key == "stream":
                         recorded_stream = json.loads(val).get("created", "")
-        snap.problems = await self._stream_problems(recorded_stream)
+        snap.epoch = self.epoch
+        snap.problems = await self._stream_problems(recorded_stream, snap)
         snap.problems += blocked_problems(snap.blocked)
         snap.problems += await self._deleted_commit_problems(snap.commits)
         # a member holding a partition reports the reason its marker holds: said once above
@@ -112,15 +118,18 @@ class GroupSnapshot(GroupStreamIdentity):
             snap.problems += [f"{m}: {p}" for p in info.get("problems") or [] if p not in said]
         return snap
 
-    async def _stream_problems(self, recorded: str) -> list[str]:
+    async def _stream_problems(self, recorded: str, snap: GroupState) -> list[str]:
         try:
             live = await describe(self.nc, self.cfg.stream)
         except StreamNotFoundError:
+            snap.stream_epoch = self.epoch
             return [
                 f"stream {self.cfg.stream} does not exist: the group's positions refer to a "
                 f"deleted stream (remove the group: `nats-ordered group delete --stream "
                 f"{self.cfg.stream} --group {self.cfg.group}`)"
             ]
+        snap.stream_epoch = live.current_epoch
+        snap.switch_seq = max((lay.switch_seq for lay in live.layouts), default=0)
         if recorded and live.created and recorded != live.created:
             return [self._recreated_message(recorded, live.created)]
         return []
