@@ -35,6 +35,7 @@ from .global_position import READER_KEY
 from .group import GroupConfig, GroupStore, RebalancePolicy
 from .kv import bucket_keys
 from .streams import describe, partition_bounds, partition_stats
+from .worker_epochs import group_layout
 
 #: Suffix of the dead-letter stream of a partitioned stream: ``ORDERS`` -> ``ORDERS_DLQ``.
 DEAD_LETTER_SUFFIX = "_DLQ"
@@ -323,7 +324,9 @@ async def plan_reset(
     nothing. Every target is checked here, so a reset is all or nothing. Raises
     :class:`~.errors.ConfigError` for a target or partition that does not exist, and
     NatsOrderedError when the group has no state."""
-    described = await describe(nc, stream)
+    # the partitions of the layout the group reads (a repartitioned stream's earlier one
+    # while the group has not finished it)
+    described = await group_layout(nc, await describe(nc, stream), group)
     if isinstance(to, bool):
         raise ConfigError(f"a reset target is a position, not {to!r}")
     if isinstance(to, str) and to not in ("earliest", "latest"):
@@ -493,7 +496,7 @@ async def rebalance_group(
     wanted_weights = {int(p): float(w) for p, w in (weights or {}).items()}
     # refuse here what the leader could not obey (bad weights, cordoning every member)
     members_now = await live_members(nc, stream, group)
-    partitions = (await describe(nc, stream)).partitions
+    partitions = (await group_layout(nc, await describe(nc, stream), group)).partitions
     try:
         assign(
             partitions,

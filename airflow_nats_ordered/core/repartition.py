@@ -244,8 +244,9 @@ async def layout_refusal(nc: NATS, stream: PartitionedStream, subject: str) -> s
     """Why the server refused a publish to ``subject`` with a no-responders status (no
     stream takes it), for a publisher that read ``stream`` when it started: the stream was
     repartitioned since (said in the user's terms, with the new count and epoch) or
-    deleted. None when its layout is unchanged (a blip, e.g. a stream without a leader for
-    a moment: retry)."""
+    deleted. None when its layout is unchanged or the stream cannot be read now (a blip,
+    e.g. a restarting server or a stream without a leader for a moment: retry). Never
+    raises."""
     try:
         now = await describe(nc, stream.name)
     except StreamNotFoundError:
@@ -253,6 +254,8 @@ async def layout_refusal(nc: NATS, stream: PartitionedStream, subject: str) -> s
             f"stream {stream.name} no longer exists (no stream takes {subject}); provision it "
             "again and restart the publish"
         )
+    except Exception:  # noqa: BLE001 - no answer (a restarting server): a blip, retried
+        return None
     if now.current_epoch != stream.epoch:
         return repartitioned_message(stream.name, now.partitions, now.current_epoch)
     return None

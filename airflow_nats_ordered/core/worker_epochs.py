@@ -31,7 +31,7 @@ from nats.aio.client import Client as NATS
 from nats.errors import Error as NatsError
 from nats.js.errors import KeyWrongLastSequenceError
 
-from .group import GroupStore
+from .group import GroupConfig, GroupStore
 from .kv import compact_json, latest_entry
 from .layout import GROUP_EPOCH_KEY, group_epoch_of
 from .message import AppliedPosition
@@ -50,6 +50,15 @@ async def read_group_epoch(nc: NATS, store: GroupStore, stream: PartitionedStrea
     the stream's oldest layout if it has none)."""
     found = await latest_entry(nc, store.cfg.state_bucket, GROUP_EPOCH_KEY)
     return group_epoch_of(found[0] if found else None, stream.oldest_epoch)
+
+
+async def group_layout(nc: NATS, described: PartitionedStream, group: str) -> PartitionedStream:
+    """``described`` as group ``group`` reads it now: the layout of its epoch (the stream's
+    oldest while the group has no state or has not passed a switch)."""
+    bucket = GroupConfig(described.name, group).state_bucket
+    found = await latest_entry(nc, bucket, GROUP_EPOCH_KEY)
+    epoch = group_epoch_of(found[0] if found else None, described.oldest_epoch)
+    return described.at_epoch(epoch)
 
 
 async def epoch_finished(nc: NATS, store: GroupStore, stream: PartitionedStream) -> list[int]:
