@@ -26,7 +26,8 @@ from airflow_nats_ordered.core.streams import StreamSpec, provision
 TESTS = Path(__file__).resolve().parent
 GROUP = "rp"
 KEYS = 10
-ROUNDS = 30
+ROUNDS = 20
+SWITCH_AFTER = 15  # rounds 0-15 mostly on the old layout, the rest on the new one
 
 
 def _start(url: str, stream: str, member: str, tmp: Path, sink: Path) -> subprocess.Popen:
@@ -35,7 +36,7 @@ def _start(url: str, stream: str, member: str, tmp: Path, sink: Path) -> subproc
         PYTHONPATH=f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
         CHAOS_SINK=str(sink),
         CHAOS_MEMBER=member,
-        CHAOS_DELAY="0.1",  # slower than the publisher: a backlog at the switch
+        CHAOS_DELAY="0.2",  # far slower than the publisher: a backlog at the switch
     )
     log = open(tmp / f"{member}.log", "wb")  # noqa: SIM115 - closed with the process
     return subprocess.Popen(
@@ -104,13 +105,13 @@ def test_8_to_3_with_a_member_killed_during_the_switch(shared_nats_server, uniqu
                         pass
                 while r == 0 and not _events(sink):  # the members are up and applying
                     await asyncio.sleep(0.1)
-                if r == ROUNDS // 2:
+                if r == SWITCH_AFTER:
                     halfway.set()
                 await asyncio.sleep(0.05)
 
         task = asyncio.ensure_future(publish())
         await halfway.wait()
-        # the workers are still busy with the old layout (100 ms a record): kill one of them
+        # the workers are still busy with the old layout (200 ms a record): kill one of them
         # right after the switch, while the group finishes the old partitions
         state["result"] = await repartition(nc, stream, 3)
         procs["w1"].send_signal(signal.SIGKILL)
