@@ -34,6 +34,7 @@ from nats.errors import Error as NatsError
 
 from . import wire
 from .publish_summary import PartitionSummary
+from .repartition import layout_refusal
 
 if TYPE_CHECKING:
     from .publisher import OrderedPublisher
@@ -56,6 +57,10 @@ class _Retry(Exception):
 
 class _Fatal(Exception):
     """This partition cannot make progress; fail its remaining records."""
+
+
+class _NoStream(Exception):
+    """A reply without a body (a 503 no-responders status): no stream takes the subject."""
 
 
 #: One accepted record: ``(header block, payload)``. A plain tuple: the publisher builds
@@ -119,6 +124,12 @@ class _Lane:
                 await self._recover(str(exc))
             except _Fatal as exc:
                 self._fail(str(exc))
+            except _NoStream:  # repartitioned (or deleted) since the publisher started?
+                why = await layout_refusal(self.pub.nc, self.pub.stream, self.subject)
+                if why is None:
+                    await self._recover("no stream took the batch (no responders)")
+                else:
+                    self._fail(why)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # never leave records unaccounted for
@@ -280,6 +291,9 @@ class _Lane:
         """Apply one reply; True if it belonged to the current batch."""
         if bid != self.batch_id:
             return False  # a late reply of an abandoned batch: its records get resent anyway
+        if not data:  # a status without a body: 503 no responders, no stream took it
+            self._end_batch()
+            raise _NoStream()
         try:
             msg = json.loads(data)
         except ValueError:
