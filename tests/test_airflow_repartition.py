@@ -1,6 +1,7 @@
 """NatsRepartitionStreamOperator in a real DAG run (``dag.test()``, a real metadata DB and
 nats-server, a real worker pool): provision 4, publish, repartition to 8, publish again,
-and the deferrable drain sensor on the second publish's marks (issue 18 part 2)."""
+the deferrable drain sensor on the second publish's marks, then a poke-mode one on the first
+publish's (old-layout) marks (issue 18 part 2)."""
 
 from __future__ import annotations
 
@@ -42,7 +43,12 @@ with DAG(dag_id="{dag_id}", schedule=None, start_date=dt.datetime(2024, 1, 1)) a
         task_id="drained", stream="{stream}", group="g", high_water_marks=after.output,
         no_members_timeout=60, timeout=120, deferrable=True,
     )
-    provision >> before >> repartition >> after >> drained
+    # poke mode, on the marks of the records published before the switch (old layout)
+    drained_before = NatsGroupDrainSensor(
+        task_id="drained_before", stream="{stream}", group="g", high_water_marks=before.output,
+        no_members_timeout=60, timeout=120, poke_interval=1, deferrable=False,
+    )
+    provision >> before >> repartition >> after >> drained >> drained_before
 """
 
 

@@ -325,6 +325,10 @@ class NatsGroupDrainSensor(BaseSensorOperator):
             at = {p.partition: p for p in lag.partitions}
             behind = {}
             for p, m in marks.items():
+                if m <= lag.switch_seq and lag.epoch == lag.stream_epoch:
+                    # a mark of an earlier layout: the group moves to the stream's layout
+                    # only once every earlier partition is applied to its last record
+                    continue
                 part = at.get(int(p))
                 committed = part.committed if part else 0
                 if committed < m:
