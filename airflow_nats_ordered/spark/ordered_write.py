@@ -14,6 +14,7 @@ from ..core.publisher import check_producer_id
 from ..core.runs import RunLedger, RunRecord
 from .datasource import NAME, _on_nats, register
 from .options import CONNECTION_OPTIONS, SinkOptions
+from .repartitioned import carry_over, pass_over_old_layout
 from .routing import KEY_TEXT_COLUMN, check_key_column, is_integral_key, route
 from .runs import batch_run_id
 
@@ -86,11 +87,13 @@ def write_ordered(
     options = SinkOptions.from_spark(spark_options)
     spark_options.update(options.pinned_connection())  # the sink uses what we read here
 
-    async def facts(nc: NATS) -> tuple[int, RunRecord | None]:
+    async def facts(nc: NATS) -> tuple[int, RunRecord | None, tuple[int, dict[int, int]] | None]:
         ledger = await RunLedger.open(nc, stream)
-        return ledger.stream.partitions, await ledger.get(producer_id)
+        previous = await ledger.get(producer_id)
+        # a run begun before a repartition: what the old layout stored of it is passed over
+        return ledger.stream.partitions, previous, await carry_over(nc, ledger, previous)
 
-    partitions, previous = _on_nats(options, facts)
+    partitions, previous, before_switch = _on_nats(options, facts)
     if previous is not None and previous.status == "complete":
         log.info(
             "run %r is complete in the ledger of %s (%d rows acknowledged): nothing published",
@@ -99,6 +102,15 @@ def write_ordered(
             previous.acked,
         )
         return previous
+    if before_switch is not None:
+        df = pass_over_old_layout(
+            df,
+            key=key,
+            order_by=order,
+            tie_breaker=tie_breaker,
+            partitions=before_switch[0],
+            stored=before_switch[1],
+        )
     routed = route(
         df, key=key, partitions=partitions, order_by=order, tie_breaker=tie_breaker, tasks=tasks
     )

@@ -100,7 +100,10 @@ class RoutingCheck:
                     f"{self.task}, row {first_row + i}: column {PARTITION_COLUMN!r} is {got!r} "
                     f"for key {k!r}, but the stream routes that key to partition {want} "
                     f"(murmur3 of the key text over its {self.partitions} partitions; Spark's "
-                    f"hash() is another function). {_ROUTE_FIX}"
+                    "hash() is another function, and a column computed for another partition "
+                    "count, e.g. the stream's count before a repartition, is another routing: "
+                    f"compute it with partition_column({self.key_column!r}, "
+                    f"{self.partitions})). {_ROUTE_FIX}"
                 )
             if last is not None and got < last:
                 raise RoutingError(

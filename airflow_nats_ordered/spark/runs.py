@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from nats.aio.client import Client as NATS
 
-from ..core.errors import NatsOrderedError
+from ..core.errors import ConfigError, NatsOrderedError
 from ..core.runs import (
     REFUSED_EXAMPLES,
     RunLedger,
@@ -35,6 +35,7 @@ from ..core.runs import (
 )
 from .options import SinkOptions
 from .preflight import last_seq
+from .repartitioned import refusal
 from .resume import PartitionResume, own_positions, resume_points, stored_tails, vanished
 from .task import TaskReport
 
@@ -84,6 +85,9 @@ async def plan_run(
     previous = await ledger.get(run_id)
     if previous is not None and previous.status == "complete":
         return RunPlan(run_id, complete=True, attempt=previous.attempts)
+    why = refusal(previous, ledger.stream, routed=routed) if begin else None
+    if why is not None:  # begun on a layout the stream no longer has: see .repartitioned
+        raise ConfigError(why)
     resume: dict[int, PartitionResume] = {}
     after: dict[int, int] = {}
     if routed:
