@@ -15,6 +15,7 @@ from spark_helpers import on_server, run_record, stored
 from streamcheck import Stored
 
 from airflow_nats_ordered.core.repartition import repartition
+from airflow_nats_ordered.core.runs import RunLedger
 from airflow_nats_ordered.core.streams import StreamSpec, provision
 
 pytest.importorskip("pyspark")
@@ -230,3 +231,27 @@ def test_a_partition_column_for_the_old_count_is_refused_naming_the_new_count(
     assert stored(nats_url, unique_name) == []
     rec = run_record(nats_url, unique_name, "oldcount")
     assert rec is not None and rec.status == "partial"
+
+
+def test_a_run_recorded_without_digests_resumes_exactly_after_a_repartition(
+    spark, nats_url, unique_name
+):
+    """The ledger's record of an aborted job (abort() records what the stream holds of the
+    run, without digests): its old-layout positions must not be applied to the new layout,
+    where no digest would catch them."""
+    _stream(nats_url, unique_name, 4)
+    everything = _partial_on_the_old_layout(spark, nats_url, unique_name, "nodigest")
+
+    async def as_an_abort_records_it(nc: Any) -> None:
+        ledger = await RunLedger.open(nc, unique_name)
+        rec = await ledger.get("nodigest")
+        assert rec is not None and rec.prefix_digests
+        rec.prefix_digests = {}
+        await ledger.record(rec)
+
+    on_server(nats_url, as_an_abort_records_it)
+    _repartition(nats_url, unique_name, 3)
+    rec = _write(spark, nats_url, unique_name, everything, "nodigest", allow_refused=True)
+    keyed = [r for r in everything if r["k"] is not None]
+    assert once_in_order_across_layouts(keyed, stored(nats_url, unique_name)) == []
+    assert rec.status == "complete" and rec.acked == 24, rec
