@@ -129,3 +129,10 @@ class OrderConflict(NatsOrderedError):
     (e.g. the sink already applied another message under its sequence, because the
     servers' stored state went back). The worker neither retries nor dead-letters it: it
     stops the partition with a blocked marker saying why, until an operator resets it."""
+
+
+def exc_text(exc: BaseException) -> str:
+    """An exception for a log line: its type and message, never an empty string
+    (``TimeoutError()`` and many nats-py errors have an empty ``str()``)."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -28,7 +28,7 @@ from nats.aio.client import Client as NATS
 from nats.errors import Error as NatsError
 from nats.js.errors import NotFoundError
 
-from .errors import NatsOrderedError
+from .errors import NatsOrderedError, exc_text
 from .group_config import GroupConfig
 from .worker_config import WorkerConfig
 
@@ -130,7 +130,7 @@ class GroupWatch:
         was deleted; if it was, the member stops with :class:`GroupDeletedError`."""
         if self.error is not None:
             return
-        log.warning("member %s: " + what + ": %s", self.member, *args, exc)
+        log.warning("member %s: " + what + ": %s", self.member, *args, exc_text(exc))
         now = asyncio.get_running_loop().time()
         if (
             self._presence is None
