@@ -255,3 +255,37 @@ def test_a_run_recorded_without_digests_resumes_exactly_after_a_repartition(
     keyed = [r for r in everything if r["k"] is not None]
     assert once_in_order_across_layouts(keyed, stored(nats_url, unique_name)) == []
     assert rec.status == "complete" and rec.acked == 24, rec
+
+
+def test_a_direct_write_of_a_run_write_ordered_carried_over_is_refused_before_sending(
+    spark, nats_url, unique_name
+):
+    """write_ordered carried the run over the switch (it recorded what the old layout
+    stored and passes it over) and ended partial again; a direct write of the same run now
+    has positions of the new layout only, so it would store the old layout's rows again."""
+    _stream(nats_url, unique_name, 2)
+    everything = _partial_on_the_old_layout(spark, nats_url, unique_name, "carried")
+    _repartition(nats_url, unique_name, 3)
+    # the same partial input again: carried over, nothing more to store, partial (keyless)
+    again = [r for r in everything if r["k"] is None or r["ts"] < 1_024]
+    with pytest.raises(Exception, match="allowRefused"):
+        _write(spark, nats_url, unique_name, again, "carried")
+    rec = run_record(nats_url, unique_name, "carried")
+    assert rec is not None and rec.status == "partial" and rec.before_switch, rec
+    before = len(stored(nats_url, unique_name))
+    keyed = [r for r in everything if r["k"] is not None]
+    df = route(_df(spark, keyed), key="k", partitions=3, order_by=["ts"])
+    register(spark)
+    with pytest.raises(Exception) as err:
+        (
+            df.write.format("nats-ordered")
+            .option("url", nats_url)
+            .option("stream", unique_name)
+            .option("keyColumn", "k")
+            .option("orderBy", "ts")
+            .option("producerId", "carried")
+            .mode("append")
+            .save()
+        )
+    assert len(stored(nats_url, unique_name)) == before, "the direct write sent rows"
+    assert "write_ordered" in str(err.value) and "new producerId" in str(err.value), err.value

@@ -154,7 +154,12 @@ class NatsOrderedWriter(DataSourceArrowWriter):
                 raise
             seq = await last_seq(nc, options.stream)
             return seq, await plan_run(
-                nc, options.stream, options.producer_id, begin=True, routed=self.routed
+                nc,
+                options.stream,
+                options.producer_id,
+                begin=True,
+                routed=self.routed,
+                carried_over=options.carried_over,
             )
 
         #: the stream's last sequence before this job: unrouted rows' duplicates count from it

@@ -67,6 +67,9 @@ SECRET_OPTIONS: Mapping[str, str] = {
     "tlskey": "NATS_KEY",
     "tlskeyfile": "NATS_KEY",
 }
+#: internal: set by write_ordered on a run it carried over a repartition (it passes over
+#: what the old layout stored); a direct write of such a run is refused
+CARRIED_OVER_OPTION = "carriedover"
 _SINK_OPTIONS = (
     "stream",
     "keycolumn",
@@ -76,6 +79,7 @@ _SINK_OPTIONS = (
     "allowrefused",
     "deliverytimeout",
     AUTH_OPTION,
+    CARRIED_OVER_OPTION,
 )
 #: options Spark itself may pass along with ours
 _SPARK_OPTIONS = ("path", "checkpointlocation", "queryname")
@@ -139,6 +143,8 @@ class SinkOptions:
     expected_auth: str | None = None
     #: no ``keyColumn`` option was given: the key is the column ``key`` (Kafka's sink)
     key_defaulted: bool = False
+    #: write_ordered passed over what an earlier layout stored of the run (internal option)
+    carried_over: bool = False
     #: the connection, resolved once by :meth:`from_spark` (see the class docstring)
     resolved: ConnectionOptions | None = field(default=None, repr=False, compare=False)
 
@@ -218,6 +224,7 @@ class SinkOptions:
             allow_refused=_flag("allowRefused", opts.get("allowrefused")),
             delivery_timeout=timeout,
             key_defaulted=key_defaulted,
+            carried_over=_flag("carriedOver", opts.get(CARRIED_OVER_OPTION)),
             connection=connection,
             expected_auth=str(opts[AUTH_OPTION]).strip() if opts.get(AUTH_OPTION) else None,
         )

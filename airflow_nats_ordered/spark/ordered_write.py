@@ -13,7 +13,7 @@ from ..core.errors import ConfigError
 from ..core.publisher import check_producer_id
 from ..core.runs import RunLedger, RunRecord
 from .datasource import NAME, _on_nats, register
-from .options import CONNECTION_OPTIONS, SinkOptions
+from .options import CARRIED_OVER_OPTION, CONNECTION_OPTIONS, SinkOptions
 from .repartitioned import carry_over, pass_over_old_layout
 from .routing import KEY_TEXT_COLUMN, check_key_column, is_integral_key, route
 from .runs import batch_run_id
@@ -103,6 +103,7 @@ def write_ordered(
         )
         return previous
     if before_switch is not None:
+        spark_options[CARRIED_OVER_OPTION] = "true"  # the sink refuses a direct write of it
         df = pass_over_old_layout(
             df,
             key=key,

@@ -47,8 +47,34 @@ def _began_before(previous: RunRecord | None, stream: PartitionedStream) -> bool
     )
 
 
-def refusal(previous: RunRecord | None, stream: PartitionedStream, *, routed: bool) -> str | None:
-    """Why a direct write cannot resume ``previous`` on ``stream``'s current layout, or None."""
+def refusal(
+    previous: RunRecord | None,
+    stream: PartitionedStream,
+    *,
+    routed: bool,
+    carried_over: bool = False,
+) -> str | None:
+    """Why a direct write cannot resume ``previous`` on ``stream``'s current layout, or None.
+    ``carried_over``: the write is write_ordered's, which passed over what the old layout
+    stored of a run it carried over (``before_switch``)."""
+    if (
+        previous is not None
+        and previous.status != "complete"
+        and previous.before_switch
+        and not carried_over
+        and not _began_before(previous, stream)
+    ):
+        return (
+            f"run {previous.producer_id!r} spans a repartition of stream {stream.name}: "
+            "write_ordered carried it over and recorded what the old layout "
+            f"({previous.before_switch.get('partitions')} partitions) stored of it, which "
+            "only write_ordered passes over; a direct format('nats-ordered') write would "
+            "store those rows again. Nothing was sent and the run was not begun. Resume it "
+            "with airflow_nats_ordered.spark.write_ordered(df, stream=..., key=..., "
+            f"order_by=..., producer_id={previous.producer_id!r}) on the same input, or "
+            "publish the input under a new producerId (the rows the old layout stored are "
+            "then stored again)"
+        )
     if previous is None or not _began_before(previous, stream):
         return None
     try:

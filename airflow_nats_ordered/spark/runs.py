@@ -76,7 +76,13 @@ class RunPlan:
 
 
 async def plan_run(
-    nc: NATS, stream: str, run_id: str, *, begin: bool, routed: bool = True
+    nc: NATS,
+    stream: str,
+    run_id: str,
+    *,
+    begin: bool,
+    routed: bool = True,
+    carried_over: bool = False,
 ) -> RunPlan:
     """Read the run's record; unless it is complete, ``begin`` marks it running. A routed
     run resumes after what the ledger recorded or the stream holds, whichever is further
@@ -85,7 +91,11 @@ async def plan_run(
     previous = await ledger.get(run_id)
     if previous is not None and previous.status == "complete":
         return RunPlan(run_id, complete=True, attempt=previous.attempts)
-    why = refusal(previous, ledger.stream, routed=routed) if begin else None
+    why = (
+        refusal(previous, ledger.stream, routed=routed, carried_over=carried_over)
+        if begin
+        else None
+    )
     if why is not None:  # begun on a layout the stream no longer has: see .repartitioned
         raise ConfigError(why)
     resume: dict[int, PartitionResume] = {}
