@@ -396,7 +396,7 @@ async def publish_run(
             {int(p): int(n) for p, n in rec.before_switch["acked"].items()},
         )
     if previous is not None and previous.epoch == ledger.stream.epoch:
-        resume, tails = await _stored_positions(nc, ledger.stream, producer_id, previous)
+        resume, tails = await stored_positions(nc, ledger.stream, producer_id, previous)
         raise_marks(rec, {p: tails[p] for p, n in resume.items() if n and p in tails})
         with contextlib.suppress(Exception):  # best effort: the final record follows
             await ledger.record(rec)
@@ -460,7 +460,7 @@ async def _carry_over(
             "producer id, or delete its ledger record to send it all again"
         )
     old = ledger.stream.at_epoch(previous.epoch)
-    stored, _ = await _stored_positions(nc, old, rec.producer_id, previous)
+    stored, _ = await stored_positions(nc, old, rec.producer_id, previous)
     rec.before_switch = {
         "epoch": old.epoch,
         "partitions": old.partitions,
@@ -470,7 +470,7 @@ async def _carry_over(
     return passing_over_old_layout(records, old.partitions, stored)
 
 
-async def _stored_positions(
+async def stored_positions(
     nc: NATS, stream: PartitionedStream, producer_id: str, previous: RunRecord
 ) -> tuple[dict[int, int], dict[int, int]]:
     """Per partition, how many leading positions of the run are stored: what the ledger

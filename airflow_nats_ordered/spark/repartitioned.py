@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from ..core.errors import ConfigError
-from ..core.runs import RunLedger, RunRecord, _stored_positions
+from ..core.runs import RunLedger, RunRecord, stored_positions
 from .options import HEADERS_COLUMN, PARTITION_COLUMN
 from .routing import partition_column
 
@@ -129,7 +129,7 @@ async def carry_over(
             "producer_id (the rows it stored are then stored again)"
         )
     old = stream.at_epoch(previous.epoch)
-    stored, _ = await _stored_positions(nc, old, previous.producer_id, previous)
+    stored, _ = await stored_positions(nc, old, previous.producer_id, previous)
     previous.before_switch = {
         "epoch": old.epoch,
         "partitions": old.partitions,
