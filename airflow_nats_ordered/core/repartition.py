@@ -37,6 +37,7 @@ from nats.js import api
 from nats.js.errors import APIError, BucketNotFoundError, KeyWrongLastSequenceError, NotFoundError
 
 from .errors import ConfigError, NatsOrderedError, StreamConflictError, StreamNotFoundError
+from .global_watermarks import watermark_bucket
 from .layout import META_EPOCH, META_LAYOUTS, Layout, layouts_json, repartitioned_message
 from .streams import (
     MAX_PARTITIONS,
@@ -94,7 +95,8 @@ async def repartition(
     """Switch ``stream`` to ``partitions`` partitions at one recorded point (see the module).
 
     Refuses (ConfigError) a count outside 1..4096 or equal to the current one, a stream that
-    still takes the wildcard ``<prefix>.p.*`` (narrow it with ``provision`` first);
+    still takes the wildcard ``<prefix>.p.*`` (narrow it with ``provision`` first), a stream
+    published in global order (its watermark bucket exists);
     StreamNotFoundError for an unknown stream; :class:`RepartitionRunning` while another
     repartition of it runs. ``progress`` gets one line per step."""
     say = progress or (lambda _line: None)
@@ -114,6 +116,7 @@ async def repartition(
             f"to its partition subjects first: `nats-ordered provision --stream {stream} "
             f"--partitions {current.partitions}`"
         )
+    await _refuse_global_order(nc, stream)
     kv = await _lock_kv(nc, stream)
     rev = await _take_lock(kv, stream, partitions)
     try:
@@ -121,6 +124,23 @@ async def repartition(
     finally:
         with contextlib.suppress(Exception):  # else it expires after LOCK_TTL
             await kv.delete("lock", last=rev)
+
+
+async def _refuse_global_order(nc: NATS, stream: str) -> None:
+    """A stream published in global order has watermarks per partition of its layout, and
+    its global-order readers merge that layout's partitions: neither follows a switch yet."""
+    bucket = watermark_bucket(stream)
+    try:
+        await nc.jetstream().key_value(bucket)
+    except BucketNotFoundError:
+        return
+    raise ConfigError(
+        f"stream {stream} is published in global order (its watermarks are in KV bucket "
+        f"{bucket}), and the global-order publisher and reader follow one partition layout: "
+        "repartitioning it would stall or misorder its global-order readers. If nothing "
+        f"publishes or reads {stream} in global order any more, delete that bucket "
+        f"(`nats kv del {bucket}`) and repartition again; otherwise keep its partition count"
+    )
 
 
 async def _switch(
