@@ -44,7 +44,8 @@ def configure(p: argparse.ArgumentParser) -> None:
         required=True,
         type=positive_int,
         metavar="N",
-        help="number of partitions; cannot change once the stream exists",
+        help="number of partitions; provision refuses a different count for an existing "
+        "stream: change it with `nats-ordered repartition`",
     )
     p.add_argument(
         "--subject-prefix",
