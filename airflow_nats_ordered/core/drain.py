@@ -287,6 +287,35 @@ class DrainProgress:
         return not self.behind and self.waiting_epoch is None
 
 
+def marks_to_wait(
+    marks: Mapping[int, int] | Mapping[str, int],
+    *,
+    partitions: int,
+    switch_seq: int,
+    stream: str,
+) -> dict[int, int]:
+    """The marks a drain wait still compares with commit records of the stream's current
+    layout (``partitions`` partitions, last switch point ``switch_seq``; 0 if never
+    repartitioned). The one rule for every way of waiting (:func:`wait_drained`, its
+    trigger, the poke-mode sensor).
+
+    A mark at or below the switch point is of an earlier layout, whatever partition number
+    it names (the old layout may have had more partitions): it is met once the group reads
+    the current layout, because the group moves only after every earlier partition is
+    applied to its last record, so it is left out here and the caller waits for that move.
+    A later mark must name a partition of the current layout, else :class:`ConfigError`.
+    """
+    given = {int(p): int(m) for p, m in marks.items()}
+    pending = {p: m for p, m in given.items() if m > switch_seq} if switch_seq else given
+    wrong = sorted(p for p in pending if not 0 <= p < partitions)
+    if wrong:
+        raise ConfigError(
+            f"marks name partitions {wrong} but stream {stream} has partitions 0 to "
+            f"{partitions - 1}; pass the marks the publisher reported for it"
+        )
+    return pending
+
+
 async def wait_drained(
     nc: NATS,
     stream: str,
@@ -331,20 +360,11 @@ async def wait_drained(
         raise StrayMessagesError(contents.strays)
     if marks is None:
         marks = {s.partition: s.last_seq for s in contents.partitions}
-    else:
-        marks = {int(p): int(m) for p, m in marks.items()}
-        wrong = sorted(p for p in marks if not 0 <= p < described.partitions)
-        if wrong:
-            raise ConfigError(
-                f"marks name partitions {wrong} but stream {stream} has partitions 0 to "
-                f"{described.partitions - 1}; pass the marks the publisher reported for it"
-            )
     # a repartitioned stream: the group must also have finished every earlier layout, whose
     # records are all at or below the last switch point (a mark there is covered by that)
     need_epoch = described.current_epoch
     switch = max((lay.switch_seq for lay in described.layouts), default=0)
-    if switch:
-        marks = {p: m for p, m in marks.items() if m > switch}
+    marks = marks_to_wait(marks, partitions=described.partitions, switch_seq=switch, stream=stream)
     group_epoch = described.oldest_epoch
 
     def waiting() -> int | None:

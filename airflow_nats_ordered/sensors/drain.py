@@ -12,7 +12,13 @@ from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.configuration import conf
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSensorTimeout
 
-from ..core.drain import DEFAULT_NO_MEMBERS_TIMEOUT, group_exists, no_members_error, read_lag
+from ..core.drain import (
+    DEFAULT_NO_MEMBERS_TIMEOUT,
+    group_exists,
+    marks_to_wait,
+    no_members_error,
+    read_lag,
+)
 from ..core.group_admin import live_members
 from ..core.runs import RunLedger
 from ..core.streams import describe, stream_contents
@@ -322,14 +328,27 @@ class NatsGroupDrainSensor(BaseSensorOperator):
             lag = await read_lag(nc, self.stream, self.group)
             if lag.strays:  # no worker reads them: waiting cannot drain them
                 raise AirflowFailException(lag.strays.problem())
+            if lag.epoch != lag.stream_epoch:
+                self.log.info(
+                    "group %s of %s is still applying layout epoch %d (the stream is at "
+                    "epoch %d): it moves once every earlier partition is applied",
+                    self.group,
+                    self.stream,
+                    lag.epoch,
+                    lag.stream_epoch,
+                )
+                return {int(p): (0, m) for p, m in marks.items()}
+            # the lag is of the stream's layout now; marks of an earlier one are met
+            pending = marks_to_wait(
+                marks,
+                partitions=len(lag.partitions),
+                switch_seq=lag.switch_seq,
+                stream=self.stream,
+            )
             at = {p.partition: p for p in lag.partitions}
             behind = {}
-            for p, m in marks.items():
-                if m <= lag.switch_seq and lag.epoch == lag.stream_epoch:
-                    # a mark of an earlier layout: the group moves to the stream's layout
-                    # only once every earlier partition is applied to its last record
-                    continue
-                part = at.get(int(p))
+            for p, m in pending.items():
+                part = at.get(p)
                 committed = part.committed if part else 0
                 if committed < m:
                     if part is not None and part.blocked:
@@ -338,7 +357,7 @@ class NatsGroupDrainSensor(BaseSensorOperator):
                             f"{self.group}: {part.blocked}. Fix the handler and restart the "
                             "group's workers, or run them with the dead-letter policy"
                         )
-                    behind[int(p)] = (committed, m)
+                    behind[p] = (committed, m)
             return behind
 
         behind = hook.run(check)
