@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from ..core.connection import ConnectionOptions
-from ..core.streams import describe, stream_contents, subjects_text
+from ..core.streams import describe, partition_stats, stream_contents, subjects_text
 from .common import (
     EXIT_OK,
     Command,
@@ -32,7 +32,15 @@ async def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
     async with connected(options) as nc:
         stream = await describe(nc, args.stream)
         contents = await stream_contents(nc, stream)
+        # a repartitioned stream still holds its earlier layouts' messages (read by each
+        # group before the current layout): counted, so the total is what the stream holds
+        earlier = [
+            (lay, await partition_stats(nc, stream.at_epoch(lay.epoch))) for lay in stream.layouts
+        ]
     stats, strays = contents.partitions, contents.strays
+    total = contents.messages + sum(s.messages for _, ss in earlier for s in ss)
+    last = max((s.last_seq for _, ss in earlier for s in ss), default=0)
+    last = max([last, *(s.last_seq for s in stats)])
     if args.json:
         print_json(
             {
@@ -48,7 +56,8 @@ async def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
                 "duplicate_window": stream.duplicate_window,
                 "storage": stream.storage,
                 "replicas": stream.replicas,
-                "messages": contents.messages,
+                # everything the stream holds: every layout's partitions and the strays
+                "messages": total,
                 "partition_stats": [
                     {
                         "partition": s.partition,
@@ -57,6 +66,24 @@ async def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
                         "last_seq": s.last_seq,
                     }
                     for s in stats
+                ],
+                "earlier_layouts": [
+                    {
+                        "epoch": lay.epoch,
+                        "partitions": lay.partitions,
+                        "switch_seq": lay.switch_seq,
+                        "messages": sum(s.messages for s in ss),
+                        "partition_stats": [
+                            {
+                                "partition": s.partition,
+                                "subject": s.subject,
+                                "messages": s.messages,
+                                "last_seq": s.last_seq,
+                            }
+                            for s in ss
+                        ],
+                    }
+                    for lay, ss in earlier
                 ],
                 "strays": {
                     "messages": strays.messages,
@@ -76,13 +103,17 @@ async def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
             ("partition", "subject", "messages", "last_seq"),
             [(s.partition, s.subject, s.messages, s.last_seq) for s in stats],
             footer=[
-                *stray_rows,
-                (
-                    "total",
-                    "",
-                    contents.messages,
-                    max((s.last_seq for s in stats), default=0),
+                *(
+                    (
+                        f"epoch {lay.epoch}",
+                        f"{lay.partitions} partitions (earlier layout)",
+                        sum(s.messages for s in ss),
+                        max((s.last_seq for s in ss), default=0),
+                    )
+                    for lay, ss in earlier
                 ),
+                *stray_rows,
+                ("total", "", total, last),
             ],
         )
     )
