@@ -125,13 +125,13 @@ async def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
         f"replica{'s' if stream.replicas != 1 else ''}"
     )
     if stream.layouts:
-        earlier = ", ".join(
+        listed = ", ".join(
             f"epoch {lay.epoch}: {lay.partitions} partitions up to seq {lay.switch_seq}"
             for lay in stream.layouts
         )
         print(
             f"layout epoch {stream.epoch} ({stream.subjects_text}), repartitioned; earlier "
-            f"layouts ({earlier}) are read by each group before this one"
+            f"layouts ({listed}) are read by each group before this one"
         )
     if not stream.explicit_subjects:
         print(
