@@ -20,6 +20,7 @@ from nats.errors import Error as NatsError
 
 from ..core.connection import ConnectionOptions
 from ..core.errors import ConfigError, NatsOrderedError
+from ..core.global_event_time import DEFAULT_TIME_HEADER, FORMS, EventTimeError
 from ..core.global_order import GlobalOrderReader
 from ..core.global_window import LateRecordError
 from ..handlers import current_directory_first, load_handler
@@ -90,36 +91,55 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--order-by",
-        choices=("sequence", "time"),
+        choices=("sequence", "time", "event-time"),
         default="sequence",
         help="sequence (default): the exact merge by Nats-Global-Seq (publish --global-order); "
         "time: the time-window mode for records of any producer, ordered by the time the "
-        "server stored them and released --lateness after it (see docs/architecture.md, "
+        "server stored them and released --lateness after it; event-time: the same window, "
+        "ordered by the producers' event time in --time-header (ties: stream sequence), so "
+        "several producers, foreign clients too, share one order (see docs/architecture.md, "
         "Time-window mode)",
+    )
+    p.add_argument(
+        "--time-header",
+        default=None,
+        metavar="NAME",
+        help=f"with --order-by event-time: the header holding a record's event time (default "
+        f"{DEFAULT_TIME_HEADER}): integer Unix epoch milliseconds or RFC 3339 with a time "
+        "zone; a record without it, or with another value, stops the reader (exit 3) unless "
+        "--late dead-letter sets it aside",
     )
     p.add_argument(
         "--lateness",
         type=positive_float,
         default=None,
         metavar="SECONDS",
-        help="with --order-by time: the window (default 2); a record that reaches the reader "
-        "later than this after it was stored may be late",
+        help="with --order-by time or event-time: the window (default 2); a record that "
+        "reaches the reader later than this after it was stored (event-time: after its "
+        "event time) may be late",
     )
     p.add_argument(
         "--late",
         choices=("block", "dead-letter", "flag"),
         default=None,
-        help="with --order-by time: what to do with a late record: block (default: stop, exit "
-        "3), dead-letter (to <prefix>.dlq.<group>.<partition>), flag (hand it over with "
-        "msg.late set)",
+        help="with --order-by time or event-time: what to do with a late record: block "
+        "(default: stop, exit 3), dead-letter (to <prefix>.dlq.<group>.<partition>), flag "
+        "(hand it over with msg.late set)",
     )
 
 
 async def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
-    if args.order_by != "time":
+    if args.order_by == "sequence":
         for flag, value in (("--lateness", args.lateness), ("--late", args.late)):
             if value is not None:
-                raise ConfigError(f"{flag} applies to --order-by time; pass both, or neither")
+                raise ConfigError(
+                    f"{flag} applies to --order-by time or event-time; pass one of them with "
+                    f"{flag}, or leave {flag} out"
+                )
+    if args.time_header is not None and args.order_by != "event-time":
+        raise ConfigError(
+            "--time-header applies to --order-by event-time; pass both, or leave --time-header out"
+        )
     current_directory_first()
     loaded = load_handler(args.handler, stream=args.stream, group=args.group)
     options = dataclasses.replace(options, max_reconnect_attempts=-1)
@@ -137,6 +157,7 @@ async def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
             order_by=args.order_by,
             lateness=2.0 if args.lateness is None else args.lateness,
             late=args.late or "block",
+            time_header=args.time_header or DEFAULT_TIME_HEADER,
         )
         await reader.start()  # before this, errors are usage errors (exit 2)
         print_err(
@@ -166,18 +187,28 @@ async def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
     if reader.error is not None:
         error = str(reader.error)
         if isinstance(reader.error, LateRecordError):  # in this interface's terms
+            what = "has an event time" if args.order_by == "event-time" else "was stored"
             error = (
                 f"late record: partition {reader.error.partition}, stream sequence "
-                f"{reader.error.seq} was stored before records already handed over; the "
+                f"{reader.error.seq} {what} before records already handed over; the "
                 "reader stopped before it (--late block). Pass a larger --lateness, or "
                 "--late dead-letter to set late records aside, or --late flag"
+            )
+        elif isinstance(reader.error, EventTimeError):
+            e = reader.error
+            error = (
+                f"no event time: header {e.header} of partition {e.partition}, stream sequence "
+                f"{e.seq}: {e.why}. The record has no place in the event-time order, so the "
+                f"reader stopped before it. Have its producer set {e.header} ({FORMS}), pass "
+                "the header it does set as --time-header, or pass --late dead-letter to set "
+                "such records aside"
             )
         print_err(
             f"error: global-order reader {reader.member_id} stopped after global sequence "
             f"{reader.position}: {error}"
         )
         return EXIT_FAILED
-    late = f", {st.late:,} late" if args.order_by == "time" else ""
+    late = f", {st.late:,} late" if args.order_by != "sequence" else ""
     print_err(
         f"global-order reader {reader.member_id} stopped: {st.handled:,} records handled"
         f"{late}, position {reader.position}"
@@ -197,6 +228,8 @@ COMMAND = Command(
     "handed over again, in the same order. SIGTERM/SIGINT: finish the record in hand, "
     "write the position and exit 0. Exit 3 when it stops on an error: a record outside "
     "the global order, a handler that raised (it is handed over again on restart), or a "
-    "newer reader of the same group, or (--order-by time, --late block) a late record. "
-    "See docs/architecture.md, Global order.",
+    "newer reader of the same group, or (--order-by time or event-time, --late block) a "
+    "late record, or (event-time, unless --late dead-letter) a record without a usable "
+    "--time-header. `status` shows why a reader stopped. See docs/architecture.md, Global "
+    "order.",
 )

@@ -55,12 +55,14 @@ from nats.errors import Error as NatsError
 from nats.js.errors import NotFoundError
 
 from .commits import Fenced
-from .errors import ConfigError, NatsOrderedError
-from .global_late import set_aside
+from .errors import ConfigError, NatsOrderedError, exc_text
+from .global_event_time import DEFAULT_TIME_HEADER
 from .global_merge import GlobalMerge, GlobalOrderViolation
 from .global_position import READER_KEY, GlobalPositions
+from .global_progress import PartitionProgress
 from .global_watermarks import HDR_GLOBAL_SEQ, parse_global_seq, watermark_bucket, watermark_of
-from .global_window import LATE_POLICIES, LateRecordError, WindowMerge, pending, stored_time_ns
+from .global_window import LATE_POLICIES, WindowMerge
+from .global_window_reader import WindowReading
 from .group import GroupStore
 from .group_config import GroupConfig, default_member_id
 from .keys import message_key
@@ -100,9 +102,11 @@ class GlobalReaderStats:
     #: time-window mode: late records met by this reader (flagged, dead-lettered or blocked)
     late: int = 0
     dead_lettered: int = 0
+    #: event-time mode: records without a usable time header, set aside (late="dead-letter")
+    untimed: int = 0
 
 
-class GlobalOrderReader:
+class GlobalOrderReader(WindowReading):
     """Reads every partition of ``stream`` and hands ``handler`` (sync or async) one total
     order; the group ``group`` holds its position. Knobs: ``commit_every`` records,
     ``commit_interval`` seconds, ``max_buffer_bytes`` (whole reader), ``fetch_batch``
@@ -117,7 +121,19 @@ class GlobalOrderReader:
     before it, ``"dead-letter"`` sets it aside on ``<prefix>.dlq.<group>.<partition>`` (as
     a worker's poison policy does) and ``"flag"`` hands it over at once with
     ``msg.late=True``. Late records are counted in ``stats.late`` and in the position
-    (``status`` shows them)."""
+    (``status`` shows them).
+
+    ``order_by="event-time"`` orders the same way by the producer's event time instead:
+    the header ``time_header`` (default ``Nats-Ordered-Event-Time``; integer Unix epoch
+    milliseconds or RFC 3339, :mod:`.global_event_time`), ties broken by stream sequence.
+    Several producers (foreign clients too) share one order; a record is late only if it
+    was stored, or reached the reader, more than ``lateness`` after its event time. A record
+    whose header is missing or not a time is set aside with ``late="dead-letter"``, and
+    stops the reader before it otherwise (:class:`~.global_event_time.EventTimeError`).
+    ``msg.global_seq`` is the event time in ns.
+
+    A reader that stops on its own writes why into its position (``error``): ``status``
+    shows it until a reader of the group starts again."""
 
     def __init__(
         self,
@@ -135,9 +151,17 @@ class GlobalOrderReader:
         order_by: str = "sequence",
         lateness: float = 2.0,
         late: str = "block",
+        time_header: str = DEFAULT_TIME_HEADER,
     ) -> None:
-        if order_by not in ("sequence", "time"):
-            raise ConfigError(f"order_by must be 'sequence' or 'time', got {order_by!r}")
+        if order_by not in ("sequence", "time", "event-time"):
+            raise ConfigError(
+                f"order_by must be 'sequence', 'time' or 'event-time', got {order_by!r}"
+            )
+        if not time_header or not time_header.isascii() or not time_header.isprintable():
+            raise ConfigError(f"time_header must be a header name, got {time_header!r}")
+        if ":" in time_header or " " in time_header:
+            raise ConfigError(f"time_header must be a header name, got {time_header!r}")
+        self.time_header = time_header
         if late not in LATE_POLICIES:
             raise ConfigError(f"late must be one of {', '.join(LATE_POLICIES)}, got {late!r}")
         if float(lateness) <= 0:
@@ -172,8 +196,12 @@ class GlobalOrderReader:
         self._positions: GlobalPositions
         self._merge: GlobalMerge
         self._window: WindowMerge | None = None
-        self._late: deque[tuple[int, int, Any]] = deque()  # (partition, time, record)
+        self._late: deque[tuple[int, int, Any, str | None]] = deque()
         self._late_total = 0
+        self._progress: list[PartitionProgress] | None = None
+        self._resume_key = (0, 0)
+        self._resume_horizon: list[int] = []
+        self._tie = 0
         self._readers: list[PartitionReader] = []
         self._fetchers: list[asyncio.Task[None]] = []
         self._space: list[asyncio.Event] = []
@@ -247,13 +275,19 @@ class GlobalOrderReader:
                 "not resume each other, so use another group"
             )
         self._g, self._seqs, self._token = pos.g, dict(pos.seqs), pos.token
-        self._late_total = pos.late
+        self._late_total, self._tie = pos.late, pos.tie
         nparts = self.stream.partitions
         share = max(2, self.max_buffer_bytes // nparts)
         self._merge = GlobalMerge(nparts, after=pos.g, share_bytes=share // 2)
-        if self.order_by == "time":
+        if self.order_by != "sequence":
             lateness_ns = int(self.lateness * 1e9)
-            self._window = WindowMerge(nparts, lateness_ns, (pos.g, 0), share // 2)
+            self._window = WindowMerge(nparts, lateness_ns, (pos.g, pos.tie), share // 2)
+        if self.order_by == "event-time":
+            self._resume_key = (pos.g, pos.tie)
+            self._resume_horizon = [pos.read.get(p, 0) for p in range(nparts)]
+            self._progress = [
+                PartitionProgress(pos.seqs.get(p, 0), pos.read.get(p, 0)) for p in range(nparts)
+            ]
         self._readers = [
             PartitionReader(
                 self.nc,
@@ -322,10 +356,11 @@ class GlobalOrderReader:
                 await self._merge_loop()
             else:
                 await self._window_loop()
-            if self._uncommitted:
-                await self._commit()  # a graceful stop or an error: keep what was handled
+            if self._uncommitted or self.error is not None:
+                # a graceful stop or an error: keep what was handled (and say why it stopped)
+                await self._commit()
         except Fenced as exc:
-            self.error = exc
+            self.error = self.error or exc
             log.error("%s", exc)
         finally:
             for t in self._fetchers:
@@ -426,91 +461,19 @@ class GlobalOrderReader:
                     async with asyncio.timeout(self.poll_interval):
                         await self._wake.wait()
                 continue
-            p, g, (seq, m, headers, key) = item
+            p, g, record = item
             self._space[p].set()
-            msg = GlobalMessage(
-                g,
-                key,
-                m.data or b"",
-                headers,
-                p,
-                seq,
-                self._token,
-                m.subject,
-            )
+            msg = self._message(p, g, record, False)
+            seq = record[0]
             where = f"global sequence {g} (partition {p}, stream sequence {seq})"
             if not await self._apply(msg, where, " (skipping it would break the order)"):
                 return
             self._g = g
             await self._handled(p, seq)
 
-    # -- the time-window mode ----------------------------------------------------------
-    async def _fetch_window(self, p: int) -> None:
-        reader, space = self._readers[p], self._space[p]
-        merge = self._window
-        assert merge is not None
-        while not self._stopping:
-            if not merge.room(p):
-                merge.stalled(p)
-                space.clear()
-                await space.wait()
-                continue
-            try:
-                got = await reader.fetch(timeout=1.0)
-            except Exception as exc:  # never leave a partition silently unread
-                self._fail(exc)
-                return
-            if not got:
-                merge.idle(p)  # nothing came within the fetch's wait: caught up
-            for seq, m in got:
-                headers = dict(m.headers or {})
-                reply = m.reply or ""
-                size = len(m.data or b"") + sum(len(k) + len(v) for k, v in headers.items())
-                try:
-                    key = message_key(headers) or ""
-                except NatsOrderedError as exc:  # a malformed key header
-                    self._fail(exc)
-                    return
-                t = stored_time_ns(reply)
-                item = (seq, m, headers, key)
-                if merge.add(p, t, seq, item, size, pending(reply) == 0):
-                    self._late.append((p, t, item))
-            self._wake.set()
-
-    async def _window_loop(self) -> None:
-        merge = self._window
-        assert merge is not None
-        while not self._stopping:
-            if self._late:
-                p, t, item = self._late.popleft()
-                if not await self._late_record(p, t, item):
-                    return
-                continue
-            now = time.time_ns()
-            popped = merge.pop(now)
-            if popped is None:
-                await self._commit_if_due()
-                due = merge.wait_ns(now)
-                wait = self.poll_interval if due is None else min(self.poll_interval, due / 1e9)
-                self._wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(max(0.001, wait)):
-                        await self._wake.wait()
-                continue
-            p, (t, _), item = popped
-            self._space[p].set()
-            if not await self._hand(p, t, item, late=False):
-                return
-            self._g = t
-
-    async def _hand(self, p: int, t: int, item: Any, late: bool) -> bool:
-        """Hand a time-window record to the handler; False if the reader stops."""
+    def _message(self, p: int, t: int, item: Any, late: bool) -> GlobalMessage:
         seq, m, headers, key = item
-        msg = GlobalMessage(t, key, m.data or b"", headers, p, seq, self._token, m.subject, late)
-        if not await self._apply(msg, f"partition {p}, stream sequence {seq}"):
-            return False
-        await self._handled(p, seq)
-        return True
+        return GlobalMessage(t, key, m.data or b"", headers, p, seq, self._token, m.subject, late)
 
     async def _apply(self, msg: GlobalMessage, where: str, why: str = "") -> bool:
         """Call the handler with ``msg``; on an exception stop the reader before it (it is
@@ -533,41 +496,17 @@ class GlobalOrderReader:
 
     async def _handled(self, p: int, seq: int) -> None:
         """Count a handled record of partition ``p`` and commit every ``commit_every``."""
-        self._seqs[p] = seq
+        self._done(p, seq)
         self.stats.handled += 1
         self._uncommitted += 1
         if self._uncommitted >= self.commit_every:
             await self._commit()
 
-    async def _late_record(self, p: int, t: int, item: Any) -> bool:
-        """Apply the late-record policy; False if the reader stops."""
-        seq = item[0]
-        self.stats.late += 1
-        self._late_total += 1
-        self._uncommitted += 1  # the count is written with the position
-        behind = (self._g - t) / 1e9
-        reason = (
-            f"late record: partition {p}, stream sequence {seq}, stored {behind:.3f}s before "
-            f"a record already handed over (lateness {self.lateness:g}s)"
-        )
-        if self.late == "flag":
-            return await self._hand(p, t, item, late=True)
-        if self.late == "block":
-            self._fail(
-                LateRecordError(
-                    f"{reason}: the reader stops before it (late='block'). Pass a larger "
-                    "lateness, or late='dead-letter' to set late records aside, or "
-                    "late='flag' to hand them over flagged",
-                    p,
-                    seq,
-                )
-            )
-            return False
-        if not await set_aside(self, p, item, reason):
-            return False  # stopping: not set aside, so it is read again next time
-        self.stats.dead_lettered += 1
-        self._seqs[p] = seq
-        return True
+    def _error_line(self) -> str:
+        """Why the reader stopped on its own, one line for the position (``status``)."""
+        if self.error is None:
+            return ""
+        return exc_text(self.error).replace("\r", " ").replace("\n", " ")[:1000]
 
     async def _commit_if_due(self) -> None:
         if self._uncommitted and time.monotonic() - self._last_commit >= self.commit_interval:
@@ -575,7 +514,14 @@ class GlobalOrderReader:
 
     async def _commit(self) -> None:
         try:
-            await self._positions.commit(self._g, self._seqs, self._late_total)
+            await self._positions.commit(
+                self._g,
+                self._seqs,
+                self._late_total,
+                tie=self._tie,
+                read=self._horizons(),
+                error=self._error_line(),
+            )
         except Fenced:
             raise
         except (NatsError, TimeoutError) as exc:  # written at the next occasion

@@ -54,23 +54,35 @@ class GlobalPosition:
     stream: str = ""
     late: int = 0
     ts: float = 0.0
-    #: what ``g`` counts: ``sequence`` (``Nats-Global-Seq``) or ``time`` (the time-window
-    #: mode: the stored time in ns of the last record handed over)
+    #: what ``g`` counts: ``sequence`` (``Nats-Global-Seq``), ``time`` (the time-window
+    #: mode: the stored time in ns of the last record handed over) or ``event-time`` (the
+    #: producer's event time in ns of the last record handed over in order)
     order: str = "sequence"
+    #: event-time mode: the stream sequence of that record (``(g, tie)`` is the position's
+    #: key) and per partition the horizon (:mod:`.global_progress`); absent: as ``seqs``
+    tie: int = 0
+    read: dict[int, int] = field(default_factory=dict)
+    #: why the reader that wrote this stopped on its own (one line), or "" (running, or
+    #: stopped by request); a new reader clears it when it takes the position
+    error: str = ""
 
     def to_json(self) -> bytes:
-        return compact_json(
-            {
-                "g": self.g,
-                "seqs": {str(p): s for p, s in sorted(self.seqs.items())},
-                "token": self.token,
-                "member": self.member,
-                "ts": round(time.time(), 3),
-                "stream": self.stream,
-                "late": self.late,
-                "order": self.order,
-            }
-        )
+        d: dict[str, Any] = {
+            "g": self.g,
+            "seqs": {str(p): s for p, s in sorted(self.seqs.items())},
+            "token": self.token,
+            "member": self.member,
+            "ts": round(time.time(), 3),
+            "stream": self.stream,
+            "late": self.late,
+            "order": self.order,
+        }
+        if self.order == "event-time":
+            d["tie"] = self.tie
+            d["read"] = {str(p): s for p, s in sorted(self.read.items())}
+        if self.error:
+            d["error"] = self.error
+        return compact_json(d)
 
     @classmethod
     def from_json(cls, data: bytes) -> GlobalPosition:
@@ -84,6 +96,9 @@ class GlobalPosition:
             int(d.get("late") or 0),
             float(d.get("ts") or 0.0),
             str(d.get("order") or "sequence"),
+            int(d.get("tie") or 0),
+            {int(p): int(s) for p, s in (d.get("read") or {}).items()},
+            str(d.get("error") or ""),
         )
 
 
@@ -131,6 +146,8 @@ class GlobalPositions:
                 self.created,
                 old.late,
                 order=old.order if (old.g or old.seqs) else order,
+                tie=old.tie,
+                read=dict(old.read),
             )
             try:
                 if found is None:
@@ -142,13 +159,32 @@ class GlobalPositions:
             self.revision, self.current = rev, new
             return new
 
-    async def commit(self, g: int, seqs: dict[int, int], late: int | None = None) -> None:
-        """Write ``g`` and ``seqs`` (and the count of ``late`` records, unchanged if None)
+    async def commit(
+        self,
+        g: int,
+        seqs: dict[int, int],
+        late: int | None = None,
+        *,
+        tie: int = 0,
+        read: dict[int, int] | None = None,
+        error: str = "",
+    ) -> None:
+        """Write ``g`` and ``seqs`` (and the count of ``late`` records, unchanged if None;
+        the event-time mode's ``tie`` and ``read``; the ``error`` that stopped the reader)
         under this reader's token; :class:`Fenced` if a newer reader has taken the position."""
         cur = self.current
         late = cur.late if late is None else late
         new = GlobalPosition(
-            g, dict(seqs), cur.token, cur.member, cur.stream, late, order=cur.order
+            g,
+            dict(seqs),
+            cur.token,
+            cur.member,
+            cur.stream,
+            late,
+            order=cur.order,
+            tie=tie,
+            read=dict(read or {}),
+            error=error,
         )
         value = new.to_json()
         try:

@@ -20,6 +20,12 @@ late only if it reached the reader more than ``lateness`` after the server store
 the reader's clock tells (so the reader's clock running ahead of the server's counts
 against the window, one behind adds to it). Nothing else is late, and the on-time records
 are handed over in exactly ``(t, stream_seq)`` order.
+
+The event-time mode (:meth:`WindowMerge.add_event`) keys a record by ``(e, stream_seq)``,
+``e`` the producer's event time from a header, and keeps the frontiers above (stored time,
+reader's clock). A partition's future records are stored after its frontier, so a record
+is late there only if it was stored (or reached the reader) more than ``lateness`` after
+its event time, by the producer's clock against the server's (or the reader's).
 """
 
 from __future__ import annotations
@@ -91,6 +97,33 @@ class WindowMerge:
         self._bytes[partition] += size
         self._count[partition] += 1
         return False
+
+    def add_event(
+        self,
+        partition: int,
+        key: tuple[int, int],
+        stored_t: int,
+        item: Any,
+        size: int,
+        caught_up: bool,
+    ) -> bool:
+        """The event-time mode's :meth:`add`: ``key`` is ``(event time, stream seq)`` as the
+        producer stamped it, not raised (a partition's records may come in any event-time
+        order: the heap sorts them); the partition's frontier still follows the stored time
+        ``stored_t`` (raised as in :meth:`add`). True if the record is late."""
+        self.seen(partition, stored_t, caught_up)
+        if key <= self.released:
+            return True
+        heapq.heappush(self._heap, (key[0], key[1], partition, item, size))
+        self._bytes[partition] += size
+        self._count[partition] += 1
+        return False
+
+    def seen(self, partition: int, stored_t: int, caught_up: bool) -> None:
+        """A record of ``partition`` stored at ``stored_t`` was read but is not buffered (done
+        before a restart, or without an event time): its frontier moves on all the same."""
+        self._last_t[partition] = max(stored_t, self._last_t[partition])
+        self._caught_up[partition] = caught_up
 
     def idle(self, partition: int) -> None:
         """A fetch of ``partition`` found nothing: it is caught up."""
