@@ -85,6 +85,8 @@ def test_unfixable_errors_fail_at_once_and_transient_ones_are_retried(
     for task, said in unfixable.items():
         assert tries[task] == 1, f"{task} was retried: {tries}"
         assert any(said in line for line in failed_at_once), f"{task}: {said!r} not in the log"
+    # the fix in the operator's terms (its parameter), not only in a CLI flag's
+    assert "or request partitions=4 (CLI: --partitions 4)" in log
     # a server nobody answers on may answer at the next try: both retries were used
     assert tries["unreachable"] == 3, tries
     assert "could not connect to" in log

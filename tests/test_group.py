@@ -144,7 +144,7 @@ def test_zombie_owner_cannot_commit_after_a_new_grant(shared_nats_server, unique
 def test_members_of_a_group_must_agree_on_the_lease_ttl(shared_nats_server, unique_name):
     async def go():
         nc, _ = await _store(shared_nats_server.url, unique_name, ttl=2.0)
-        with pytest.raises(ConfigError, match="pass --lease-ttl 2"):
+        with pytest.raises(ConfigError, match=r"pass lease_ttl=2 \(CLI: --lease-ttl 2\)"):
             await GroupStore.open(nc, GroupConfig(unique_name, "g", lease_ttl=5.0))
         await nc.close()
 

@@ -165,7 +165,7 @@ class GroupStore(GroupCommits, GroupSnapshot, GroupAssignment):
                 raise ConfigError(
                     f"group {cfg.group} of stream {cfg.stream} uses a lease TTL of {ttl:g}s but "
                     f"{cfg.lease_ttl:g}s was requested; every member of a group must use the "
-                    f"same TTL: pass --lease-ttl {ttl:g}"
+                    f"same TTL: pass lease_ttl={ttl:g} (CLI: --lease-ttl {ttl:g})"
                 )
             await ensure_replicas(nc, cfg.lease_bucket, replicas, explicit=explicit)
         except (BucketNotFoundError, NotFoundError):

@@ -401,7 +401,8 @@ async def provision(nc: NATS, spec: StreamSpec) -> ProvisionResult:
             raise StreamConflictError(
                 f"cannot create stream {spec.name}: its subjects "
                 f"({subjects_text(spec.prefix, spec.partitions)}) overlap stream(s) "
-                f"{', '.join(others)}; choose another --subject-prefix or stream name"
+                f"{', '.join(others)}; choose another subject prefix (subject_prefix=, CLI "
+                "--subject-prefix) or stream name"
             )
         try:
             created = await admin.add_stream(spec.stream_config())
@@ -419,13 +420,15 @@ async def provision(nc: NATS, spec: StreamSpec) -> ProvisionResult:
             f"{spec.partitions} were requested; the partition count cannot change in place "
             "(keys would move to other partitions and lose their order): change it with "
             f"`nats-ordered repartition --stream {spec.name} --partitions {spec.partitions}` "
-            "(which keeps every key's order across the switch), or request "
-            f"--partitions {current.partitions}"
+            "(Airflow: NatsRepartitionStreamOperator; it keeps every key's order across the "
+            f"switch), or request partitions={current.partitions} (CLI: --partitions "
+            f"{current.partitions})"
         )
     if current.prefix != spec.prefix:
         problems.append(
             f"stream {spec.name} uses subject prefix {current.prefix!r} but {spec.prefix!r} "
-            f"was requested; pass --subject-prefix {current.prefix} or use another stream name"
+            f"was requested; pass subject_prefix={current.prefix!r} (CLI: --subject-prefix "
+            f"{current.prefix}) or use another stream name"
         )
     if current.storage != spec.storage:
         problems.append(
@@ -497,7 +500,8 @@ def _check_request_size(nc: NATS, spec: StreamSpec) -> None:
         raise ConfigError(
             f"stream {spec.name}'s configuration lists its {spec.partitions} partition subjects "
             f"({spec.prefix}.p.<n>) and is {size} bytes, more than the server's max_payload "
-            f"({limit} bytes): use a shorter subject prefix (--subject-prefix) or fewer "
+            f"({limit} bytes): use a shorter subject prefix (subject_prefix=, CLI "
+            "--subject-prefix) or fewer "
             "partitions, or raise max_payload in the server configuration"
         )
 
