@@ -237,6 +237,10 @@ def test_a_late_record_under_each_policy(nats_url, unique_name, late, capsys):
     assert cli(args) == 0
     glob = json.loads(capsys.readouterr().out)["global_order"]
     assert glob["late"] == 1 and glob["order"] == "event-time", glob
+    if late == "block":  # status says why the reader stopped
+        assert glob["error"].startswith("LateRecordError: late record: partition 1"), glob
+    else:
+        assert glob["error"] is None, glob
 
 
 # -- records without a usable time ----------------------------------------------------------

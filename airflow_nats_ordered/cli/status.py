@@ -181,7 +181,8 @@ async def _read(nc: NATS, stream_name: str, group: str) -> dict[str, Any]:
 def _global_order(gp: GlobalPosition | None, reader: str | None, now: float) -> Any:
     """A global-order reader's position (None for a group of per-key workers): the last
     global sequence handed over, its token, who wrote it and when, late records (window
-    mode), and the running reader, if any."""
+    modes), the running reader, if any, and why the last one stopped on its own (None: it
+    runs, or was stopped by request)."""
     if gp is None:
         return None
     return {
@@ -191,6 +192,8 @@ def _global_order(gp: GlobalPosition | None, reader: str | None, now: float) -> 
         "written_age": round(max(0.0, now - gp.ts), 3) if gp.ts else None,
         "late": gp.late,
         "reader": reader,
+        "order": gp.order,
+        "error": gp.error or None,
     }
 
 
@@ -235,6 +238,8 @@ def _print_table(out: dict[str, Any]) -> None:
     glob = out.get("global_order")
     if glob:
         running = f"reader {glob['reader']} running" if glob["reader"] else "no reader running"
+        if glob.get("error") and not glob["reader"]:
+            running = "no reader running: the last one stopped on an error (see problems)"
         print(
             f"global order: position {glob['position']:,} (token {glob['fencing_token']}, "
             f"written by {glob['member'] or '-'}), {glob['late']:,} late record(s), {running}"

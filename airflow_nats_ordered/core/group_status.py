@@ -4,7 +4,8 @@ must act on.
 Guarantees: the snapshot is read with plain gets and is never used to decide ownership;
 ``problems`` names every blocked partition (its blocked marker, with the reason), every
 deleted commit record, a deleted or re-created stream, and each member's own reported
-problems, each with the action that fixes it.
+problems, and a stopped global-order reader's error (from its position), each with the
+action that fixes it.
 :class:`GroupSnapshot` holds this verb of :class:`~.group.GroupStore`.
 """
 
@@ -112,6 +113,13 @@ class GroupSnapshot(GroupStreamIdentity):
         snap.problems = await self._stream_problems(recorded_stream, snap)
         snap.problems += blocked_problems(snap.blocked)
         snap.problems += await self._deleted_commit_problems(snap.commits)
+        gp = snap.global_position
+        if gp is not None and gp.error and snap.global_reader is None:
+            snap.problems.append(
+                f"global-order reader {gp.member or '-'} stopped: {gp.error}. Deal with the "
+                "cause and start the reader again (`nats-ordered global-read --stream "
+                f"{self.cfg.stream} --group {self.cfg.group} ...`): it resumes after its position"
+            )
         # a member holding a partition reports the reason its marker holds: said once above
         said = {f"partition {p}: {reason}" for p, reason in snap.blocked.items()}
         for m, info in sorted(snap.members.items()):
