@@ -323,6 +323,12 @@ def test_a_record_without_a_time_stops_the_reader_otherwise_in_each_interfaces_t
     assert f"header {HDR} of partition 1, stream sequence {missing}" in final, final
     assert "--time-header" in final and "--late dead-letter" in final, final
     assert "time_header" not in final and "late='" not in final  # the CLI's terms
+    # and so does `status`, which shows why that reader stopped
+    status = ["status", "--stream", unique_name, "--group", "cli-events", "--json"]
+    assert cli([*status, "--server", nats_url]) == 0
+    error = json.loads(capsys.readouterr().out)["global_order"]["error"]
+    assert error.startswith("EventTimeError: no event time: header") and "--time-header" in error
+    assert "time_header" not in error and "late='" not in error, error
 
 
 # -- resuming -----------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """docs/protocol.md section 12 (global order): the watermark and position examples on the
-page have exactly the fields, in the order, that the publisher and the reader write."""
+page (section 12.1: the event-time mode's position) have exactly the fields, in the order,
+that the publisher and the reader write."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import re
 import nats
 from protocol_page import page_text
 
+from airflow_nats_ordered.core.global_event_time import DEFAULT_TIME_HEADER
 from airflow_nats_ordered.core.global_order import GlobalOrderReader
 from airflow_nats_ordered.core.global_position import POSITION_KEY
 from airflow_nats_ordered.core.global_watermarks import watermark_bucket
@@ -46,7 +48,7 @@ def test_the_pages_watermark_and_position_examples_are_what_the_code_writes(nats
             await nc.close()
 
     watermark, position = asyncio.run(asyncio.wait_for(go(), 60))
-    page_watermark, page_position = _section_12_examples()
+    page_watermark, page_position, _ = _section_12_examples()
     assert list(watermark) == list(page_watermark)
     assert list(position) == list(page_position)
     for page, real in ((page_watermark, watermark), (page_position, position)):
@@ -54,3 +56,33 @@ def test_the_pages_watermark_and_position_examples_are_what_the_code_writes(nats
             numbers = isinstance(value, int | float) and isinstance(real[field], int | float)
             assert numbers or isinstance(real[field], type(value)), field
     assert position["g"] == 1 and watermark["g"] == 2
+
+
+def test_the_pages_event_time_position_example_is_what_the_reader_writes(nats_url, unique_name):
+    async def go():
+        nc = await nats.connect(nats_url)
+        try:
+            await provision(nc, StreamSpec(unique_name, partitions=2))
+            async with OrderedPublisher(nc, unique_name) as pub:
+                await pub.publish("a", b"1", headers={DEFAULT_TIME_HEADER: "1795637069123"})
+            got: list = []
+            reader = GlobalOrderReader(
+                nc, unique_name, "g", got.append, order_by="event-time", lateness=0.1
+            )
+            await reader.start()
+            async with asyncio.timeout(60):
+                while not got or reader.stats.commits < 1:
+                    await asyncio.sleep(0.02)
+            await reader.stop()
+            state = await nc.jetstream().key_value(f"nor_{unique_name}_g_state")
+            return json.loads((await state.get(POSITION_KEY)).value), got[0]
+        finally:
+            await nc.close()
+
+    position, msg = asyncio.run(go())
+    page = _section_12_examples()[2]
+    assert list(position) == list(page)
+    for field, value in page.items():
+        assert isinstance(position[field], type(value)), field
+    assert position["g"] == msg.global_seq == 1795637069123 * 1_000_000
+    assert position["order"] == "event-time" and position["tie"] == msg.stream_seq

@@ -128,6 +128,27 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
 
 
+def in_cli_terms(exc: BaseException, order_by: str) -> str:
+    """The reader's error in this command's terms (its flags, not the Python parameters)."""
+    if isinstance(exc, LateRecordError):
+        what = "has an event time" if order_by == "event-time" else "was stored"
+        return (
+            f"late record: partition {exc.partition}, stream sequence {exc.seq} {what} before "
+            "records already handed over; the reader stopped before it (--late block). Pass "
+            "a larger --lateness, or --late dead-letter to set late records aside, or --late "
+            "flag"
+        )
+    if isinstance(exc, EventTimeError):
+        return (
+            f"no event time: header {exc.header} of partition {exc.partition}, stream "
+            f"sequence {exc.seq}: {exc.why}. The record has no place in the event-time order, "
+            f"so the reader stopped before it. Have its producer set {exc.header} ({FORMS}), "
+            "pass the header it does set as --time-header, or pass --late dead-letter to set "
+            "such records aside"
+        )
+    return str(exc)
+
+
 async def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
     if args.order_by == "sequence":
         for flag, value in (("--lateness", args.lateness), ("--late", args.late)):
@@ -159,6 +180,8 @@ async def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
             late=args.late or "block",
             time_header=args.time_header or DEFAULT_TIME_HEADER,
         )
+        # what `status` shows of an error that stops it: in this command's terms too
+        reader.error_text = lambda exc: in_cli_terms(exc, args.order_by)
         await reader.start()  # before this, errors are usage errors (exit 2)
         print_err(
             f"global-order reader {reader.member_id} of {args.stream}/{args.group}: "
@@ -185,24 +208,7 @@ async def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
             await done
     st = reader.stats
     if reader.error is not None:
-        error = str(reader.error)
-        if isinstance(reader.error, LateRecordError):  # in this interface's terms
-            what = "has an event time" if args.order_by == "event-time" else "was stored"
-            error = (
-                f"late record: partition {reader.error.partition}, stream sequence "
-                f"{reader.error.seq} {what} before records already handed over; the "
-                "reader stopped before it (--late block). Pass a larger --lateness, or "
-                "--late dead-letter to set late records aside, or --late flag"
-            )
-        elif isinstance(reader.error, EventTimeError):
-            e = reader.error
-            error = (
-                f"no event time: header {e.header} of partition {e.partition}, stream sequence "
-                f"{e.seq}: {e.why}. The record has no place in the event-time order, so the "
-                f"reader stopped before it. Have its producer set {e.header} ({FORMS}), pass "
-                "the header it does set as --time-header, or pass --late dead-letter to set "
-                "such records aside"
-            )
+        error = in_cli_terms(reader.error, args.order_by)
         print_err(
             f"error: global-order reader {reader.member_id} stopped after global sequence "
             f"{reader.position}: {error}"

@@ -55,7 +55,7 @@ from nats.errors import Error as NatsError
 from nats.js.errors import NotFoundError
 
 from .commits import Fenced
-from .errors import ConfigError, NatsOrderedError, exc_text
+from .errors import ConfigError, NatsOrderedError
 from .global_event_time import DEFAULT_TIME_HEADER
 from .global_merge import GlobalMerge, GlobalOrderViolation
 from .global_position import READER_KEY, GlobalPositions
@@ -192,6 +192,9 @@ class GlobalOrderReader(WindowReading):
         self.stats = GlobalReaderStats()
         #: why the reader stopped on its own (a violation, a handler error, Fenced), or None
         self.error: BaseException | None = None
+        #: how :attr:`error` is worded in the position (``status`` shows it): an interface
+        #: other than Python sets its own terms (the CLI names its flags); default ``str``
+        self.error_text: Callable[[BaseException], str] = str
         self.stream: PartitionedStream
         self._positions: GlobalPositions
         self._merge: GlobalMerge
@@ -506,7 +509,9 @@ class GlobalOrderReader(WindowReading):
         """Why the reader stopped on its own, one line for the position (``status``)."""
         if self.error is None:
             return ""
-        return exc_text(self.error).replace("\r", " ").replace("\n", " ")[:1000]
+        name, text = type(self.error).__name__, self.error_text(self.error).strip()
+        line = f"{name}: {text}" if text else name  # TimeoutError() says nothing more
+        return line.replace("\r", " ").replace("\n", " ")[:1000]
 
     async def _commit_if_due(self) -> None:
         if self._uncommitted and time.monotonic() - self._last_commit >= self.commit_interval:
