@@ -47,3 +47,32 @@ def refuse_unknown_arguments(
     """Raise ConfigError if ``unknown`` (the ``**`` catch-all of ``fn``) is not empty."""
     if unknown:
         raise ConfigError(unknown_arguments_message(owner, unknown, keyword_parameters(fn)))
+
+
+def refuse_unknown_operator_arguments(op: object, kwargs: Mapping[str, Any]) -> None:
+    """Call in an operator's ``__init__`` before ``super().__init__(**kwargs)``: raise
+    ConfigError for a keyword no ``__init__`` of the operator's classes accepts (its own,
+    BaseOperator's, a sensor's or SparkSubmitOperator's), naming the close match among all
+    of them and listing the operator's own. Airflow's refusal (``TypeError: Invalid arguments
+    were passed ...``) names the argument but not the one meant."""
+    own: list[str] = []
+    valid: list[str] = []
+    for cls in type(op).__mro__:
+        init = cls.__dict__.get("__init__")
+        if init is None or cls is object:
+            continue
+        names = keyword_parameters(init)
+        if not own:
+            own = names
+        valid += [n for n in names if n not in valid]
+    unknown = [k for k in kwargs if k not in valid]
+    if not unknown:
+        return
+    hints = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, valid, n=1)
+        hints.append(f"{name}= (did you mean {close[0]}=?)" if close else f"{name}=")
+    raise ConfigError(
+        f"{type(op).__name__}: unknown argument(s) {', '.join(hints)}; its own arguments are "
+        f"{', '.join(own)}, beside BaseOperator's (task_id, retries, ...)"
+    )

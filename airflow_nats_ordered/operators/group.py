@@ -8,6 +8,7 @@ from typing import Any, Literal
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowSkipException
 
+from ..arguments import refuse_unknown_operator_arguments
 from ..core.assignor import Assignment, assign, imbalance
 from ..core.errors import ConfigError
 from ..core.group import GroupStore
@@ -45,6 +46,7 @@ class NatsRebalanceOperator(BaseOperator):
         nats_conn_id: str = NatsHook.default_conn_name,
         **kwargs: Any,
     ) -> None:
+        refuse_unknown_operator_arguments(self, kwargs)
         super().__init__(**kwargs)
         if isinstance(cordon, str):
             raise ConfigError(f"cordon must be a list of member ids, not the string {cordon!r}")
@@ -135,6 +137,7 @@ class NatsResetGroupOperator(BaseOperator):
         nats_conn_id: str = NatsHook.default_conn_name,
         **kwargs: Any,
     ) -> None:
+        refuse_unknown_operator_arguments(self, kwargs)
         super().__init__(**kwargs)
         if not confirm:
             raise ConfigError(

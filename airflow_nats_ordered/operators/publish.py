@@ -10,6 +10,7 @@ from typing import Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
+from ..arguments import refuse_unknown_operator_arguments
 from ..core.errors import ConfigError
 from ..core.publisher import PublisherConfig, check_producer_id
 from ..core.runs import RunResult, publish_run
@@ -134,6 +135,7 @@ class NatsPublishOperator(NatsLineageMixin, BaseOperator):
         stream_outlet: bool = False,
         **kwargs: Any,
     ) -> None:
+        refuse_unknown_operator_arguments(self, kwargs)
         super().__init__(**kwargs)
         given = [
             n

@@ -11,6 +11,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowFailException
 
+from ..arguments import refuse_unknown_operator_arguments
 from ..core.connection import ConnectionOptions
 from ..core.connection_env import SPARK_ENV_VARS, spark_env
 from ..core.errors import ConfigError
@@ -80,6 +81,7 @@ class NatsSparkPublishOperator(NatsLineageMixin, SparkSubmitOperator):
         stream_outlet: bool = False,
         **kwargs: Any,
     ) -> None:
+        refuse_unknown_operator_arguments(self, kwargs)
         super().__init__(application=application, **kwargs)
         self.stream = stream
         self.producer_id = producer_id

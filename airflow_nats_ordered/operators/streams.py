@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from airflow.sdk import BaseOperator
 
+from ..arguments import refuse_unknown_operator_arguments
 from ..core.repartition import repartition
 from ..core.streams import (
     DEFAULT_DUPLICATE_WINDOW,
@@ -52,6 +53,7 @@ class NatsProvisionStreamOperator(BaseOperator):
         nats_conn_id: str = NatsHook.default_conn_name,
         **kwargs: Any,
     ) -> None:
+        refuse_unknown_operator_arguments(self, kwargs)
         super().__init__(**kwargs)
         self.stream = stream
         self.partitions = partitions
@@ -139,6 +141,7 @@ class NatsRepartitionStreamOperator(BaseOperator):
         nats_conn_id: str = NatsHook.default_conn_name,
         **kwargs: Any,
     ) -> None:
+        refuse_unknown_operator_arguments(self, kwargs)
         super().__init__(**kwargs)
         self.stream = stream
         self.partitions = partitions

@@ -12,6 +12,7 @@ from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.configuration import conf
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSensorTimeout
 
+from ..arguments import refuse_unknown_operator_arguments
 from ..core.drain import (
     DEFAULT_NO_MEMBERS_TIMEOUT,
     group_exists,
@@ -177,6 +178,7 @@ class NatsGroupDrainSensor(BaseSensorOperator):
         poke_interval: float = 5.0,
         **kwargs: Any,
     ) -> None:
+        refuse_unknown_operator_arguments(self, kwargs)
         super().__init__(poke_interval=poke_interval, **kwargs)
         self.stream = stream
         self.group = group
