@@ -116,6 +116,7 @@ def test_bad_event_time_settings_are_refused_by_parameter_name():
         ({"order_by": "event"}, "order_by"),
         ({"order_by": "event-time", "time_header": "Event Time"}, "time_header"),
         ({"order_by": "event-time", "time_header": ""}, "time_header"),
+        ({"order_by": "time", "time_header": "Ts"}, "time_header applies to order_by='event-time'"),
     ):
         with pytest.raises(ConfigError, match=name):
             GlobalOrderReader(None, "S", "g", print, **kwargs)  # type: ignore[arg-type]

@@ -178,7 +178,7 @@ async def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
             order_by=args.order_by,
             lateness=2.0 if args.lateness is None else args.lateness,
             late=args.late or "block",
-            time_header=args.time_header or DEFAULT_TIME_HEADER,
+            time_header=args.time_header,
         )
         # what `status` shows of an error that stops it: in this command's terms too
         reader.error_text = lambda exc: in_cli_terms(exc, args.order_by)

@@ -151,17 +151,22 @@ class GlobalOrderReader(WindowReading):
         order_by: str = "sequence",
         lateness: float = 2.0,
         late: str = "block",
-        time_header: str = DEFAULT_TIME_HEADER,
+        time_header: str | None = None,
     ) -> None:
         if order_by not in ("sequence", "time", "event-time"):
             raise ConfigError(
                 f"order_by must be 'sequence', 'time' or 'event-time', got {order_by!r}"
             )
-        if not time_header or not time_header.isascii() or not time_header.isprintable():
+        if time_header is not None and order_by != "event-time":
+            raise ConfigError(
+                "time_header applies to order_by='event-time'; pass both, or no time_header"
+            )
+        header = DEFAULT_TIME_HEADER if time_header is None else time_header
+        if not header or not header.isascii() or not header.isprintable() or ":" in header:
             raise ConfigError(f"time_header must be a header name, got {time_header!r}")
-        if ":" in time_header or " " in time_header:
+        if " " in header:
             raise ConfigError(f"time_header must be a header name, got {time_header!r}")
-        self.time_header = time_header
+        self.time_header = header
         if late not in LATE_POLICIES:
             raise ConfigError(f"late must be one of {', '.join(LATE_POLICIES)}, got {late!r}")
         if float(lateness) <= 0:
@@ -315,7 +320,9 @@ class GlobalOrderReader(WindowReading):
 
     # -- presence ------------------------------------------------------------------------
     def _info(self) -> bytes:
-        problems = [] if self.error is None else [f"global-order reader stopped: {self.error}"]
+        problems = (
+            [] if self.error is None else [f"global-order reader stopped: {self._error_line()}"]
+        )
         return json.dumps(
             {
                 "member": self.member_id,
