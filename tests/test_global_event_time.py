@@ -186,6 +186,44 @@ def test_a_python_and_a_nats_js_producer_share_one_event_time_order(
     assert {m.partition for m in got if m.data.startswith(b"js")} == {1}
 
 
+def test_live_producers_with_a_lagging_clock_come_out_in_event_time_order(nats_url, unique_name):
+    """While the reader runs, two producers publish in turns on two partitions: one stamps
+    its records 300 ms in the past (a clock behind, well inside the 5 s lateness), so the
+    stored order differs from the event-time order; every record comes out once, in
+    event-time order, none late."""
+
+    async def go():
+        nc = await nats.connect(nats_url)
+        try:
+            await provision(nc, StreamSpec(unique_name, partitions=2))
+            (k0,), (k1,) = _keys("p", 0, 2, 1), _keys("q", 1, 2, 1)
+            got: list[GlobalMessage] = []
+            reader = _reader(nc, unique_name, got.append, lateness=5.0)
+            await reader.start()
+            stamps = []
+            async with (
+                OrderedPublisher(nc, unique_name, producer_id="prompt") as prompt,
+                OrderedPublisher(nc, unique_name, producer_id="lagging") as lagging,
+            ):
+                for _ in range(10):
+                    for pub, key, skew in ((prompt, k0, 0), (lagging, k1, 300_000_000)):
+                        t = time.time_ns() - skew
+                        stamps.append(t)
+                        await pub.publish(key, b"%d" % t, headers={HDR: _rfc3339(t)})
+                        await pub.flush()  # stored now: the stored order is the turns'
+                    await asyncio.sleep(0.05)  # pacing: the reader catches up between turns
+            await _until(lambda: len(got) == 20 or reader.error is not None, "20 records")
+            await reader.stop()
+            return reader, got, stamps
+        finally:
+            await nc.close()
+
+    reader, got, stamps = asyncio.run(go())
+    assert reader.error is None and reader.stats.late == 0
+    assert [int(m.data) for m in got] == sorted(stamps)
+    assert [m.global_seq for m in got] == sorted(stamps)
+
+
 # -- late records -------------------------------------------------------------------------
 @pytest.mark.parametrize("late", ["flag", "dead-letter", "block"])
 def test_a_late_record_under_each_policy(nats_url, unique_name, late, capsys):
