@@ -65,7 +65,8 @@ def refuse_unknown_operator_arguments(op: object, kwargs: Mapping[str, Any]) -> 
         if not own:
             own = names
         valid += [n for n in names if n not in valid]
-    unknown = [k for k in kwargs if k not in valid]
+    # Airflow's own markers (e.g. ``_airflow_mapped_validation_only``) pass through
+    unknown = [k for k in kwargs if k not in valid and not k.startswith("_airflow_")]
     if not unknown:
         return
     hints = []
