@@ -31,11 +31,11 @@ RECORDS: list[tuple[str | bytes | None, bytes, dict[str, str] | None]] = [
 ]
 
 
-async def _publish_and_read(url: str, stream: str, coalesce: bool) -> list[tuple]:
+async def _publish_and_read(url: str, stream: str, fast: bool) -> list[tuple]:
     nc = await nats.connect(url)
     await provision(nc, StreamSpec(stream, partitions=4))
     async with OrderedPublisher(nc, stream, producer_id="same-producer", allow_keyless=True) as pub:
-        assert wire.can_coalesce(pub._fast) is coalesce
+        assert pub._fast is fast
         for key, data, headers in RECORDS:
             await pub.publish(key, data, headers=headers)
     assert pub.summary is not None and pub.summary.acked == len(RECORDS)
@@ -48,17 +48,14 @@ async def _publish_and_read(url: str, stream: str, coalesce: bool) -> list[tuple
     return out
 
 
-def test_coalesced_windows_store_exactly_what_single_sends_store(
+def test_coalesced_windows_store_exactly_what_public_publish_stores(
     shared_nats_server, unique_name, monkeypatch
 ):
     coalesced = asyncio.run(_publish_and_read(shared_nats_server.url, unique_name, True))
 
-    real_send = wire.send
-
-    async def one_at_a_time(*args):  # a wrapper in send's place: one message per call
-        await real_send(*args)
-
-    monkeypatch.setattr(wire, "send", one_at_a_time)
+    # a nats-py without the internals the fast path writes to: every frame is sent with
+    # Client.publish and a decoded header dict
+    monkeypatch.setattr(wire, "supports_fast_path", lambda nc: False)
     single = asyncio.run(_publish_and_read(shared_nats_server.url, unique_name + "_B", False))
     # stream order differs between partitions (they are sent concurrently): compare each
     # partition's sequence, which is what the publisher orders
@@ -67,6 +64,42 @@ def test_coalesced_windows_store_exactly_what_single_sends_store(
         theirs = [m for m in single if m[0] == p]
         assert mine == theirs, f"partition {p} differs"
     assert len(coalesced) == len(single) == len(RECORDS)
+
+
+def test_every_message_is_written_by_send_frames_in_windows_whatever_wraps_send(
+    shared_nats_server, unique_name, monkeypatch
+):
+    """The lane writes through one seam, wire.send_frames, a window per call, however the
+    module's functions are wrapped (instrumentation, a test's faults): the old lane fell back
+    to one wire.send per message when wire.send was not the module's own function."""
+    calls = {"send": 0, "send_frames": 0}
+    real_send, real_send_frames = wire.send, wire.send_frames
+
+    async def traced_send(*args):
+        calls["send"] += 1
+        await real_send(*args)
+
+    async def traced_send_frames(*args):
+        calls["send_frames"] += 1
+        await real_send_frames(*args)
+
+    monkeypatch.setattr(wire, "send", traced_send)
+    monkeypatch.setattr(wire, "send_frames", traced_send_frames)
+
+    async def go():
+        nc = await nats.connect(shared_nats_server.url)
+        await provision(nc, StreamSpec(unique_name, partitions=4))
+        async with OrderedPublisher(nc, unique_name) as pub:
+            for i in range(4_000):
+                await pub.publish(f"k{i % 40}", b"%d" % i)
+        await nc.close()
+        return pub.summary
+
+    summary = asyncio.run(go())
+    assert summary.acked == sum(p.stored or 0 for p in summary.partitions) == 4_000
+    assert calls["send"] == 0, calls
+    # at least one open and one commit per partition; the 4,000 records in windows
+    assert 8 < calls["send_frames"] < 4_000 // 4, calls
 
 
 def test_the_key_cache_keeps_partitions_and_refusals_and_stays_bounded(
@@ -95,3 +128,27 @@ def test_the_key_cache_keeps_partitions_and_refusals_and_stays_bounded(
 
     summary = asyncio.run(go())
     assert summary.acked == 3 * 120 + 1 and summary.refused == 2
+
+
+def test_the_incremental_msg_id_is_the_documented_digest():
+    """msg_id_at (what publish() inlines) hashes producer and partition once per partition;
+    the id must stay blake2b-120 of producer\\0partition\\0seq\\0key\\0payload (protocol
+    section 6), whatever the fields hold."""
+    import hashlib
+
+    from airflow_nats_ordered.core.msg_ids import _msg_id, msg_id_at, msg_id_base
+
+    for producer in (b"bench", b"100%-run", "r\u00e9".encode(), b"x" * 300):
+        for partition in (0, 7, 1023):
+            base = msg_id_base(producer, partition)
+            for seq, key, data in (
+                (1, b"k", b""),
+                (12345678901, "Z\u00fcrich".encode(), b"\x00\r\n" * 40),
+                (42, b"", b"y" * 70_000),
+            ):
+                want = hashlib.blake2b(
+                    b"%s\x00%d\x00%d\x00%s\x00%s" % (producer, partition, seq, key, data),
+                    digest_size=15,
+                ).hexdigest()
+                assert msg_id_at(base, seq, key, data).decode() == want
+                assert _msg_id(producer, partition, seq, key, data).decode() == want

@@ -21,7 +21,7 @@ from airflow_nats_ordered.core.publisher import (
 from airflow_nats_ordered.core.streams import StreamSpec, provision
 
 
-@pytest.mark.parametrize("producer_id", ["run%20b", "a%%b", "100%"])
+@pytest.mark.parametrize("producer_id", ["run%20b", "a%%b", "100%", "run%d", "%s%%d"])
 @pytest.mark.parametrize("global_order", [False, True])
 def test_a_producer_id_with_percent_signs_is_stored_as_given(
     nats_url, unique_name, producer_id, global_order

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 from nats.errors import Error as NatsError
 
 from . import wire
+from .msg_ids import msg_id_base
 from .publish_summary import PartitionSummary
 from .repartition import layout_refusal
 
@@ -63,9 +64,13 @@ class _NoStream(Exception):
     """A reply without a body (a 503 no-responders status): no stream takes the subject."""
 
 
-#: One accepted record: ``(header block, payload)``. A plain tuple: the publisher builds
-#: one per record, and a tuple costs a fraction of an object (issue 19 item 1).
-_Rec = tuple[bytes, bytes]
+#: One accepted record: ``(rest of its HPUB frame, payload bytes, header + payload bytes)``.
+#: The rest is everything after the batch sequence of its reply subject,
+#: ``.1.$FI <hdr len> <total len>\r\n<header block><payload>\r\n``: built once when the
+#: record is accepted, so a window's frames are ``HPUB <subject> <reply prefix><seq><rest>``
+#: however often a record is resent. A plain tuple: the publisher builds one per record, and
+#: a tuple costs a fraction of an object (issue 19 item 1).
+_Rec = tuple[bytes, int, int]
 
 
 class _Lane:
@@ -78,7 +83,9 @@ class _Lane:
         self.subject = pub.stream.subject(partition)
         self.subject_b = self.subject.encode()
         self.inbox = f"{pub._inbox}.{partition}"
+        self.id_base = msg_id_base(pub._producer_b, partition)  # msg-ids of its records
         self.reply_prefix = b""
+        self.head = b""  # b"HPUB <subject> <reply prefix>" of the current batch
         self.queue: deque[_Rec] = deque()
         self.inflight: deque[_Rec] = deque()
         self.replies: deque[tuple[str, bytes]] = deque()
@@ -107,7 +114,7 @@ class _Lane:
         self.summary.accepted += 1
         if self.error is not None:
             self.summary.failed += 1
-            self.pub._release(1, len(rec[1]))
+            self.pub._release(1, rec[1])
             return
         if not self.queue:  # the lane waits for work only with an empty queue
             self.idle.clear()
@@ -186,13 +193,13 @@ class _Lane:
         out = self.batch_seq - self.acked_bseq
         return out < self.cfg.max_in_flight and out < self.flow * 2
 
-    async def _publish(self, rec: _Rec, op: int) -> None:
-        self.batch_seq += 1
-        reply = b"%s%d.%d.$FI" % (self.reply_prefix, self.batch_seq, op)
+    async def _write(self, frames: list[bytes], payload: int, largest: int, what: str) -> None:
+        """Hand ready frames to the connection: every message of the lane goes through here
+        (and :func:`.wire.send_frames`, the seam the fault tests break)."""
         try:
-            await wire.send(self.pub.nc, self.pub._fast, self.subject_b, reply, rec[0], rec[1])
+            await wire.send_frames(self.pub.nc, self.pub._fast, frames, payload, largest)
         except NatsError as exc:
-            raise _Retry(f"send failed: {type(exc).__name__}: {exc}") from exc
+            raise _Retry(f"{what} failed: {type(exc).__name__}: {exc}") from exc
 
     async def _open(self) -> None:
         if not self.slot:
@@ -206,26 +213,21 @@ class _Lane:
         self.batch_id = f"{self.pub._batch_tag}p{self.p}b{next(self._batches)}"
         # <inbox>.<partition>.<batch id>.<flow>.<gap mode>.<batch seq>.<op>.$FI (ADR-50)
         self.reply_prefix = f"{self.inbox}.{self.batch_id}.{self.cfg.flow}.fail.".encode()
-        self.batch_seq = 0
+        self.batch_seq = 1  # the record sent below
         self.acked_bseq = 0
         self.flow = self.cfg.flow
         self.broken = False
+        self.head = b"HPUB %s %s" % (self.subject_b, self.reply_prefix)
         rec = self.queue.popleft()
         self.inflight.append(rec)
-        await self._publish(rec, 0)
+        first = b"%s1.0%s" % (self.head, rec[0][2:])  # op 0: the batch's first message
+        await self._write([first], rec[1], rec[2], "send")
         # the first reply says whether the server takes the batch and at what flow
         await self._await_reply()
 
     async def _send_window(self) -> None:
         q, inflight = self.queue, self.inflight
-        if not wire.can_coalesce(self.pub._fast):  # one message at a time
-            while q and self._window_open() and self.batch_seq < self.cfg.batch_size:
-                rec = q.popleft()
-                inflight.append(rec)
-                await self._publish(rec, 1)
-            return
-        # everything the window and the batch allow, written as one command: the same
-        # frames, in the same order, as one _publish() each (issue 19 item 1)
+        # everything the window and the batch allow, written as one command (issue 19 item 1)
         cfg = self.cfg
         out = self.batch_seq - self.acked_bseq
         n = min(
@@ -234,36 +236,26 @@ class _Lane:
         if n <= 0:
             return
         seq = self.batch_seq
-        subject, prefix = self.subject_b, self.reply_prefix
+        head = self.head
         frames = []
         payload = largest = 0
         for _ in range(n):
             rec = q.popleft()
             inflight.append(rec)
             seq += 1
-            hdr, data = rec
-            size = len(hdr) + len(data)
-            frames.append(
-                b"HPUB %s %s%d.1.$FI %d %d\r\n%s%s\r\n"
-                % (subject, prefix, seq, len(hdr), size, hdr, data)
-            )
-            payload += len(data)
-            if size > largest:
-                largest = size
+            frames.append(b"%s%d%s" % (head, seq, rec[0]))
+            payload += rec[1]
+            if rec[2] > largest:
+                largest = rec[2]
         self.batch_seq = seq
-        try:
-            await wire.send_frames(self.pub.nc, b"".join(frames), n, payload, largest)
-        except NatsError as exc:
-            raise _Retry(f"send failed: {type(exc).__name__}: {exc}") from exc
+        await self._write(frames, payload, largest, "send")
 
     async def _commit(self) -> None:
         """End the batch without storing another message; the reply acknowledges it all."""
         self.batch_seq += 1
         reply = b"%s%d.3.$FI" % (self.reply_prefix, self.batch_seq)
-        try:
-            await wire.send(self.pub.nc, self.pub._fast, self.subject_b, reply, _EMPTY_HDR, b"")
-        except NatsError as exc:
-            raise _Retry(f"commit failed: {type(exc).__name__}: {exc}") from exc
+        end = wire.frame(self.subject_b, reply, _EMPTY_HDR, b"")
+        await self._write([end], 0, len(_EMPTY_HDR), "commit")
         self.broken = True  # nothing more goes into this batch; wait for its final ack
         await self._await_reply(final=True)
 
@@ -344,7 +336,7 @@ class _Lane:
         inflight = self.inflight
         nbytes = 0
         for _ in range(n):
-            nbytes += len(inflight.popleft()[1])
+            nbytes += inflight.popleft()[1]
         self.acked_bseq += n
         self.summary.acked += n
         self.pub._release(n, nbytes)
@@ -400,7 +392,7 @@ class _Lane:
     def _fail(self, reason: str) -> None:
         self._end_batch()
         n = len(self.queue) + len(self.inflight)
-        nbytes = sum(len(r[1]) for r in self.queue) + sum(len(r[1]) for r in self.inflight)
+        nbytes = sum(r[1] for r in self.queue) + sum(r[1] for r in self.inflight)
         self.queue.clear()
         self.inflight.clear()
         self.summary.failed += n

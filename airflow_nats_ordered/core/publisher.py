@@ -54,6 +54,7 @@ import math
 import secrets
 import string
 import time
+from binascii import hexlify
 from collections.abc import Mapping
 from typing import Any
 
@@ -80,7 +81,7 @@ from .msg_ids import (
     HDR_PRODUCER,
     HDR_SEQ,
     RESERVED_HEADERS,
-    _msg_id,
+    _msg_id,  # noqa: F401 - re-exported
     derive_msg_id,
 )
 from .partitioning import HASH_SEED, partition_wildcard
@@ -184,12 +185,15 @@ class OrderedPublisher:
         prod = b"%s: %s\r\n" % (HDR_PRODUCER.encode(), self._producer_b.replace(b"%", b"%%"))
         head = b"NATS/1.0\r\n%s: %%s\r\n" % HDR_MSG_ID.encode()
         tail = b"%s: %%d\r\n%s\r\n" % (HDR_SEQ.encode(), prod)
-        self._hdr_fmt = head + b"%s" + tail  # the key's header line (core/keys.py) goes in
-        self._hdr_fmt_keyless = head + tail
+        # the key's header line (core/keys.py, empty for a keyless record) goes in
+        self._hdr_fmt = head + b"%s" + tail
         if self.config.global_order:  # the global sequence goes after the producer line
-            glob = b"%s: %%d\r\n\r\n" % HDR_GLOBAL_SEQ.encode()
-            self._hdr_fmt = self._hdr_fmt[:-2] + glob
-            self._hdr_fmt_keyless = self._hdr_fmt_keyless[:-2] + glob
+            self._hdr_fmt = self._hdr_fmt[:-2] + b"%s: %%d\r\n\r\n" % HDR_GLOBAL_SEQ.encode()
+        # without caller headers or global order, a record's _Rec frame rest is one format:
+        # its header block's length is known before it is built (the sequence goes in as text)
+        tail_s = b"%s: %%s\r\n%s\r\n" % (HDR_SEQ.encode(), prod)
+        self._rest_fmt = b".1.$FI %d %d\r\n" + head + b"%s" + tail_s + b"%s\r\n"
+        self._hdr_len0 = len((head + tail_s) % (b"", b""))  # without msg-id, key line, seq
         #: key -> (UTF-8 bytes, header line, partition) of str keys seen before, so a repeated
         #: key skips the checks, the encoding and the hash (bounded: cleared when full)
         self._keys: dict[object, tuple[bytes, bytes, int]] = {}
@@ -405,23 +409,26 @@ class OrderedPublisher:
             self._rr += 1
         lane = self._lanes[part]
         seq = lane.summary.offset + lane.summary.accepted + 1
-        if msg_id is None:
-            mid = _msg_id(self._producer_b, part, seq, kb, data)
+        if msg_id is None:  # msg_ids.msg_id_at, inlined
+            h = lane.id_base.copy()
+            h.update(b"%d\x00%s\x00" % (seq, kb))
+            h.update(data)
+            mid = hexlify(h.digest())
         else:
             lane.caller_ids = True
-        if cfg.global_order:  # the next global sequence; taken below unless passed over
-            g = self._next_g
-            hdr = (
-                self._hdr_fmt % (mid, key_line, seq, g)
-                if kb
-                else self._hdr_fmt_keyless % (mid, seq, g)
-            )
-        else:
-            hdr = self._hdr_fmt % (mid, key_line, seq) if kb else self._hdr_fmt_keyless % (mid, seq)
-        if extra:
-            hdr = hdr[:-2] + extra + b"\r\n"
-        if len(hdr) + size > self._max_size:
-            raise self._too_large(kb, len(hdr) + size)
+        if extra or cfg.global_order:  # the next global sequence: taken unless passed over
+            g = (self._next_g,) if cfg.global_order else ()
+            hdr = self._hdr_fmt % ((mid, key_line, seq) + g)
+            if extra:
+                hdr = hdr[:-2] + extra + b"\r\n"
+            hlen = len(hdr)
+        else:  # the common case: header block and frame rest in one format, below
+            hdr = None
+            sb = b"%d" % seq
+            hlen = self._hdr_len0 + len(mid) + len(key_line) + len(sb)
+        total = hlen + size
+        if total > self._max_size:
+            raise self._too_large(kb, total)
         if lane.resume_left:
             # an earlier attempt of this run stored this position: pass it over, unsent
             lane.resume_left -= 1
@@ -431,15 +438,22 @@ class OrderedPublisher:
             self._next_g += 1
         self._pending += 1
         self._pending_bytes += size
+        # the frame after its reply subject's batch sequence (see _Rec): built once, however
+        # often the record is sent
+        if hdr is None:
+            rest = self._rest_fmt % (hlen, total, mid, key_line, sb, data)
+        else:
+            rest = b".1.$FI %d %d\r\n%s%s\r\n" % (hlen, total, hdr, data)
+        rec = (rest, size, total)
         if lane.error is None:  # _Lane.accept, inlined: this runs once per record
             lane.summary.accepted += 1
             q = lane.queue
             if not q:  # the lane waits for work only with an empty queue
                 lane.idle.clear()
                 lane.wake.set()
-            q.append((hdr, data))
+            q.append(rec)
         else:
-            lane.accept((hdr, data))  # counted as failed at once
+            lane.accept(rec)  # counted as failed at once
         self._since_yield += 1
         if self._since_yield >= 256:  # let the partition senders run while a producer loops
             self._since_yield = 0

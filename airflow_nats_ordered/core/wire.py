@@ -7,6 +7,10 @@ carry their header block as bytes, built and validated once, and :func:`send` ap
 its closed/reconnecting checks, pending-size limit and flusher. If a future nats-py changes
 those internals, :func:`supports_fast_path` is False and :func:`send` falls back to the
 public ``publish`` with a decoded header dict, which is slower but equivalent.
+
+The ordered publisher writes every message through :func:`send_frames` (ready frames, one
+command per call on the fast path, one ``publish`` each on the fallback): it is the one
+place its messages reach the connection, and the seam the fault tests break.
 """
 
 from __future__ import annotations
@@ -41,13 +45,6 @@ def parse_header_block(block: bytes) -> dict[str, str]:
             k, _, v = line.partition(":")
             out[k.strip()] = v.strip()
     return out
-
-
-def can_coalesce(fast: bool) -> bool:
-    """True when several messages may be written as one command (:func:`send_frames`): the
-    client has the fast path and :func:`send` is this module's own. A wrapper put in its
-    place (a test injecting faults on the wire, say) sees every message one at a time."""
-    return fast and send is _SEND
 
 
 def supports_fast_path(nc: NATS) -> bool:
@@ -92,9 +89,6 @@ async def send(nc: NATS, fast: bool, subject: bytes, reply: bytes, hdr: bytes, d
         await nc._flush_pending()
 
 
-_SEND = send
-
-
 def frame(subject: bytes, reply: bytes, hdr: bytes, data: bytes) -> bytes:
     """One ``HPUB`` frame, exactly as :func:`send` writes it."""
     return b"HPUB %s %s %d %d\r\n%s%s\r\n" % (
@@ -107,24 +101,36 @@ def frame(subject: bytes, reply: bytes, hdr: bytes, data: bytes) -> bytes:
     )
 
 
-async def send_frames(nc: NATS, frames: bytes, count: int, payload: int, largest: int) -> None:
-    """Write ``count`` ready ``HPUB`` frames (fast path only) as one command.
+async def send_frames(
+    nc: NATS, fast: bool, frames: list[bytes], payload: int, largest: int
+) -> None:
+    """Write ready ``HPUB`` frames (:func:`frame`), in order.
 
     ``payload`` is their payload bytes (the client's ``out_bytes``) and ``largest`` the
-    biggest header block + payload among them. All or nothing: when this raises (the same
-    errors as :func:`send`), none of them was queued."""
+    biggest header block + payload among them. On the fast path they are one command, all or
+    nothing: when this raises (the same errors as :func:`send`), none of them was queued.
+    Without it (``fast`` False) each is published in turn with ``Client.publish``, so a
+    failure may leave a prefix of them queued."""
+    if not fast:
+        for f in frames:
+            line, _, rest = f.partition(b"\r\n")
+            _, subject, reply, hlen, tlen = line.split(b" ")
+            hdr, data = rest[: int(hlen)], rest[int(hlen) : int(tlen)]
+            await send(nc, False, subject, reply, hdr, data)
+        return
     if nc.is_closed:
         raise nats_errors.ConnectionClosedError
+    blob = b"".join(frames)
     if not nc.is_connected and (
-        nc._max_pending_size <= 0 or len(frames) + nc._pending_data_size > nc._max_pending_size
+        nc._max_pending_size <= 0 or len(blob) + nc._pending_data_size > nc._max_pending_size
     ):
         raise nats_errors.OutboundBufferLimitError
     if largest > nc.max_payload:
         raise nats_errors.MaxPayloadError
     stats: Any = nc.stats
-    stats["out_msgs"] += count
+    stats["out_msgs"] += len(frames)
     stats["out_bytes"] += payload
-    await nc._send_command(frames)
+    await nc._send_command(blob)
     fq = nc._flush_queue
     if fq is not None and fq.empty():
         await nc._flush_pending()
