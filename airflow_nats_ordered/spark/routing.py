@@ -22,6 +22,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+import mmh3
+
 from ..core.errors import ConfigError
 from ..core.partitioning import partition_for
 from .options import HEADERS_COLUMN, PARTITION_COLUMN
@@ -137,8 +139,9 @@ def route(
 ) -> DataFrame:
     """``df`` with a ``nats_partition`` column, repartitioned so each NATS partition is in
     exactly one of ``tasks`` Spark partitions (default: the NATS partition count, at most
-    Spark's default parallelism: a task per core, each publishing whole partitions), sorted
-    within them by (``nats_partition``, ``order_by``, tie-breaker).
+    Spark's default parallelism: a task per core, each publishing whole partitions; NATS
+    partition ``p`` is in task ``p % tasks``, so the tasks hold equal numbers of them),
+    sorted within them by (``nats_partition``, ``order_by``, tie-breaker).
 
     The tie-breaker makes the order of rows with equal order values deterministic, so a
     recomputed partition (task retry, re-submitted job) lists its rows in the same order and
@@ -160,6 +163,34 @@ def route(
     routed = df.withColumn(PARTITION_COLUMN, partition_column(key, partitions))
     if tasks is None:
         tasks = min(partitions, df.sparkSession.sparkContext.defaultParallelism)
-    return routed.repartition(tasks, PARTITION_COLUMN).sortWithinPartitions(
+    if tasks < 1:
+        raise ConfigError(f"tasks must be >= 1, got {tasks}")
+    return routed.repartition(tasks, task_column(PARTITION_COLUMN, tasks)).sortWithinPartitions(
         F.col(PARTITION_COLUMN), *[F.col(c) for c in order_by], *ties
     )
+
+
+def task_buckets(tasks: int) -> list[int]:
+    """For each Spark task ``t`` of ``tasks``, the smallest int whose Spark hash partitioning
+    (``pmod(murmur3_x86_32(int, seed 42), tasks)``, what ``repartition(tasks, col)`` computes
+    for an int column) is ``t``."""
+    buckets: dict[int, int] = {}
+    v = 0
+    while len(buckets) < tasks:
+        t = mmh3.hash(v.to_bytes(4, "little", signed=True), 42) % tasks
+        buckets.setdefault(t, v)
+        v += 1
+    return [buckets[t] for t in range(tasks)]
+
+
+def task_column(partition: str, tasks: int) -> Column:
+    """A column to ``repartition(tasks, ...)`` by that puts NATS partition ``p`` in Spark
+    task ``p % tasks``: each task gets ``partitions // tasks`` or one more whole NATS
+    partitions. Repartitioning by the partition number itself hashes it, which splits 16
+    NATS partitions 7/9 over 2 tasks and 4 partitions 1/3, so one task publishes most of the
+    rows while the other core idles. Every row of a NATS partition gets the same value
+    whatever the hash, so a partition is always in one task; the hash only spreads them."""
+    from pyspark.sql import functions as F
+
+    buckets = F.array(*[F.lit(b) for b in task_buckets(tasks)])
+    return F.element_at(buckets, (F.col(partition) % F.lit(tasks) + F.lit(1)).cast("int"))
