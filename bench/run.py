@@ -100,6 +100,7 @@ def make_records(n: int, prefix: str) -> list[Record]:
 
 
 SERVER_PID = 0  # the embedded nats-server, for its CPU time
+LOADS: list[float] = []  # the 1-minute load average when the publish section started
 _START: dict[str, float] = {}  # a variant's own start (after its preparation), see mark_start
 
 
@@ -304,9 +305,10 @@ async def main() -> int:
         global SERVER_PID
         SERVER_PID = srv.pid or 0
         nc = await nats.connect(srv.url, pending_size=8 * 1024 * 1024)
+        LOADS.append(os.getloadavg()[0])  # a shared machine: the load explains the spread
         print(
             f"nats-server {srv.url}: {N:,} records x {PAYLOAD} B, {PARTITIONS} partitions, "
-            f"file storage, {ROUNDS} rounds",
+            f"file storage, {ROUNDS} rounds, load average {LOADS[0]:.1f}",
             file=sys.stderr,
         )
         for rnd in range(ROUNDS if names else 0):
@@ -352,6 +354,7 @@ async def main() -> int:
                     "raw_wire_lost_rounds": wire_lost,
                     "cpu_us_per_record_client_server": cpu,
                     "all_stored": stored_ok,
+                    "load_average_start_end": [LOADS[0], os.getloadavg()[0]],
                 },
                 indent=2,
             )
@@ -401,7 +404,9 @@ def print_publish(
     verdict = "meets" if wire_goal >= 0.8 else "MISSES"
     print(
         f"ordered publisher = {wire_goal:.2f} x raw-wire ({min(vs_wire):.2f}..{max(vs_wire):.2f}; "
-        f"{verdict} issue 19's >= 0.8 x goal)"
+        f"{verdict} issue 19's >= 0.8 x goal); per round: "
+        + ", ".join(f"{r:.2f}" for r in vs_wire)
+        + f"; load average {LOADS[0]:.1f} at the start, {os.getloadavg()[0]:.1f} at the end"
     )
     cpu_of = {n: sum(statistics.median(x[i] for x in cpu[n]) for i in (0, 1)) for n in cpu}
     print(
