@@ -1,14 +1,17 @@
 """Commit writes leave the hot path (issue 19 item 4).
 
 A partition's position is written in the background, one write in flight, coalesced to the
-latest position: the handler goes on while a write waits for the server, up to two commit
-periods ahead of the last write the server accepted (what a crash re-delivers), and only
-then waits for it. Here the server is frozen (SIGSTOP) by the handler itself with messages
-already buffered by the reader: before, the handler stopped at the next commit point until
-the server answered (at most ``commit_every`` messages handled during the freeze); now it
-handles what the bound allows (``2 * commit_every``) and the position is still committed
-in order once the server is back (a freeze longer than the 1 s a partition then waits
-only slows it down, as a failed write does)."""
+latest position: an async handler goes on while a write waits for the server, up to two
+commit periods ahead of the last write the server accepted (what a crash re-delivers), and
+only then waits for it. Here the server is frozen (SIGSTOP) by the handler itself with
+messages already buffered by the reader: before, the handler stopped at the next commit
+point until the server answered (at most ``commit_every`` messages handled during the
+freeze); now it handles what the bound allows (``2 * commit_every``) and the position is
+still committed in order once the server is back (a freeze longer than the 1 s a partition
+then waits only slows it down, as a failed write does).
+
+A synchronous handler's partition waits for each write's answer instead (the other
+partitions run meanwhile): see ``test_worker_crash_tail.py`` for why."""
 
 from __future__ import annotations
 
@@ -38,10 +41,10 @@ def test_the_handler_goes_on_while_a_commit_waits_for_a_frozen_server(nats_serve
         frozen["thawed"] = time.monotonic()
         nats_server.resume()
 
-    def handle(msg):
+    async def handle(msg):
         applied.append((msg.stream_seq, time.monotonic()))
         if len(applied) < FREEZE_AT:
-            time.sleep(0.002)  # slow at first, so the reader has the rest buffered
+            await asyncio.sleep(0.002)  # slow at first, so the reader has the rest buffered
         elif len(applied) == FREEZE_AT:
             nats_server.pause()
             frozen["at"] = time.monotonic()

@@ -66,7 +66,11 @@ def test_a_fenced_partition_is_released_at_once_not_after_a_ttl(shared_nats_serv
     assert first < intruder
     assert stats["fenced"] == 1
     assert moved < 2.0, f"claimed again after {moved:.1f}s (lease TTL 6 s)"
-    assert rec.seen["k0"][:110] == list(range(110))  # then only re-deliveries, in order
+    # every message, in order; where the fenced owner stopped, the new owner re-delivers from
+    # the last commit the fenced one made (how soon it noticed depends on its commit points)
+    seen = rec.seen["k0"]
+    assert list(dict.fromkeys(seen))[:110] == list(range(110)), seen
+    assert all(b == a + 1 or b <= a for a, b in zip(seen, seen[1:], strict=False)), seen
 
 
 # -- 11: backoff and problems ---------------------------------------------------------------------

@@ -22,12 +22,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from nats.js.errors import (
+    APIError,
     KeyDeletedError,
     KeyNotFoundError,
     KeyWrongLastSequenceError,
     NotFoundError,
 )
 
+from .cas_writes import Answer, CasWrites
 from .continuity import AtSeq
 from .errors import NatsOrderedError
 from .group_stream import GroupStreamIdentity, StreamRecreated
@@ -117,6 +119,9 @@ def _commit_value(seq: int, token: int, member: str, stream: str, msg_id: str = 
 class GroupCommits(GroupStreamIdentity, GroupLeases):
     """The commit and fencing verbs of :class:`~.group.GroupStore` (a mixin: a grant checks
     the stream's identity first, and a reset takes the holder's lease away)."""
+
+    #: the pipelined commit writes of the store's connection (created on first use)
+    _cas: CasWrites | None = None
 
     async def read_commit(self, partition: int) -> tuple[CommitRecord | None, int]:
         """Partition's commit record and its revision, read from the stream leader.
@@ -282,6 +287,44 @@ class GroupCommits(GroupStreamIdentity, GroupLeases):
             f"partition {grant.partition}: the commit record keeps changing under token "
             f"{grant.token} (two tasks committing one grant?); this member stops processing it"
         )
+
+    async def send_commit(
+        self, grant: Grant, seq: int, msg_id: str | None, answer: Answer, timeout: float
+    ) -> None:
+        """The write :meth:`commit` makes (CAS on the grant's revision), put on the wire
+        without waiting: ``answer`` gets the new revision (then record it with
+        :meth:`commit_accepted`) or why there is none (see :meth:`commit_refused`)."""
+        if self._cas is None:
+            self._cas = CasWrites(self.nc)
+        key = state_key(grant.epoch, "c", grant.partition)
+        value = _commit_value(seq, grant.token, grant.member, grant.stream, msg_id or "")
+        await self._cas.send(
+            f"$KV.{self.cfg.state_bucket}.{key}", value, grant.revision, answer, timeout
+        )
+
+    @staticmethod
+    def commit_accepted(grant: Grant, seq: int, msg_id: str | None, revision: int) -> None:
+        """Record in ``grant`` that the write of ``seq`` was stored at ``revision``."""
+        grant.revision = revision
+        grant.committed, grant.committed_id = seq, msg_id or ""
+
+    async def commit_refused(self, grant: Grant, seq: int, exc: APIError) -> bool:
+        """After :meth:`send_commit`'s write of ``seq`` failed its compare-and-set, check the
+        record as :meth:`commit` does: a newer token raises :class:`Fenced`; this grant's
+        own token at another revision (the reply of an earlier write was lost) is adopted,
+        and gives True if the record holds ``seq`` or later, else False (send the write
+        again)."""
+        rec, rev = await self.read_commit(grant.partition)
+        if rec is None or rec.token != grant.token or rec.member != grant.member:
+            raise Fenced(
+                f"partition {grant.partition}: token {grant.token} was fenced off by a "
+                "newer owner; this member stops processing it"
+            ) from exc
+        grant.revision = rev
+        if rec.seq >= seq:  # this very write was applied; only its reply was lost
+            grant.committed, grant.committed_id = rec.seq, rec.msg_id
+            return True
+        return False
 
     async def set_blocked(self, partition: int, reason: str | None) -> None:
         key = state_key(self.epoch, "blocked", partition)

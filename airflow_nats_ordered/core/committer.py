@@ -1,14 +1,21 @@
 """A partition's commit writes off the hot path (:class:`PartitionCommitter`).
 
 Guarantees: at most one commit write of a partition is in flight at any time, and what is
-written is the latest position submitted when the previous write ended (positions in
-between are coalesced, never written out of order: each write is the CAS of
-:meth:`~.commits.GroupCommits.commit` on the grant's revision). Nothing is written once the
-partition's lease is no longer valid locally, and a write refused because a newer owner
-bumped the token is kept in :attr:`PartitionCommitter.fenced` for the partition's task to
-raise (it stops at once). A write that failed for a transient reason (a server blip) is
-tried again with the next submitted position. The handler never waits for a commit's
-round trip: only the partition's final commit (hand-over) waits, after :meth:`settle`.
+written is the latest position submitted when the previous write was answered (positions
+in between are coalesced, never written out of order: each write is the compare-and-set of
+:meth:`~.commits.GroupCommits.commit` on the grant's revision). A write is on the wire when
+:meth:`PartitionCommitter.submit` returns if none was in flight; otherwise the latest
+position is sent as soon as the answer to the write in flight is read (:mod:`.cas_writes`),
+without waiting for the partition's task or any other. So a write reaches the server while
+the handler goes on, and a crash re-delivers only what was handled after it was sent.
+Nothing is written once the partition's lease is no longer valid locally, or after
+:meth:`~PartitionCommitter.settle` or :meth:`~PartitionCommitter.cancel`; a write refused
+because a newer owner bumped the token is kept in :attr:`PartitionCommitter.fenced` for the
+partition's task to raise (it stops at once). A write that failed for a transient reason (a
+server blip, no answer within :data:`ANSWER_TIMEOUT`) is tried again with the next
+submitted position. The handler never waits for a commit's round trip, except when more
+than the caller's bound is uncommitted (:meth:`~PartitionCommitter.wait_behind`); the
+partition's final commit (hand-over) is written by the caller after ``settle``.
 """
 
 from __future__ import annotations
@@ -16,13 +23,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
+from collections.abc import Callable
+
+from nats.js.errors import APIError
 
 from .commits import Fenced, Grant
+from .errors import exc_text
 from .group import GroupStore
 from .leases import Lease
 
 # the worker's logger: records keep the name they had before the worker was split up
 log = logging.getLogger("airflow_nats_ordered.core.worker")
+
+#: how long a commit write waits for the server's answer before it counts as failed (the
+#: JetStream API's default timeout, which KeyValue.update used)
+ANSWER_TIMEOUT = 5.0
+
+#: a position to commit: (stream sequence, its msg-id, how many messages it covers)
+_Want = tuple[int, str | None, int]
 
 
 class PartitionCommitter:
@@ -39,70 +58,146 @@ class PartitionCommitter:
         self.writes = 0
         #: how many messages (counted by the caller) the last accepted write covers
         self.committed_count = 0
-        self._want: tuple[int, str | None, int] | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._want: _Want | None = None
+        #: the write on the wire (awaiting its answer), or being checked after a refusal
+        self._sent: _Want | None = None
+        self._closed = False
+        self._again = 0  # writes sent again in a row after adopting a revision
+        self._checking: asyncio.Task[None] | None = None
+        #: set whenever a write ends (answered, failed or given up)
+        self._ended = asyncio.Event()
 
-    def submit(self, seq: int, msg_id: str | None, count: int = 0) -> None:
+    @property
+    def busy(self) -> bool:
+        """A write is in flight (or its refusal is being checked)."""
+        return self._sent is not None
+
+    async def submit(self, seq: int, msg_id: str | None, count: int = 0) -> None:
         """Ask for ``seq`` (the ``count``-th message handled, for :meth:`wait_behind`) to be
-        committed; returns at once. A write already in flight is followed by one of the
-        latest position submitted meanwhile."""
-        if self.fenced is not None:
+        committed: on the wire when this returns if no write is in flight, else sent once
+        the write in flight is answered. Never waits for an answer."""
+        if self.fenced is not None or self._closed:
             return
         self._want = (seq, msg_id, count)
-        if self._task is None or self._task.done():
-            self._task = asyncio.ensure_future(self._drain())
+        if self._sent is None:
+            await self._send()
 
-    async def _drain(self) -> None:
-        while self._want is not None:
-            if not self.lease.valid:
-                return  # never after the lease is lost: a newer owner may exist
-            seq, msg_id, count = want = self._want
-            self._want = None
-            try:
-                await self.store.commit(self.grant, seq, msg_id)
-                self.writes += 1
-                self.committed_count = max(self.committed_count, count)
-            except Fenced as exc:
-                self.fenced = exc
-                return
-            except Exception as exc:  # a server blip (NatsError, TimeoutError), or worse
-                log.warning(
-                    "member %s: committing partition %d at %d failed (%s); will retry",
-                    self.member,
-                    self.grant.partition,
-                    seq,
-                    exc,
+    async def _send(self) -> None:
+        want = self._want
+        if want is None or self._closed or self.fenced is not None or not self.lease.valid:
+            return  # never after the lease is lost: a newer owner may exist
+        self._want, self._sent = None, want
+        try:
+            await self.store.send_commit(
+                self.grant, want[0], want[1], self._answered, ANSWER_TIMEOUT
+            )
+        except Exception as exc:  # disconnected, or worse
+            self._end_failed(want, exc)
+
+    async def _answered(self, result: int | BaseException) -> None:
+        """The answer to the write in flight (from the task reading the socket, or a timer)."""
+        want = self._sent
+        if want is None or self._closed:
+            return  # settled or cancelled meanwhile: the caller owns the record now
+        if isinstance(result, int):
+            self.store.commit_accepted(self.grant, want[0], want[1], result)
+            self._accepted(want)
+            await self._send()  # the position queued meanwhile, on the wire at once
+        elif isinstance(result, APIError) and result.err_code == 10071:
+            # the compare-and-set failed: a newer owner, or a lost reply of our own; the
+            # check reads the record, which must not happen in the task reading the socket
+            self._checking = asyncio.ensure_future(self._check(want, result))
+        else:
+            self._end_failed(want, result)
+
+    async def _check(self, want: _Want, exc: APIError) -> None:
+        try:
+            done = await self.store.commit_refused(self.grant, want[0], exc)
+        except Fenced as fenced:
+            self.fenced = fenced
+            self._sent = None
+            self._ended.set()
+            return
+        except Exception as error:
+            self._end_failed(want, error)
+            return
+        if self._closed:
+            return
+        if done:
+            self._accepted(want)
+        else:
+            self._again += 1
+            if self._again > 5:
+                self.fenced = Fenced(
+                    f"partition {self.grant.partition}: the commit record keeps changing "
+                    f"under token {self.grant.token} (two tasks committing one grant?); "
+                    "this member stops processing it"
                 )
-                if self._want is None:
-                    self._want = want
-                return  # retried with the next submit
+                self._sent = None
+                self._ended.set()
+                return
+            if self._want is None:
+                self._want = want  # on the revision just adopted
+            self._sent = None
+            self._ended.set()
+        await self._send()
+
+    def _accepted(self, want: _Want) -> None:
+        self._again = 0
+        self.writes += 1
+        self.committed_count = max(self.committed_count, want[2])
+        self._sent = None
+        self._ended.set()
+
+    def _end_failed(self, want: _Want, exc: BaseException) -> None:
+        self._sent = None
+        self._ended.set()
+        if self._closed:
+            return
+        log.warning(
+            "member %s: committing partition %d at %d failed (%s); will retry",
+            self.member,
+            self.grant.partition,
+            want[0],
+            exc_text(exc),
+        )
+        if self._want is None:
+            self._want = want  # retried with the next submit
+
+    async def _until(self, done: Callable[[], bool], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not done():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self._ended.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(left):
+                    await self._ended.wait()
 
     async def wait_behind(self, count: int, bound: int, timeout: float) -> None:
         """Backpressure: while more than ``bound`` of the first ``count`` messages handled
-        are not committed, wait for the write in flight (at most ``timeout`` seconds, so a
-        server that does not answer slows the partition down without stopping it). This
-        bounds what a crash re-delivers even when a busy event loop makes every write take
-        long; the other partitions use the CPU meanwhile."""
-        task = self._task
-        if count - self.committed_count > bound and task is not None and not task.done():
-            await asyncio.wait({task}, timeout=timeout)
+        are not committed and a write is in flight, wait for it (at most ``timeout``
+        seconds, so a server that does not answer slows the partition down without
+        stopping it). This bounds what a crash re-delivers even when writes take long; the
+        other partitions use the CPU meanwhile."""
+        await self._until(lambda: count - self.committed_count <= bound or not self.busy, timeout)
+
+    async def wait_answered(self, timeout: float) -> None:
+        """Wait (at most ``timeout`` seconds) until no write is in flight."""
+        await self._until(lambda: not self.busy, timeout)
 
     async def settle(self, timeout: float) -> None:
-        """Wait up to ``timeout`` seconds for the write in flight (and the one queued behind
-        it) to end; cancel it after that. Afterwards no background write is running, so the
+        """Wait up to ``timeout`` seconds for the write in flight and the one queued behind
+        it to end; after that nothing more is written (a late answer is ignored), so the
         caller may write the record itself."""
-        task = self._task
-        self._task = None
-        if task is None or task.done():
-            return
-        await asyncio.wait({task}, timeout=timeout)  # (a cancelled caller stops here)
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
+        await self._until(lambda: not self.busy, timeout)
+        self.cancel()
 
     def cancel(self) -> None:
         """Stop writing (a crash-like stop: nothing more is committed)."""
         self._want = None
-        if self._task is not None and not self._task.done():
-            self._task.cancel()
+        self._closed = True
+        self._sent = None
+        if self._checking is not None and not self._checking.done():
+            self._checking.cancel()

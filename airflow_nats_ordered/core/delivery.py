@@ -15,10 +15,14 @@ Guarantees (each tested by breaking it in ``tests/test_worker_chaos.py``)
   and calls the handler message by message (or batch by batch) in stream order.
 * **At-least-once.** Positions are committed after the handler returned, every
   ``commit_every`` messages / ``commit_interval`` seconds and on hand-over, so a crash
-  re-delivers at most the uncommitted tail; a fenced sink makes it effectively-once. The
-  writes leave the hot path (:mod:`.committer`: one in flight per partition, coalesced to
-  the latest position, never after the lease is lost); a partition waits for the write in
-  flight only when ``2 * commit_every`` messages are uncommitted, which bounds that tail.
+  re-delivers at most the uncommitted tail; a fenced sink makes it effectively-once. A
+  write is on the wire when it is submitted (:mod:`.committer`: one in flight per
+  partition, coalesced to the latest position, never after the lease is lost). A
+  synchronous handler's partition also commits whenever it gives the event loop up (before
+  a fetch, every :data:`YIELD_EVERY` s of handling) and then waits for the answer while
+  the other partitions run, so a crash re-delivers at most what the partition in hand
+  handled since its last commit point (at most ``commit_every``); an async handler's
+  partition waits only when ``2 * commit_every`` messages are uncommitted.
 * **Fenced handlers stop.** A handler that raises :class:`Fenced` (its sink saw a newer
   token) stops the partition at once, without retrying, dead-lettering or committing.
 * **Poison messages.** A failing handler is retried with backoff; then the message goes to
@@ -62,6 +66,12 @@ from .routing_check import route_key
 
 # the worker's logger: records keep the name they had before the worker was split up
 log = logging.getLogger("airflow_nats_ordered.core.worker")
+
+#: a synchronous handler gives the event loop up (the heartbeat, the other partitions and
+#: the answers to commit writes get a turn) at least this often, in seconds
+YIELD_EVERY = 0.005
+#: the longest a partition waits for a commit write's answer before it goes on
+ANSWER_WAIT = 1.0
 
 
 class PartitionDelivery(DeadLettering):
@@ -135,19 +145,28 @@ class PartitionDelivery(DeadLettering):
                     if done < len(chunk):
                         halted = True
                         break
-                    if self._commit_due(since_commit, last_commit):
+                    # a synchronous handler holds the event loop until its partition gives
+                    # it up: that is a commit point too, so no partition waits for its turn
+                    # with handled messages not on the wire
+                    yielding = self._yield_due()
+                    if since_commit and (yielding or self._commit_due(since_commit, last_commit)):
                         handled += since_commit
-                        committer.submit(last, last_id, handled)
+                        await self._commit_point(committer, last, last_id, handled)
                         since_commit, last_commit = 0, time.monotonic()
-                        # at most two commit periods uncommitted: a crash re-delivers that
-                        await committer.wait_behind(handled, 2 * self.cfg.commit_every, 1.0)
+                    elif yielding:
+                        await self._give_way()
                     if committer.fenced is not None:
                         raise committer.fenced
                 # handled: let go of them before fetching more (the byte bound counts on it)
                 msgs = chunk = []
-                if stopped is None and self._commit_due(since_commit, last_commit):
+                # (before a fetch, which may give the loop up, a synchronous handler's
+                # partition commits what it handled)
+                if stopped is None and (
+                    (since_commit and not self._is_async)
+                    or self._commit_due(since_commit, last_commit)
+                ):
                     handled += since_commit
-                    committer.submit(last, last_id, handled)
+                    await self._commit_point(committer, last, last_id, handled)
                     since_commit, last_commit = 0, time.monotonic()
                 if committer.fenced is not None:
                     raise committer.fenced
@@ -371,11 +390,35 @@ class PartitionDelivery(DeadLettering):
                 await r
         finally:
             delivering.reset(token)
-        if not self._is_async and time.monotonic() - self._last_yield > 0.005:
-            # a synchronous handler never yields: give the heartbeat and the other partitions
-            # a turn at least every 5 ms, or leases would starve and expire
+
+    def _yield_due(self) -> bool:
+        """A synchronous handler never yields: the heartbeat and the other partitions get a
+        turn at least every :data:`YIELD_EVERY` seconds, or leases would starve and expire."""
+        return not self._is_async and time.monotonic() - self._last_yield > YIELD_EVERY
+
+    async def _give_way(self) -> None:
+        self._last_yield = time.monotonic()
+        await asyncio.sleep(0)
+
+    async def _commit_point(
+        self, committer: PartitionCommitter, seq: int, msg_id: str | None, handled: int
+    ) -> None:
+        """Commit ``seq`` (the ``handled``-th message): the write is on the wire at once
+        (:meth:`PartitionCommitter.submit`). A synchronous handler's partition then gives
+        the loop up until the write is answered (at most :data:`ANSWER_WAIT` s; the other
+        partitions run meanwhile), so a partition not in hand never holds handled messages
+        that are not committed or on the wire: a crash re-delivers at most what the
+        partition in hand handled since its last commit point. An async handler's partition
+        goes on while the write is in flight (its handler gives the loop up anyway), and
+        waits only when more than two periods are uncommitted."""
+        await committer.submit(seq, msg_id, handled)
+        if self._is_async:
+            await committer.wait_behind(handled, 2 * self.cfg.commit_every, ANSWER_WAIT)
+        elif committer.busy:
             self._last_yield = time.monotonic()
-            await asyncio.sleep(0)
+            await committer.wait_answered(ANSWER_WAIT)
+        elif self._yield_due():
+            await self._give_way()
 
     async def _deliver(
         self, o: OwnedPartition, msgs: list[Message], rejected: Mapping[int, str] | None = None
@@ -433,6 +476,8 @@ class PartitionDelivery(DeadLettering):
                     await self._first_applied(o)
                 done, attempt = done + applied, 0
             if error is None:
+                if done < len(msgs) and self._yield_due():
+                    await self._give_way()
                 continue
             self.stats["handler_errors"] += 1
             if attempt < self.cfg.max_retries:

@@ -21,7 +21,7 @@ import re
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 from nats.aio.client import Client as NATS
 from nats.errors import Error as NatsError
@@ -98,20 +98,27 @@ def parse_headers(raw: bytes) -> dict[str, str]:
 _HDR_LINE = len(b"NATS/1.0")
 
 
-def _route(nc: NATS) -> dict[int, PartitionReader] | None:
+class Routed(Protocol):
+    """What :func:`_route` hands a message to (a reader, or the commit writes' answers)."""
+
+    async def _on_msg(self, m: Any) -> None: ...
+
+
+def _route(nc: NATS) -> dict[int, Routed] | None:
     """The connection's map of reader inboxes (subscription id -> reader), installing it on
     first use: the deliveries of those inboxes go to their reader in the order read from
     the socket, without nats-py's per-message work (header parsing, a ``Msg``, a queue and a
-    task switch per message); every other message takes nats-py's own path. None if this
-    nats-py has no ``_process_msg`` to route through (readers then use their subscription's
-    callback)."""
-    routes: dict[int, PartitionReader] | None = getattr(nc, "_nor_routes", None)
+    task switch per message), from the task reading the socket; every other message takes
+    nats-py's own path. None if this nats-py has no ``_process_msg`` to route through
+    (readers then use their subscription's callback). :mod:`.cas_writes` routes the answers
+    to commit writes here too."""
+    routes: dict[int, Routed] | None = getattr(nc, "_nor_routes", None)
     if routes is not None:
         return routes
     original = getattr(nc, "_process_msg", None)
     if original is None or not inspect.iscoroutinefunction(original):
         return None
-    table: dict[int, PartitionReader] = {}
+    table: dict[int, Routed] = {}
 
     async def process_msg(
         sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes

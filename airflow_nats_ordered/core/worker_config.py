@@ -31,11 +31,12 @@ class WorkerConfig:
     #: bytes of fetched, unhandled messages this member may hold, shared by the partitions
     #: it owns (each gets an equal share; half of a share per pull request's max_bytes)
     max_buffer_bytes: int = 64 * 1024 * 1024
-    #: commit a partition's position every this many messages / seconds; written in the
-    #: background (one write in flight per partition, coalesced), and a partition waits for
-    #: it only when two periods are uncommitted, which bounds what a crash re-delivers
-    #: (issue 19: 1000 / 1 s before; see docs/benchmarks.md for the trade-off)
-    commit_every: int = 25
+    #: commit a partition's position every this many messages / seconds (and, with a
+    #: synchronous handler, whenever the partition gives the event loop up); a write is on
+    #: the wire at once, one in flight per partition, which bounds what a crash re-delivers
+    #: (issue 19: 1000 / 1 s at first, then 25 / 0.1 s; see docs/benchmarks.md for the
+    #: trade-off)
+    commit_every: int = 100
     commit_interval: float = 0.1
     max_retries: int = 3
     retry_backoff: float = 0.2
