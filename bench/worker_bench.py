@@ -90,6 +90,8 @@ from airflow_nats_ordered.embedded import NatsServer
 PARTITIONS = 16
 PAYLOAD = 100
 TTL = 2.0
+#: the pid of the run's nats-server (set by main())
+SERVER_PID: int | None = None
 BENCH_DIR = Path(__file__).resolve().parent
 BACKLOG_STREAM = "WBENCH"
 FAILOVER_STREAM = "WFAIL"
@@ -1204,6 +1206,8 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp) / "work"
         work.mkdir()
         with NatsServer(Path(tmp) / "nats") as srv:
+            global SERVER_PID
+            SERVER_PID = srv.pid  # for the CPU figures of section b3
             log(f"nats-server {srv.url}; sections {sorted(st.sections)}; N={st.n:,}")
             out = asyncio.run(amain(st, srv.url, work))
     dest = Path(".bench")
