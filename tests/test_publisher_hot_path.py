@@ -1,8 +1,12 @@
-"""The publisher's hot path (issue 19 item 1) sends exactly what the one-at-a-time path sent.
+"""The publisher's hot path (issue 19 item 1) stores exactly what nats-py's public publish
+stores.
 
-A window of records is written as one command of ``HPUB`` frames, and a key seen before
-skips its checks and its hash (a bounded cache). Neither may change a byte on the wire or a
-record's partition: the same records published both ways are stored identically.
+A window of records is written as one command of ready ``HPUB`` frames (built once per
+record, with a msg-id digest that hashes producer and partition once per partition), and a
+key seen before skips its checks and its hash (a bounded cache). None of it may change a
+byte on the wire or a record's partition: the same records published through the fast path
+and through the fallback (one ``Client.publish`` per frame) are stored identically. Every
+message goes through ``wire.send_frames``, however ``wire.send`` is wrapped.
 """
 
 from __future__ import annotations
