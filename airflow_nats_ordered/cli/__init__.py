@@ -57,6 +57,7 @@ import nats.js.errors
 from ..core.errors import NatsOrderedError
 from . import (
     dead_letters,
+    global_producers,
     global_read,
     group,
     info,
@@ -106,6 +107,7 @@ COMMANDS: list[Command] = [
     group.COMMAND,
     dead_letters.COMMAND,
     global_read.COMMAND,
+    global_producers.COMMAND,
 ]
 
 

@@ -101,6 +101,16 @@ def configure(p: argparse.ArgumentParser) -> None:
         "Time-window mode)",
     )
     p.add_argument(
+        "--watermarks",
+        action="store_true",
+        help="with --order-by event-time: the exact mode for several producers publishing at "
+        "once through GlobalProducer (each stamps its event time and writes watermarks): "
+        "ordered by (event time, producer, producer seq) with no window, a record handed over "
+        "once every registered producer that is not closed is past it; a silent producer "
+        "holds the reader back (`status` names it, `global-producers --close ID` closes one "
+        "that died). --lateness, --late and --time-header do not apply",
+    )
+    p.add_argument(
         "--time-header",
         default=None,
         metavar="NAME",
@@ -150,6 +160,21 @@ def in_cli_terms(exc: BaseException, order_by: str) -> str:
 
 
 async def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
+    if args.watermarks and args.order_by != "event-time":
+        raise ConfigError(
+            "--watermarks is the exact event-time mode: pass --order-by event-time with it"
+        )
+    for flag, value in (
+        ("--lateness", args.lateness),
+        ("--late", args.late),
+        ("--time-header", args.time_header),
+    ):
+        if args.watermarks and value is not None:
+            raise ConfigError(
+                f"{flag} applies to the window modes; --watermarks (the exact event-time "
+                f"mode) has no window and reads {DEFAULT_TIME_HEADER}: leave {flag} out, or "
+                "leave --watermarks out"
+            )
     if args.order_by == "sequence":
         for flag, value in (("--lateness", args.lateness), ("--late", args.late)):
             if value is not None:
@@ -176,9 +201,10 @@ async def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
             max_buffer_bytes=args.max_buffer_bytes,
             member_id=args.member_id,
             order_by=args.order_by,
-            lateness=2.0 if args.lateness is None else args.lateness,
-            late=args.late or "block",
+            lateness=args.lateness,
+            late=args.late,
             time_header=args.time_header,
+            watermarks=args.watermarks,
         )
         # what `status` shows of an error that stops it: in this command's terms too
         reader.error_text = lambda exc: in_cli_terms(exc, args.order_by)
@@ -214,7 +240,7 @@ async def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
             f"{reader.position}: {error}"
         )
         return EXIT_FAILED
-    late = f", {st.late:,} late" if args.order_by != "sequence" else ""
+    late = f", {st.late:,} late" if args.order_by != "sequence" and not args.watermarks else ""
     print_err(
         f"global-order reader {reader.member_id} stopped: {st.handled:,} records handled"
         f"{late}, position {reader.position}"
@@ -236,6 +262,7 @@ COMMAND = Command(
     "the global order, a handler that raised (it is handed over again on restart), or a "
     "newer reader of the same group, or (--order-by time or event-time, --late block) a "
     "late record, or (event-time, unless --late dead-letter) a record without a usable "
-    "--time-header. `status` shows why a reader stopped. See docs/architecture.md, Global "
-    "order.",
+    "--time-header. --order-by event-time --watermarks merges several GlobalProducer "
+    "producers exactly, with no window (see `global-producers`). `status` shows why a "
+    "reader stopped. See docs/architecture.md, Global order.",
 )

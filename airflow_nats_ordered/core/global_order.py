@@ -59,6 +59,9 @@ from .errors import ConfigError, NatsOrderedError
 from .global_event_time import DEFAULT_TIME_HEADER
 from .global_merge import GlobalMerge, GlobalOrderViolation
 from .global_position import READER_KEY, GlobalPositions
+from .global_producer_merge import ProducerMerge
+from .global_producer_reader import ProducerReading
+from .global_producers import Key
 from .global_progress import PartitionProgress
 from .global_watermarks import HDR_GLOBAL_SEQ, parse_global_seq, watermark_bucket, watermark_of
 from .global_window import LATE_POLICIES, WindowMerge
@@ -106,7 +109,7 @@ class GlobalReaderStats:
     untimed: int = 0
 
 
-class GlobalOrderReader(WindowReading):
+class GlobalOrderReader(WindowReading, ProducerReading):
     """Reads every partition of ``stream`` and hands ``handler`` (sync or async) one total
     order; the group ``group`` holds its position. Knobs: ``commit_every`` records,
     ``commit_interval`` seconds, ``max_buffer_bytes`` (whole reader), ``fetch_batch``
@@ -132,6 +135,13 @@ class GlobalOrderReader(WindowReading):
     stops the reader before it otherwise (:class:`~.global_event_time.EventTimeError`).
     ``msg.global_seq`` is the event time in ns.
 
+    ``order_by="event-time", watermarks=True`` is the exact event-time mode for records of
+    several :class:`~.global_producer.GlobalProducer` instances publishing at once: ordered
+    by ``(event time, producer, epoch, n)`` with no window, a record handed over once every
+    registered producer that is not closed has a watermark at or above it
+    (:mod:`.global_producer_reader`); a silent producer holds the merge back (the heartbeat
+    names it). ``lateness``, ``late`` and ``time_header`` do not apply to it.
+
     A reader that stops on its own writes why into its position (``error``): ``status``
     shows it until a reader of the group starts again."""
 
@@ -149,14 +159,31 @@ class GlobalOrderReader(WindowReading):
         poll_interval: float = 0.1,
         member_id: str | None = None,
         order_by: str = "sequence",
-        lateness: float = 2.0,
-        late: str = "block",
+        lateness: float | None = None,
+        late: str | None = None,
         time_header: str | None = None,
+        watermarks: bool = False,
     ) -> None:
         if order_by not in ("sequence", "time", "event-time"):
             raise ConfigError(
                 f"order_by must be 'sequence', 'time' or 'event-time', got {order_by!r}"
             )
+        if watermarks and order_by != "event-time":
+            raise ConfigError(
+                f"watermarks=True is the exact event-time mode: pass order_by='event-time' "
+                f"with it (got order_by={order_by!r})"
+            )
+        window_args = (("lateness", lateness), ("late", late), ("time_header", time_header))
+        for name, arg in window_args if watermarks else ():
+            if arg is not None:
+                raise ConfigError(
+                    f"{name} applies to the window modes; the exact event-time mode "
+                    f"(watermarks=True) has no window and reads {DEFAULT_TIME_HEADER}: leave "
+                    f"{name} out, or leave watermarks out for the window mode"
+                )
+        self.watermarks = bool(watermarks)
+        lateness = 2.0 if lateness is None else lateness
+        late = "block" if late is None else late
         if time_header is not None and order_by != "event-time":
             raise ConfigError(
                 "time_header applies to order_by='event-time'; pass both, or no time_header"
@@ -204,6 +231,12 @@ class GlobalOrderReader(WindowReading):
         self._positions: GlobalPositions
         self._merge: GlobalMerge
         self._window: WindowMerge | None = None
+        self._pmerge: ProducerMerge | None = None
+        self._pkey: Key | None = None
+        self._resume_pkey: Key | None = None
+        self._pending = None
+        self._last_check = 0.0
+        self._held_since: float | None = None
         self._late: deque[tuple[int, int, Any, str | None]] = deque()
         self._late_total = 0
         self._progress: list[PartitionProgress] | None = None
@@ -275,11 +308,13 @@ class GlobalOrderReader(WindowReading):
         self._positions = GlobalPositions(
             self.nc, store.state, cfg.state_bucket, cfg.stream, cfg.group, self.stream.created
         )
-        pos = await self._positions.grant(self.member_id, self.order_by)
-        if pos.order != self.order_by:
+        order = "event-time-exact" if self.watermarks else self.order_by
+        pos = await self._positions.grant(self.member_id, order)
+        if pos.order != order:
             raise ConfigError(
                 f"group {cfg.group} of stream {cfg.stream} holds a position ordered by "
-                f"{pos.order!r}; this reader was given order_by={self.order_by!r}: the two do "
+                f"{pos.order!r}; this reader was given order_by={self.order_by!r}"
+                f"{', watermarks=True' if self.watermarks else ''}: the two do "
                 "not resume each other, so use another group"
             )
         self._g, self._seqs, self._token = pos.g, dict(pos.seqs), pos.token
@@ -287,10 +322,15 @@ class GlobalOrderReader(WindowReading):
         nparts = self.stream.partitions
         share = max(2, self.max_buffer_bytes // nparts)
         self._merge = GlobalMerge(nparts, after=pos.g, share_bytes=share // 2)
-        if self.order_by != "sequence":
+        if self.watermarks:
+            key = (pos.g, *pos.producer_key) if pos.producer_key else None
+            self._pkey = self._resume_pkey = key
+            self._pmerge = ProducerMerge(nparts, key, share // 2)
+            self._progress = [PartitionProgress(pos.seqs.get(p, 0)) for p in range(nparts)]
+        elif self.order_by != "sequence":
             lateness_ns = int(self.lateness * 1e9)
             self._window = WindowMerge(nparts, lateness_ns, (pos.g, pos.tie), share // 2)
-        if self.order_by == "event-time":
+        if self.order_by == "event-time" and not self.watermarks:
             self._resume_key = (pos.g, pos.tie)
             self._resume_horizon = [pos.read.get(p, 0) for p in range(nparts)]
             self._progress = [
@@ -323,6 +363,7 @@ class GlobalOrderReader(WindowReading):
         problems = (
             [] if self.error is None else [f"global-order reader stopped: {self._error_line()}"]
         )
+        holders, held = self._held_back()
         return json.dumps(
             {
                 "member": self.member_id,
@@ -331,7 +372,8 @@ class GlobalOrderReader(WindowReading):
                 "started": self._started,
                 "ts": round(time.time(), 3),
                 "global_order": True,
-                "problems": problems,
+                "held_back_by": holders,
+                "problems": problems + held,
             }
         ).encode()
 
@@ -359,10 +401,14 @@ class GlobalOrderReader(WindowReading):
 
     async def _run(self) -> None:
         fetch = self._fetch if self._window is None else self._fetch_window
+        if self._pmerge is not None:
+            fetch = self._fetch_producers
         self._fetchers = [asyncio.ensure_future(fetch(p)) for p in range(len(self._readers))]
         self._heartbeat = asyncio.ensure_future(self._beat())
         try:
-            if self._window is None:
+            if self._pmerge is not None:
+                await self._producers_loop()
+            elif self._window is None:
                 await self._merge_loop()
             else:
                 await self._window_loop()
@@ -533,6 +579,7 @@ class GlobalOrderReader(WindowReading):
                 tie=self._tie,
                 read=self._horizons(),
                 error=self._error_line(),
+                producer_key=None if self._pkey is None else self._pkey[1:],
             )
         except Fenced:
             raise

@@ -65,6 +65,9 @@ class GlobalPosition:
     #: why the reader that wrote this stopped on its own (one line), or "" (running, or
     #: stopped by request); a new reader clears it when it takes the position
     error: str = ""
+    #: ``event-time-exact``: the rest of the last key handed over, ``(producer, epoch, n)``
+    #: (the key is ``(g, producer, epoch, n)``, :mod:`.global_producers`); None: none yet
+    producer_key: tuple[str, int, int] | None = None
 
     def to_json(self) -> bytes:
         d: dict[str, Any] = {
@@ -82,6 +85,8 @@ class GlobalPosition:
             d["read"] = {str(p): s for p, s in sorted(self.read.items())}
         if self.error:
             d["error"] = self.error
+        if self.producer_key is not None:
+            d["pkey"] = list(self.producer_key)
         return compact_json(d)
 
     @classmethod
@@ -99,7 +104,14 @@ class GlobalPosition:
             int(d.get("tie") or 0),
             {int(p): int(s) for p, s in (d.get("read") or {}).items()},
             str(d.get("error") or ""),
+            _producer_key(d.get("pkey")),
         )
+
+
+def _producer_key(v: Any) -> tuple[str, int, int] | None:
+    if not isinstance(v, list) or len(v) != 3:
+        return None
+    return (str(v[0]), int(v[1]), int(v[2]))
 
 
 class GlobalPositions:
@@ -148,6 +160,7 @@ class GlobalPositions:
                 order=old.order if (old.g or old.seqs) else order,
                 tie=old.tie,
                 read=dict(old.read),
+                producer_key=old.producer_key,
             )
             try:
                 if found is None:
@@ -168,9 +181,11 @@ class GlobalPositions:
         tie: int = 0,
         read: dict[int, int] | None = None,
         error: str = "",
+        producer_key: tuple[str, int, int] | None = None,
     ) -> None:
         """Write ``g`` and ``seqs`` (and the count of ``late`` records, unchanged if None;
-        the event-time mode's ``tie`` and ``read``; the ``error`` that stopped the reader)
+        the event-time modes' ``tie``, ``read`` and ``producer_key``; the ``error`` that
+        stopped the reader)
         under this reader's token; :class:`Fenced` if a newer reader has taken the position."""
         cur = self.current
         late = cur.late if late is None else late
@@ -185,6 +200,7 @@ class GlobalPositions:
             tie=tie,
             read=dict(read or {}),
             error=error,
+            producer_key=producer_key,
         )
         value = new.to_json()
         try:

@@ -1,0 +1,118 @@
+"""The exact merge of several producers' records by event time (:class:`ProducerMerge`):
+pure, no I/O. The reader side of :mod:`.global_producer`.
+
+Records come from the partitions in any interleaving, each with its key ``(event time,
+producer, epoch, n)`` (:mod:`.global_producers`). For each registered producer the merge
+keeps a **bound**: a key no record of that producer not yet buffered is at or below (its
+confirmed watermark), ``None`` while it promised nothing, or closed (nothing more comes).
+
+Guarantee: :meth:`ProducerMerge.pop` hands out buffered records in strictly increasing key
+order, and hands out the smallest ``c`` only when every registered producer that is not
+closed has a bound ``>= c``: nothing smaller than ``c`` can still arrive, so the order is
+exact, never guessed. A producer with no bound, or a bound below ``c``, holds the merge
+back (:meth:`holders`). Input that breaks the premises (a key at or below one handed out,
+the same key twice, a record of a producer confirmed closed) is refused with
+:class:`GlobalOrderViolation` and changes nothing.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Any
+
+from .global_merge import GlobalOrderViolation
+from .global_producers import Key, show_time
+
+
+def describe_key(key: Key) -> str:
+    return f"(event time {show_time(key[0])}, producer {key[1]}, seq {key[2]}.{key[3]})"
+
+
+class ProducerMerge:
+    """Merges records by key; ``after``: the last key handed out before (a resumed
+    position), or None."""
+
+    def __init__(self, partitions: int, after: Key | None = None, share_bytes: int = 1 << 62):
+        self.released = after
+        self.share_bytes = max(1, share_bytes)
+        self._heap: list[tuple[Key, int, Any, int]] = []
+        self._bytes = [0] * partitions
+        self._count = [0] * partitions
+        #: registered producers: their bound (None: nothing promised yet)
+        self.bounds: dict[str, Key | None] = {}
+        self.closed: set[str] = set()
+
+    def add(self, partition: int, key: Key, item: Any, size: int) -> None:
+        """Buffer a record of ``partition`` with ``key``."""
+        if key[1] in self.closed:
+            raise GlobalOrderViolation(
+                f"partition {partition}: a record of producer {key[1]} {describe_key(key)} was "
+                "stored after that producer was closed (it closed, or an operator closed it, "
+                "and then it published again): the reader stops before it",
+                partition,
+            )
+        if self.released is not None and key <= self.released:
+            raise GlobalOrderViolation(
+                f"partition {partition}: a record {describe_key(key)} arrived after "
+                f"{describe_key(self.released)} was handed over: its producer broke its "
+                "watermark promise (or published event times out of order, or two instances "
+                "ran with one producer id); the reader stops before it rather than reorder",
+                partition,
+            )
+        heapq.heappush(self._heap, (key, partition, item, size))
+        self._bytes[partition] += size
+        self._count[partition] += 1
+
+    def set_marks(self, bounds: dict[str, Key | None], closed: set[str]) -> None:
+        """The registered producers as confirmed by the reader (see the architecture doc):
+        ``bounds`` of the open ones, ``closed`` the closed ones. Bounds never go down."""
+        for p, b in bounds.items():
+            old = self.bounds.get(p)
+            self.bounds[p] = b if old is None or (b is not None and b > old) else old
+        for p in list(self.bounds):
+            if p not in bounds:
+                del self.bounds[p]
+        self.closed = set(closed)
+
+    def holders(self) -> list[str]:
+        """The producers that keep the smallest buffered record (or, with nothing buffered,
+        anything) from being handed out."""
+        c = self._heap[0][0] if self._heap else None
+        return sorted(p for p, b in self.bounds.items() if b is None or (c is not None and b < c))
+
+    def unknown(self) -> set[str]:
+        """Producers of buffered records that are neither registered nor closed."""
+        return {k[1] for k, _, _, _ in self._heap} - set(self.bounds) - self.closed
+
+    def pop(self) -> tuple[int, Key, Any] | None:
+        """The next record as ``(partition, key, item)``, or None while it is not known."""
+        if not self._heap:
+            return None
+        c, p, item, size = self._heap[0]
+        if c[1] not in self.bounds and c[1] not in self.closed:
+            return None  # its producer is not known yet (its registration is read next)
+        for b in self.bounds.values():
+            if b is None or b < c:
+                return None
+        heapq.heappop(self._heap)
+        if self._heap and self._heap[0][0] == c:
+            heapq.heappush(self._heap, (c, p, item, size))  # changes nothing
+            raise GlobalOrderViolation(
+                f"two records with the key {describe_key(c)} (partitions {p} and "
+                f"{self._heap[0][1]}): two instances published with one producer id; the "
+                "reader stops before them",
+                p,
+            )
+        self._bytes[p] -= size
+        self._count[p] -= 1
+        self.released = c
+        return p, c, item
+
+    def room(self, partition: int) -> bool:
+        return not self._count[partition] or self._bytes[partition] < self.share_bytes
+
+    def buffered(self) -> int:
+        return len(self._heap)
+
+
+__all__ = ["ProducerMerge", "describe_key"]
