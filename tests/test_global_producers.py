@@ -61,8 +61,13 @@ def test_merge_waits_for_every_open_producer_and_refuses_what_breaks_the_order()
     m.set_marks({"a": (9, "a", 1, 3)}, {"b"})
     with pytest.raises(GlobalOrderViolation, match="after that producer was closed"):
         m.add(0, (10, "b", 1, 2), "b2", 1)
-    m.add(0, (6, "c", 1, 1), "c1", 1)
-    assert m.unknown() == {"c"} and m.pop() is None  # not registered (yet)
+    m.add(0, (10, "a", 1, 4), "a4", 1)
+    m.add(1, (12, "c", 1, 1), "c1", 1)
+    m.set_marks({"a": (20, "a", 1, 9)}, {"b"})
+    # c is not the head, but its unread records may be smaller: it holds the merge back
+    assert m.unknown() == {"c"} and m.pop() is None and m.holders() == ["c"]
+    m.set_marks({"a": (20, "a", 1, 9), "c": (12, "c", 1, 1)}, {"b"})
+    assert [m.pop()[2], m.pop()[2], m.pop()] == ["a4", "c1", None]
 
 
 def test_two_producers_at_once_are_merged_exactly_and_a_restart_resumes(nats_url, unique_name):

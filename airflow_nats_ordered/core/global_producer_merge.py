@@ -8,7 +8,8 @@ confirmed watermark), ``None`` while it promised nothing, or closed (nothing mor
 
 Guarantee: :meth:`ProducerMerge.pop` hands out buffered records in strictly increasing key
 order, and hands out the smallest ``c`` only when every registered producer that is not
-closed has a bound ``>= c``: nothing smaller than ``c`` can still arrive, so the order is
+closed has a bound ``>= c``, and every producer with a buffered record is registered (or
+closed): nothing smaller than ``c`` can still arrive, so the order is
 exact, never guessed. A producer with no bound, or a bound below ``c``, holds the merge
 back (:meth:`holders`). Input that breaks the premises (a key at or below one handed out,
 the same key twice, a record of a producer confirmed closed) is refused with
@@ -41,6 +42,7 @@ class ProducerMerge:
         #: registered producers: their bound (None: nothing promised yet)
         self.bounds: dict[str, Key | None] = {}
         self.closed: set[str] = set()
+        self._per_producer: dict[str, int] = {}  # buffered records per producer
 
     def add(self, partition: int, key: Key, item: Any, size: int) -> None:
         """Buffer a record of ``partition`` with ``key``."""
@@ -62,6 +64,7 @@ class ProducerMerge:
         heapq.heappush(self._heap, (key, partition, item, size))
         self._bytes[partition] += size
         self._count[partition] += 1
+        self._per_producer[key[1]] = self._per_producer.get(key[1], 0) + 1
 
     def set_marks(self, bounds: dict[str, Key | None], closed: set[str]) -> None:
         """The registered producers as confirmed by the reader (see the architecture doc):
@@ -78,19 +81,22 @@ class ProducerMerge:
         """The producers that keep the smallest buffered record (or, with nothing buffered,
         anything) from being handed out."""
         c = self._heap[0][0] if self._heap else None
-        return sorted(p for p, b in self.bounds.items() if b is None or (c is not None and b < c))
+        held = {p for p, b in self.bounds.items() if b is None or (c is not None and b < c)}
+        return sorted(held | self.unknown())
 
     def unknown(self) -> set[str]:
-        """Producers of buffered records that are neither registered nor closed."""
-        return {k[1] for k, _, _, _ in self._heap} - set(self.bounds) - self.closed
+        """Producers of buffered records that are neither registered nor closed (as far as
+        the reader has confirmed): they hold the merge back, since their records not read
+        yet may be smaller than the head."""
+        return set(self._per_producer) - set(self.bounds) - self.closed
 
     def pop(self) -> tuple[int, Key, Any] | None:
         """The next record as ``(partition, key, item)``, or None while it is not known."""
         if not self._heap:
             return None
         c, p, item, size = self._heap[0]
-        if c[1] not in self.bounds and c[1] not in self.closed:
-            return None  # its producer is not known yet (its registration is read next)
+        if self.unknown():
+            return None  # a producer not known yet (its registration is read next)
         for b in self.bounds.values():
             if b is None or b < c:
                 return None
@@ -105,6 +111,11 @@ class ProducerMerge:
             )
         self._bytes[p] -= size
         self._count[p] -= 1
+        left = self._per_producer[c[1]] - 1
+        if left:
+            self._per_producer[c[1]] = left
+        else:
+            del self._per_producer[c[1]]
         self.released = c
         return p, c, item
 
