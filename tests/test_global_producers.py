@@ -276,3 +276,50 @@ def test_exact_mode_refuses_window_parameters():
         GlobalOrderReader(None, "S", "g", print, order_by="event-time", watermarks=True, lateness=1)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="pass order_by='event-time'"):
         GlobalOrderReader(None, "S", "g", print, watermarks=True)  # type: ignore[arg-type]
+
+
+def test_an_idle_producer_advances_and_a_restart_fences_the_earlier_instance(nats_url, unique_name):
+    """'idle' publishes nothing: advance() lets the reader hand over 'busy''s records and
+    refuses an earlier event time afterwards. A second instance of 'busy' takes its mark
+    over: the first one can write no watermark and publish nothing more."""
+
+    async def go():
+        nc = await nats.connect(nats_url)
+        try:
+            await provision(nc, StreamSpec(unique_name, partitions=2))
+            idle = GlobalProducer(OrderedPublisher(nc, unique_name), "idle")
+            await idle.start()
+            busy = GlobalProducer(OrderedPublisher(nc, unique_name), "busy")
+            await busy.start()
+            for i in range(3):
+                await busy.publish(f"k{i}", b"%d" % i, event_time=T0 + i)
+            await busy.watermark()
+            got: list[GlobalMessage] = []
+            reader = GlobalOrderReader(
+                nc, unique_name, GROUP, got.append, order_by="event-time", watermarks=True
+            )
+            await reader.start()
+            await _until(lambda: reader.stats.watermark_advances >= 1, "the marks confirmed")
+            before = len(got)
+            await idle.advance(T0 + 100)
+            await _until(lambda: len(got) == 3 or reader.error, "busy's 3 records")
+            with pytest.raises(RecordError) as refused:
+                await idle.publish("k", b"x", event_time=T0 + 50)
+            again = GlobalProducer(OrderedPublisher(nc, unique_name), "busy")
+            await again.start()
+            await busy.publish("k", b"late", event_time=T0 + 10)  # accepted, then fenced:
+            with pytest.raises(ProducerFenced):
+                await busy.watermark()
+            with pytest.raises(RecordError, match="publishes no more records"):
+                await busy.publish("k", b"more", event_time=T0 + 11)
+            await reader.stop()
+            await again.close()
+            await idle.close()
+            return before, got, reader, str(refused.value), again.epoch
+        finally:
+            await nc.close()
+
+    before, got, reader, refused, epoch = asyncio.run(go())
+    assert before == 0 and [m.data for m in got] == [b"0", b"1", b"2"] and reader.error is None
+    assert "below the time it advanced to (advance())" in refused, refused
+    assert epoch == 2

@@ -15,7 +15,8 @@ Guarantees (the wire parts are in :mod:`.global_producers`; the proof in
 
 * **Per-producer order.** Event times are non-decreasing per producer: a record whose event
   time is below the previous one accepted (or, after a restart with the same id, below the
-  last watermark of the earlier instance) is refused with :class:`~.errors.RecordError`
+  last watermark of the earlier instance, or below what :meth:`GlobalProducer.advance`
+  promised) is refused with :class:`~.errors.RecordError`
   naming the producer and both times; nothing is sent. Each record gets the headers
   ``Nats-Ordered-Event-Time``, ``Nats-Ordered-Global-Producer`` and
   ``Nats-Ordered-Global-Producer-Seq`` (``<epoch>.<n>``, ``n`` in publish order), so its
@@ -28,6 +29,9 @@ Guarantees (the wire parts are in :mod:`.global_producers`; the proof in
   before is acknowledged, so stored) and only then writes W: every record of this producer
   not yet stored has a key above W. A flush that failed writes no watermark again (a record
   given up on might still be stored late; :meth:`publish` raises from then on).
+* **Idle.** A producer that publishes nothing writes no new watermark and holds readers
+  back (exactness: it might still publish an earlier event time); :meth:`advance` promises
+  a time (default now) below which it publishes nothing more, and lets them go on.
 * **Closed.** :meth:`close` flushes and closes the publisher, then marks the producer
   ``closed`` (readers stop waiting for it). A failed flush leaves the mark open: the
   readers wait until an operator closes it (:func:`~.global_producers.close_producer`).
@@ -118,7 +122,10 @@ class GlobalProducer:
         self.instance = NUID().next().decode()
         self._kv: KeyValue
         self._revision = 0
-        self._floor = 0  # the earlier instance's watermark event time (restart)
+        #: no event time below it is accepted: the earlier instance's watermark (restart),
+        #: or what :meth:`advance` promised; ``_floor_what`` says which
+        self._floor = 0
+        self._floor_what = "the last watermark of its earlier instance (same producer id)"
         self._last_e: int | None = None  # the event time of the last record accepted
         self._n = 0  # the counter of the last record accepted
         self._written: tuple[int | None, int] = (None, 0)
@@ -194,17 +201,7 @@ class GlobalProducer:
             )
         async with self._lock:
             e = event_time_ns(event_time, time.time_ns())
-            prev = self._last_e if self._last_e is not None else self._floor
-            if e < prev:
-                what = "its previous record's event time"
-                if self._last_e is None:
-                    what = "the last watermark of its earlier instance (same producer id)"
-                raise RecordError(
-                    f"producer {self.producer}: event time {show_time(e)} is below "
-                    f"{what} {show_time(prev)}: a producer's event times must not decrease "
-                    "(that is what lets readers merge producers exactly). Publish it from "
-                    "another producer id, or with an event time at or after the previous one"
-                )
+            self._check_time(e)
             n = self._n + 1
             stamped = dict(headers or {})
             stamped[DEFAULT_TIME_HEADER] = format_event_time(e)
@@ -218,6 +215,47 @@ class GlobalProducer:
                 self._last_e, self._n = before  # refused: nothing was accepted
                 raise
 
+    def _check_time(self, e: int) -> None:
+        last = self._last_e
+        if last is not None and last >= self._floor:
+            prev, what = last, "its previous record's event time"
+        else:
+            prev, what = self._floor, self._floor_what
+        if e < prev:
+            raise RecordError(
+                f"producer {self.producer}: event time {show_time(e)} is below {what} "
+                f"{show_time(prev)}: a producer's event times must not decrease (that is what "
+                "lets readers merge producers exactly). Publish it from another producer id, "
+                "or with an event time at or after that one"
+            )
+
+    def _mark_time(self) -> int | None:
+        """The event time a watermark may promise now: the last accepted, or the floor."""
+        if self._last_e is None:
+            return self._floor or None
+        return max(self._last_e, self._floor)
+
+    async def advance(self, event_time: int | datetime | None = None) -> Key:
+        """Promise that no record of this producer below ``event_time`` (epoch ms, aware
+        datetime; None: now) follows, so that an idle producer does not hold readers back;
+        from then on such an event time is refused. Flushes, then writes the watermark."""
+        async with self._mark_lock:
+            if self._error is not None:
+                raise self._error
+            async with self._lock:
+                e = event_time_ns(event_time, time.time_ns())
+                self._check_time(e)
+                self._floor, self._floor_what = e, "the time it advanced to (advance())"
+                w = (e, self._n)
+            try:
+                await self.pub.flush()
+            except PublishError as exc:
+                self._error = exc
+                raise
+            await self._write(ProducerMark(self.producer, self.epoch, "open", w[0], w[1]))
+            self._written = w
+            return (w[0], self.producer, self.epoch, w[1])
+
     async def watermark(self) -> Key | None:
         """Write a watermark now (if a record was accepted since the last one): W, flush,
         then W. Returns the key written (None: nothing new). Raises
@@ -227,7 +265,7 @@ class GlobalProducer:
             if self._error is not None:
                 raise self._error
             async with self._lock:
-                w = (self._last_e, self._n)
+                w = (self._mark_time(), self._n)
             if w == self._written or w[0] is None:
                 return None
             try:
@@ -251,14 +289,12 @@ class GlobalProducer:
                 await self._task
         async with self._mark_lock:
             async with self._lock:
-                e, n = self._last_e, self._n
+                e, n = self._mark_time(), self._n
             await self.pub.close()
             if self._error is not None or not self.epoch:
                 if isinstance(self._error, ProducerFenced):
                     raise self._error
                 return
-            if e is None:
-                e = self._floor or None
             await self._write(ProducerMark(self.producer, self.epoch, "closed", e, n))
         log.info("global producer %s: closed", self.producer)
 
