@@ -1,6 +1,7 @@
 """docs/protocol.md section 12 (global order): the watermark and position examples on the
-page (section 12.1: the event-time mode's position) have exactly the fields, in the order,
-that the publisher and the reader write."""
+page (section 12.1: the event-time mode's position; 12.2: a global producer's mark and the
+exact event-time mode's position) have exactly the fields, in the order, that the
+publisher, the producer and the reader write."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from protocol_page import page_text
 from airflow_nats_ordered.core.global_event_time import DEFAULT_TIME_HEADER
 from airflow_nats_ordered.core.global_order import GlobalOrderReader
 from airflow_nats_ordered.core.global_position import POSITION_KEY
+from airflow_nats_ordered.core.global_producer import GlobalProducer
 from airflow_nats_ordered.core.global_watermarks import watermark_bucket
 from airflow_nats_ordered.core.publisher import OrderedPublisher
 from airflow_nats_ordered.core.streams import StreamSpec, provision
@@ -48,7 +50,7 @@ def test_the_pages_watermark_and_position_examples_are_what_the_code_writes(nats
             await nc.close()
 
     watermark, position = asyncio.run(asyncio.wait_for(go(), 60))
-    page_watermark, page_position, _ = _section_12_examples()
+    page_watermark, page_position = _section_12_examples()[:2]
     assert list(watermark) == list(page_watermark)
     assert list(position) == list(page_position)
     for page, real in ((page_watermark, watermark), (page_position, position)):
@@ -86,3 +88,40 @@ def test_the_pages_event_time_position_example_is_what_the_reader_writes(nats_ur
         assert isinstance(position[field], type(value)), field
     assert position["g"] == msg.global_seq == 1795637069123 * 1_000_000
     assert position["order"] == "event-time" and position["tie"] == msg.stream_seq
+
+
+def test_the_pages_producer_mark_and_exact_position_examples_are_what_the_code_writes(
+    nats_url, unique_name
+):
+    async def go():
+        nc = await nats.connect(nats_url)
+        try:
+            await provision(nc, StreamSpec(unique_name, partitions=2))
+            async with GlobalProducer(OrderedPublisher(nc, unique_name), "billing") as prod:
+                await prod.publish("a", b"1", event_time=1795637069123)
+                await prod.watermark()
+                mark = json.loads((await prod._kv.get("p.billing")).value)
+            got: list = []
+            reader = GlobalOrderReader(
+                nc, unique_name, "g", got.append, order_by="event-time", watermarks=True
+            )
+            await reader.start()
+            async with asyncio.timeout(60):
+                while not got or reader.stats.commits < 1:
+                    await asyncio.sleep(0.02)
+            await reader.stop()
+            state = await nc.jetstream().key_value(f"nor_{unique_name}_g_state")
+            return mark, json.loads((await state.get(POSITION_KEY)).value), got[0]
+        finally:
+            await nc.close()
+
+    mark, position, msg = asyncio.run(go())
+    page_mark, page_position = _section_12_examples()[3:5]
+    for page, real in ((page_mark, mark), (page_position, position)):
+        assert list(real) == list(page)
+        for field, value in page.items():
+            numbers = isinstance(value, int | float) and isinstance(real[field], int | float)
+            assert numbers or isinstance(real[field], type(value)), field
+    assert mark["e"] == msg.global_seq == position["g"] == 1795637069123 * 1_000_000
+    assert mark["state"] == "open" and mark["n"] == 1 and position["pkey"] == ["billing", 1, 1]
+    assert position["order"] == "event-time-exact"
