@@ -13,6 +13,7 @@ from ..core.errors import ConfigError
 from ..core.publisher import check_producer_id
 from ..core.runs import RunLedger, RunRecord
 from .datasource import NAME, _on_nats, register
+from .global_stamp import GLOBAL_SEQ_COLUMN, DriverSequencer, with_global_seq
 from .options import CARRIED_OVER_OPTION, CONNECTION_OPTIONS, SinkOptions
 from .repartitioned import carry_over, pass_over_old_layout
 from .routing import KEY_TEXT_COLUMN, check_key_column, is_integral_key, route
@@ -36,6 +37,7 @@ def write_ordered(
     allow_refused: bool = False,
     tasks: int | None = None,
     connection: Mapping[str, str] | None = None,
+    global_order: bool = False,
 ) -> RunRecord:
     """Publish ``df`` to ``stream`` keyed by ``key``, in ``order_by`` order per key, as the
     run ``producer_id``; returns the run's ledger record (status, per-partition high-water
@@ -53,6 +55,11 @@ def write_ordered(
     ``key`` (and ``msg_id_column``) must be a string, UTF-8 binary or integral column; an
     integral key is published (and routed) as its exact decimal text, the canonical key
     text of ``core/keys.py``. Other column types are refused before any job runs.
+
+    ``global_order=True`` also stamps every row with ``Nats-Global-Seq`` in (``order_by``,
+    tie-breaker) order over the whole DataFrame, for a global-order reader (one order over
+    all keys); the driver holds the stream's sequencer claim while the job runs and writes
+    the partitions' watermarks when the run is complete (:mod:`.global_stamp`).
     """
     order = [c.strip() for c in order_by.split(",")] if isinstance(order_by, str) else order_by
     # refused in this function's terms (not as the data source's producerId option)
@@ -102,6 +109,25 @@ def write_ordered(
             previous.acked,
         )
         return previous
+    if global_order:
+        if before_switch is not None:  # a stamped stream is never repartitioned
+            raise ConfigError(
+                f"run {producer_id!r} began before stream {stream} was repartitioned: it "
+                "cannot be continued in global order; publish it under a new producer_id"
+            )
+        return _write_global(
+            df,
+            stream=stream,
+            key=key,
+            producer_id=producer_id,
+            order=list(order),
+            tie_breaker=list(tie_breaker) if tie_breaker else None,
+            partitions=partitions,
+            tasks=tasks,
+            integral=integral,
+            options=options,
+            spark_options=spark_options,
+        )
     if before_switch is not None:
         spark_options[CARRIED_OVER_OPTION] = "true"  # the sink refuses a direct write of it
         df = pass_over_old_layout(
@@ -134,6 +160,57 @@ def write_ordered(
     return rec
 
 
+def _write_global(
+    df: DataFrame,
+    *,
+    stream: str,
+    key: str,
+    producer_id: str,
+    order: list[str],
+    tie_breaker: list[str] | None,
+    partitions: int,
+    tasks: int | None,
+    integral: bool,
+    options: SinkOptions,
+    spark_options: dict[str, str],
+) -> RunRecord:
+    """``write_ordered`` with ``global_order``: numbered, routed and sorted by the number."""
+    seq = DriverSequencer(options, stream, producer_id)
+    base = seq.start()  # SequencerBusy while another global-order publisher runs
+    complete = False
+    try:
+        stamped = with_global_seq(df, key=key, order_by=order, tie_breaker=tie_breaker, base=base)
+        # each NATS partition in one task sorted by the number, which follows (order_by,
+        # tie-breaker): the sink's own order check still holds, and the sequence increases
+        # along every partition
+        routed = route(
+            stamped,
+            key=key,
+            partitions=partitions,
+            order_by=[GLOBAL_SEQ_COLUMN],
+            tie_breaker=[GLOBAL_SEQ_COLUMN],
+            tasks=tasks,
+        ).drop(GLOBAL_SEQ_COLUMN)
+        if integral:
+            from pyspark.sql import functions as F
+
+            routed = routed.withColumn(KEY_TEXT_COLUMN, F.col(key).cast("string"))
+            spark_options["keyColumn"] = KEY_TEXT_COLUMN
+        register(df.sparkSession)
+        routed.write.format(NAME).options(**spark_options).mode("append").save()
+
+        async def result(nc: NATS) -> RunRecord | None:
+            return await (await RunLedger.open(nc, stream)).get(producer_id)
+
+        rec = _on_nats(options, result)
+        if rec is None:
+            raise RuntimeError(f"run {producer_id!r} left no record in the ledger of {stream}")
+        complete = rec.status == "complete"
+    finally:
+        seq.finish(complete=complete)
+    return rec
+
+
 def ordered_batches(
     *,
     stream: str,
@@ -145,6 +222,7 @@ def ordered_batches(
     allow_refused: bool = False,
     tasks: int | None = None,
     connection: Mapping[str, str] | None = None,
+    global_order: bool = False,
 ) -> Callable[[DataFrame, int], None]:
     """A ``foreachBatch`` function publishing each micro-batch with :func:`write_ordered`:
     routed, each NATS partition in one task sorted by (``order_by``, tie-breaker), so every
@@ -180,6 +258,7 @@ def ordered_batches(
             allow_refused=allow_refused,
             tasks=tasks,
             connection=connection,
+            global_order=global_order,
         )
 
     return write_batch
