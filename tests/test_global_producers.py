@@ -323,3 +323,34 @@ def test_an_idle_producer_advances_and_a_restart_fences_the_earlier_instance(nat
     assert before == 0 and [m.data for m in got] == [b"0", b"1", b"2"] and reader.error is None
     assert "below the time it advanced to (advance())" in refused, refused
     assert epoch == 2
+
+
+def test_a_producer_that_keeps_publishing_still_writes_watermarks(nats_url, unique_name):
+    """A tight publishing loop keeps the publisher's lanes busy all the time: a watermark
+    waits for the records it covers to be stored, not for every lane to be idle at once
+    (with pub.flush() no watermark was written for as long as the loop ran, so readers
+    waited for the producer to pause)."""
+
+    async def go():
+        nc = await nats.connect(nats_url)
+        try:
+            await provision(nc, StreamSpec(unique_name, partitions=2))
+            prod = GlobalProducer(OrderedPublisher(nc, unique_name), "busy")
+            await prod.start()
+            sent, mark = 0, None
+            async with asyncio.timeout(WAIT):
+                while sent < 300_000:
+                    await prod.publish(f"k{sent % 50}", b"x", event_time=T0 + sent // 100)
+                    sent += 1
+                    if sent % 2000 == 0:  # the mark as a reader sees it, while publishing
+                        mark = (await list_producers(nc, unique_name))["busy"]
+                        if mark.e is not None:
+                            break
+            await prod.close()
+            return sent, mark, prod.watermarked
+        finally:
+            await nc.close()
+
+    sent, mark, last = asyncio.run(go())
+    assert mark is not None and mark.e is not None, f"no watermark while {sent} were published"
+    assert mark.state == "open" and 1 <= mark.n <= sent and last is not None

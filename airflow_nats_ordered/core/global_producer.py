@@ -25,10 +25,12 @@ Guarantees (the wire parts are in :mod:`.global_producers`; the proof in
   producer's mark (``p.<producer>``, a new epoch) before anything is published; readers
   wait for every registered producer that is not closed.
 * **Watermarks.** Every ``watermark_interval`` seconds (and on :meth:`watermark`) it takes
-  W, the key of the last record accepted, then flushes the publisher (everything accepted
-  before is acknowledged, so stored) and only then writes W: every record of this producer
-  not yet stored has a key above W. A flush that failed writes no watermark again (a record
-  given up on might still be stored late; :meth:`publish` raises from then on).
+  W, the key of the last record accepted, then waits until every record accepted up to then
+  is acknowledged as stored (per partition, ``pub.stored_positions()``; not a full
+  ``pub.flush()``, which under a producer that keeps publishing never finds every lane idle
+  at once) and only then writes W: every record of this producer not yet stored has a key
+  above W. A failed record writes no watermark again (a record given up on might still be
+  stored late; :meth:`publish` raises from then on).
 * **Idle.** A producer that publishes nothing writes no new watermark and holds readers
   back (exactness: it might still publish an earlier event time); :meth:`advance` promises
   a time (default now) below which it publishes nothing more, and lets them go on.
@@ -54,7 +56,7 @@ from nats.js.errors import KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 from nats.nuid import NUID
 
-from .errors import ConfigError, RecordError
+from .errors import ConfigError, NatsOrderedError, RecordError
 from .global_event_time import DEFAULT_TIME_HEADER
 from .global_producers import (
     HDR_PRODUCER_ID,
@@ -128,6 +130,11 @@ class GlobalProducer:
         self._floor_what = "the last watermark of its earlier instance (same producer id)"
         self._last_e: int | None = None  # the event time of the last record accepted
         self._n = 0  # the counter of the last record accepted
+        #: per partition, the position (in ``pub.stored_positions()``'s count) of the last
+        #: record accepted through this producer
+        self._positions: dict[int, int] = {}
+        #: the last watermark written, as a key (None: none yet)
+        self.watermarked: Key | None = None
         self._written: tuple[int | None, int] = (None, 0)
         self._error: BaseException | None = None
         self._closed = False
@@ -154,6 +161,12 @@ class GlobalProducer:
         times below it are refused."""
         if not getattr(self.pub, "_started", False):
             await self.pub.start()
+        if self.pub.accepted:
+            raise ConfigError(
+                "GlobalProducer needs a publisher that has published nothing yet (its records "
+                "would have no place in the order): pass a new OrderedPublisher"
+            )
+        self._positions = dict(self.pub.stored_positions())
         self._kv = await open_watermarks(self.pub.nc, self.pub.stream)
         bucket, key = watermark_bucket(self.pub.stream.name), MARK_PREFIX + self.producer
         while True:
@@ -207,13 +220,40 @@ class GlobalProducer:
             stamped[DEFAULT_TIME_HEADER] = format_event_time(e)
             stamped[HDR_PRODUCER_ID] = self.producer
             stamped[HDR_PRODUCER_SEQ] = f"{self.epoch}.{n}"
-            before = (self._last_e, self._n)
-            self._last_e, self._n = e, n  # kept if cancelled after acceptance: W only rises
+            before, accepted = (self._last_e, self._n), self.pub.accepted
+            self._last_e, self._n = e, n
             try:
-                return await self.pub.publish(key, data, headers=stamped, msg_id=msg_id)
-            except Exception:
-                self._last_e, self._n = before  # refused: nothing was accepted
+                part = await self.pub.publish(key, data, headers=stamped, msg_id=msg_id)
+            except BaseException:
+                if self.pub.accepted == accepted:
+                    self._last_e, self._n = before  # refused: nothing was accepted
+                else:  # cancelled after it was accepted: its partition is not known here
+                    self._error = NatsOrderedError(
+                        "a publish was cancelled after its record was accepted, so no "
+                        "watermark can say it is stored; start a new producer instance"
+                    )
                 raise
+            self._positions[part] = self._positions.get(part, 0) + 1
+            return part
+
+    async def _stored(self, upto: dict[int, int]) -> None:
+        """Until every partition's records up to position ``upto[p]`` are acknowledged as
+        stored (acknowledgements come in order per partition). Not ``pub.flush()``: under a
+        producer that keeps publishing, its lanes are never all idle at once, and no
+        watermark was written for as long as it kept publishing. A failed record raises
+        :class:`~.publish_summary.PublishError` (through ``flush``) and no watermark is
+        written again."""
+        while True:
+            if self.pub.failed:
+                try:
+                    await self.pub.flush()
+                except PublishError as exc:
+                    self._error = exc
+                    raise
+            stored = self.pub.stored_positions()
+            if all(stored.get(p, 0) >= n for p, n in upto.items()):
+                return
+            await asyncio.sleep(0.005)
 
     def _check_time(self, e: int) -> None:
         last = self._last_e
@@ -238,7 +278,8 @@ class GlobalProducer:
     async def advance(self, event_time: int | datetime | None = None) -> Key:
         """Promise that no record of this producer below ``event_time`` (epoch ms, aware
         datetime; None: now) follows, so that an idle producer does not hold readers back;
-        from then on such an event time is refused. Flushes, then writes the watermark."""
+        from then on such an event time is refused. Writes the watermark once everything
+        accepted before is stored."""
         async with self._mark_lock:
             if self._error is not None:
                 raise self._error
@@ -246,36 +287,30 @@ class GlobalProducer:
                 e = event_time_ns(event_time, time.time_ns())
                 self._check_time(e)
                 self._floor, self._floor_what = e, "the time it advanced to (advance())"
-                w = (e, self._n)
-            try:
-                await self.pub.flush()
-            except PublishError as exc:
-                self._error = exc
-                raise
+                w, upto = (e, self._n), dict(self._positions)
+            await self._stored(upto)
             await self._write(ProducerMark(self.producer, self.epoch, "open", w[0], w[1]))
             self._written = w
-            return (w[0], self.producer, self.epoch, w[1])
+            self.watermarked = (w[0], self.producer, self.epoch, w[1])
+            return self.watermarked
 
     async def watermark(self) -> Key | None:
-        """Write a watermark now (if a record was accepted since the last one): W, flush,
-        then W. Returns the key written (None: nothing new). Raises
-        :class:`~.publish_summary.PublishError` (no watermark again) or
-        :class:`~.global_producers.ProducerFenced`."""
+        """Write a watermark now (if a record was accepted since the last one): take W, wait
+        until the records up to it are stored, write W. Returns the key written (None:
+        nothing new). Raises :class:`~.publish_summary.PublishError` (no watermark again)
+        or :class:`~.global_producers.ProducerFenced`."""
         async with self._mark_lock:
             if self._error is not None:
                 raise self._error
             async with self._lock:
-                w = (self._mark_time(), self._n)
+                w, upto = (self._mark_time(), self._n), dict(self._positions)
             if w == self._written or w[0] is None:
                 return None
-            try:
-                await self.pub.flush()
-            except PublishError as exc:
-                self._error = exc
-                raise
+            await self._stored(upto)
             await self._write(ProducerMark(self.producer, self.epoch, "open", w[0], w[1]))
             self._written = w
-            return (w[0], self.producer, self.epoch, w[1])
+            self.watermarked = (w[0], self.producer, self.epoch, w[1])
+            return self.watermarked
 
     async def close(self) -> None:
         """Flush and close the publisher, then mark the producer closed. A failed flush
