@@ -123,3 +123,32 @@ def test_global_read_watermarks_usage_errors(shared_nats_server, unique_name, ca
     assert "--lateness applies to the window modes" in capsys.readouterr().err
     assert cli(["global-producers", "--stream", unique_name, "--close", "a.b"]) == 2
     assert "--close must be 1-64 letters" in capsys.readouterr().err
+
+
+def test_global_read_watermarks_stops_at_a_plain_record_in_cli_terms(
+    shared_nats_server, unique_name, tmp_path
+):
+    """A record published without GlobalProducer has no place in the exact order: the
+    process stops before it (exit 3), naming partition, sequence and header, and the way
+    out as a flag."""
+    url = shared_nats_server.url
+    assert cli(["provision", "--stream", unique_name, "--partitions", "1", "--server", url]) == 0
+
+    async def plain() -> None:
+        nc = await nats.connect(url)
+        try:
+            async with OrderedPublisher(nc, unique_name) as pub:
+                await pub.publish("k", b"plain")
+        finally:
+            await nc.close()
+
+    asyncio.run(plain())
+    (tmp_path / "ledger.py").write_text(HANDLER)
+    cmd = [sys.executable, "-m", "airflow_nats_ordered.cli", "global-read", "--stream"]
+    cmd += [unique_name, "--group", "g", "--handler", "ledger:apply", "--server", url]
+    cmd += ["--order-by", "event-time", "--watermarks"]
+    env = dict(os.environ, GLOBAL_OUT=str(tmp_path / "out.txt"))
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=90)
+    assert proc.returncode == 3, proc.stderr
+    assert "partition 0, stream sequence 1: header Nats-Ordered-Event-Time" in proc.stderr
+    assert "read such a stream without --watermarks" in proc.stderr, proc.stderr

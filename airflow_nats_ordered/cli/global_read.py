@@ -156,7 +156,7 @@ def in_cli_terms(exc: BaseException, order_by: str) -> str:
             "pass the header it does set as --time-header, or pass --late dead-letter to set "
             "such records aside"
         )
-    return str(exc)
+    return str(exc).replace("without watermarks=True", "without --watermarks")
 
 
 async def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
