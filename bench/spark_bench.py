@@ -228,7 +228,9 @@ def main() -> int:
             indent=2,
         )
     )
-    return 0 if ratio >= GOAL else 1
+    # the verdict is printed (ok / MISS), as the other benches do; a miss does not stop
+    # `make bench` before the benches after this one
+    return 0
 
 
 if __name__ == "__main__":
