@@ -141,6 +141,18 @@ def write_ordered(
     routed = route(
         df, key=key, partitions=partitions, order_by=order, tie_breaker=tie_breaker, tasks=tasks
     )
+    return _save(routed, key=key, integral=integral, options=options, spark_options=spark_options)
+
+
+def _save(
+    routed: DataFrame,
+    *,
+    key: str,
+    integral: bool,
+    options: SinkOptions,
+    spark_options: dict[str, str],
+) -> RunRecord:
+    """Write the routed rows with the sink; the run's ledger record after the write."""
     if integral:
         # the sink publishes the key's canonical text (exact decimal digits, as Spark's
         # cast of an integral column gives), from a column left out of the payload
@@ -148,8 +160,9 @@ def write_ordered(
 
         routed = routed.withColumn(KEY_TEXT_COLUMN, F.col(key).cast("string"))
         spark_options["keyColumn"] = KEY_TEXT_COLUMN
-    register(df.sparkSession)
+    register(routed.sparkSession)
     routed.write.format(NAME).options(**spark_options).mode("append").save()
+    stream, producer_id = spark_options["stream"], spark_options["producerId"]
 
     async def result(nc: NATS) -> RunRecord | None:
         return await (await RunLedger.open(nc, stream)).get(producer_id)
@@ -191,20 +204,9 @@ def _write_global(
             tie_breaker=[GLOBAL_SEQ_COLUMN],
             tasks=tasks,
         ).drop(GLOBAL_SEQ_COLUMN)
-        if integral:
-            from pyspark.sql import functions as F
-
-            routed = routed.withColumn(KEY_TEXT_COLUMN, F.col(key).cast("string"))
-            spark_options["keyColumn"] = KEY_TEXT_COLUMN
-        register(df.sparkSession)
-        routed.write.format(NAME).options(**spark_options).mode("append").save()
-
-        async def result(nc: NATS) -> RunRecord | None:
-            return await (await RunLedger.open(nc, stream)).get(producer_id)
-
-        rec = _on_nats(options, result)
-        if rec is None:
-            raise RuntimeError(f"run {producer_id!r} left no record in the ledger of {stream}")
+        rec = _save(
+            routed, key=key, integral=integral, options=options, spark_options=spark_options
+        )
         complete = rec.status == "complete"
     finally:
         seq.finish(complete=complete)
