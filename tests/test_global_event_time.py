@@ -11,6 +11,7 @@ back (its frontier is 0), and a record is late only once a later one was handed 
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import json
 import time
 from datetime import UTC, datetime
@@ -276,6 +277,10 @@ def test_a_late_record_under_each_policy(nats_url, unique_name, late, capsys):
     assert cli(args) == 0
     glob = json.loads(capsys.readouterr().out)["global_order"]
     assert glob["late"] == 1 and glob["order"] == "event-time", glob
+    # the position is an event time: also shown as one (RFC 3339), not as a bare ns count
+    when = dt.datetime.fromisoformat(glob["position_time"].replace("Z", "+00:00"))
+    assert abs(when.timestamp() - glob["position"] / 1e9) < 1e-3, glob
+    assert glob["held_back_by"] == [], glob
     if late == "block":  # status says why the reader stopped
         assert glob["error"].startswith("LateRecordError: late record: partition 1"), glob
     else:

@@ -202,6 +202,7 @@ def test_a_silent_producer_holds_the_merge_back_until_closed(nats_url, unique_na
     held, holders, status, got, reader = asyncio.run(go())
     assert held == [] and holders == ["quiet"]
     assert status["global_order"]["order"] == "event-time-exact", status
+    assert status["global_order"]["held_back_by"] == ["quiet"], status
     (problem,) = [p for p in status["problems"] if "quiet" in p]
     assert "held back" in problem and "quiet (watermark none)" in problem, problem
     assert f"--stream {unique_name} --close quiet" in problem, problem

@@ -37,6 +37,7 @@ from ..core.drain import (
 )
 from ..core.errors import ConfigError, NatsOrderedError
 from ..core.global_position import GlobalPosition
+from ..core.global_producers import show_time
 from ..core.group import GroupStore
 from ..core.group_admin import dead_letters
 from ..core.streams import describe, stream_contents
@@ -174,19 +175,30 @@ async def _read(nc: NATS, stream_name: str, group: str) -> dict[str, Any]:
             "purge": strays.purge_commands() if strays else [],
         },
         "problems": list(snap.problems) + ([strays.problem()] if strays else []),
-        "global_order": _global_order(snap.global_position, reader_id, now),
+        "global_order": _global_order(
+            snap.global_position,
+            reader_id,
+            now,
+            list((reader or {}).get("held_back_by") or []),
+        ),
     }
 
 
-def _global_order(gp: GlobalPosition | None, reader: str | None, now: float) -> Any:
+def _global_order(
+    gp: GlobalPosition | None, reader: str | None, now: float, held_back_by: list[str]
+) -> Any:
     """A global-order reader's position (None for a group of per-key workers): the last
-    global sequence handed over, its token, who wrote it and when, late records (window
-    modes), the running reader, if any, and why the last one stopped on its own (None: it
-    runs, or was stopped by request)."""
+    global sequence handed over (in the time modes a time in ns since the epoch, also as
+    RFC 3339 in ``position_time``), its token, who wrote it and when, late records (window
+    modes), the running reader, if any, the producers holding its merge back (exact
+    event-time mode) and why the last one stopped on its own (None: it runs, or was
+    stopped by request)."""
     if gp is None:
         return None
+    timed = gp.order != "sequence" and gp.g > 0
     return {
         "position": gp.g,
+        "position_time": show_time(gp.g) if timed else None,
         "fencing_token": gp.token,
         "member": gp.member,
         "written_age": round(max(0.0, now - gp.ts), 3) if gp.ts else None,
@@ -194,6 +206,7 @@ def _global_order(gp: GlobalPosition | None, reader: str | None, now: float) -> 
         "reader": reader,
         "order": gp.order,
         "error": gp.error or None,
+        "held_back_by": held_back_by,
     }
 
 
@@ -240,8 +253,11 @@ def _print_table(out: dict[str, Any]) -> None:
         running = f"reader {glob['reader']} running" if glob["reader"] else "no reader running"
         if glob.get("error") and not glob["reader"]:
             running = "no reader running: the last one stopped on an error (see problems)"
+        if glob["held_back_by"]:
+            running += f", held back by producer(s) {', '.join(glob['held_back_by'])}"
+        at = glob["position_time"] or f"{glob['position']:,}"
         print(
-            f"global order: position {glob['position']:,} (token {glob['fencing_token']}, "
+            f"global order: position {at} (token {glob['fencing_token']}, "
             f"written by {glob['member'] or '-'}), {glob['late']:,} late record(s), {running}"
         )
     dlq = out["dead_letters"]
