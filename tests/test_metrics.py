@@ -88,7 +88,9 @@ def test_worker_metrics_report_partitions_and_counters_and_health_turns_503_when
 
         def drained():
             s = scrape(port)
-            return s if sample(s, "nats_ordered_group_lag", group="g") == 0 else None
+            # (a scrape reads the member's counters before the group view: both must be done)
+            done = sample(s, "nats_ordered_member_processed_total", member="m1") == 200
+            return s if done and sample(s, "nats_ordered_group_lag", group="g") == 0 else None
 
         s = wait_for(drained, 30, "the group to drain")
         assert sample(s, "nats_ordered_member_processed_total", member="m1") == 200
