@@ -19,6 +19,9 @@ Usage (``nats-ordered COMMAND --help`` for every flag)::
         [--partitions 0,3-5] [--dry-run | --execute]
     nats-ordered group rebalance --stream ORDERS --group billing [--cordon m1,m2] [--by-load]
     nats-ordered dead-letters list|show SEQ|replay|purge --stream ORDERS --group billing
+    nats-ordered global-read --stream LEDGER --group audit --handler mypkg.handlers:apply \\
+        [--order-by sequence|time|event-time [--watermarks]]
+    nats-ordered global-producers --stream LEDGER [--close PRODUCER] [--json]
 
 Every command takes the connection flags (``--server``, ``--creds``, ``--nkey``, ``--user``,
 ``--tls-ca``/``--tls-cert``/``--tls-key``, ``--connect-timeout``) on top of the ``nats`` CLI
