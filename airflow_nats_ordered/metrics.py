@@ -217,15 +217,19 @@ class MemberMetrics(Collector):
         return lag, snap
 
     def collect(self) -> Iterable[Metric]:
-        yield from self._member_metrics()
+        # the group view first, then the member's counters: a scrape is not one instant, and
+        # read the other way round commits landing in between showed a drained group beside
+        # a processed count that had not reached it; this way the counters are the newer
         future = asyncio.run_coroutine_threadsafe(self._group_view(), self.loop)
         try:
-            lag, snap = future.result(self.scrape_timeout)
+            view = future.result(self.scrape_timeout)
         except Exception:  # NATS unreachable, no group state yet, a stuck loop, ...
             future.cancel()
-            ok = 0  # the member's own figures are still worth serving
-        else:
-            ok = 1
+            view = None  # the member's own figures are still worth serving
+        yield from self._member_metrics()
+        ok = 0 if view is None else 1
+        if view is not None:
+            lag, snap = view
             yield from group_metrics(lag, snap, self.labels["stream"], self.labels["group"])
         g = GaugeMetricFamily(
             f"{PREFIX}_group_view_ok",
