@@ -112,8 +112,9 @@ def add_member_flags(p: argparse.ArgumentParser) -> None:
         type=positive_int,
         default=_DEFAULTS.commit_every,
         metavar="N",
-        help="commit the position every N messages (default %(default)s; written in the "
-        "background, so a SIGKILL re-delivers a short tail)",
+        help="commit the position every N messages (default %(default)s; each write is sent "
+        "at once and, with a synchronous handler, awaited before the next N, so a SIGKILL "
+        "re-delivers at most one period of the partition in hand)",
     )
     p.add_argument(
         "--commit-interval",
