@@ -1,0 +1,228 @@
+"""Section a of ``bench/worker_bench.py``: the worker's throughput against nats-py's
+ordered consumer and the per-message-ack design."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from nats.js import api
+from worker_common import (
+    BACKLOG_STREAM,
+    CLIENT_ERRORS,
+    PARTITIONS,
+    PAYLOAD,
+    Run,
+    Settings,
+    connect,
+    errors_since,
+    log,
+    med,
+    wait_progress,
+)
+
+from airflow_nats_ordered.core.partitioning import (
+    partition_subject,
+    partition_wildcard,
+)
+from airflow_nats_ordered.core.worker import Worker, WorkerConfig
+
+
+async def v_raw_ordered(url: str, prefix: str, n: int, rnd: int) -> Run:
+    nc = await connect(url)
+    before = Counter(CLIENT_ERRORS)
+    count = 0
+
+    async def cb(msg: Any) -> None:
+        nonlocal count
+        count += 1
+
+    t0 = time.perf_counter()
+    sub = await nc.jetstream().subscribe(
+        partition_wildcard(prefix), stream=BACKLOG_STREAM, ordered_consumer=True, cb=cb
+    )
+    got, elapsed = await wait_progress(lambda: count, n, t0)
+    await sub.unsubscribe()
+    await nc.close()
+    return Run(elapsed, got, n, errors_since(before))
+
+
+WORKER_STATS: list[dict[str, Any]] = []
+
+
+async def _worker_run(url: str, n: int, rnd: int, batch: bool) -> Run:
+    nc = await connect(url)
+    before = Counter(CLIENT_ERRORS)
+    count = calls = 0
+    high = [0] * PARTITIONS  # count progress, not re-deliveries (after a lost lease, say)
+
+    def one(msg: Any) -> None:
+        nonlocal count, calls
+        calls += 1
+        if msg.stream_seq > high[msg.partition]:
+            high[msg.partition] = msg.stream_seq
+            count += 1
+
+    def many(msgs: list[Any]) -> None:
+        for m in msgs:
+            one(m)
+
+    group = f"tp{rnd}{'b' if batch else ''}-{uuid.uuid4().hex[:6]}"
+    cfg = WorkerConfig(BACKLOG_STREAM, group, member_id="bench", batch_handler=batch)
+    w = Worker(nc, cfg, many if batch else one)
+    t0 = time.perf_counter()
+    await w.start()
+    got, elapsed = await wait_progress(lambda: count, n, t0)
+    await w.stop()
+    errors = errors_since(before)
+    WORKER_STATS.append(
+        {"variant": "worker-batch" if batch else "worker", "round": rnd, "calls": calls}
+        | w.stats
+        | {"count": got, "client_errors": errors}
+    )
+    if calls != got or w.stats["leases_lost"] or w.stats["fenced"] or errors:
+        log(f"  note: {calls - got} re-deliveries, stats {w.stats}, client errors {errors}")
+    js = nc.jetstream()
+    for bucket in (cfg.group_config.lease_bucket, cfg.group_config.state_bucket):
+        with contextlib.suppress(Exception):
+            await js.delete_key_value(bucket)
+    await nc.close()
+    return Run(elapsed, got, n, errors)
+
+
+async def v_worker(url: str, prefix: str, n: int, rnd: int) -> Run:
+    return await _worker_run(url, n, rnd, batch=False)
+
+
+async def v_worker_batch(url: str, prefix: str, n: int, rnd: int) -> Run:
+    return await _worker_run(url, n, rnd, batch=True)
+
+
+def make_ack1(subset: int) -> Callable[..., Any]:
+    async def v_ack_pending_1(url: str, prefix: str, n: int, rnd: int) -> Run:
+        nc = await connect(url)
+        before = Counter(CLIENT_ERRORS)
+        js = nc.jetstream()
+        per = subset // PARTITIONS
+        counts = [0] * PARTITIONS
+        subs = []
+        names = []
+
+        def make_cb(p: int) -> Callable[[Any], Any]:
+            async def cb(msg: Any) -> None:
+                # the no-op handler, then the ack that lets the server send the next one
+                await msg.ack()
+                if counts[p] < per:
+                    counts[p] += 1
+
+            return cb
+
+        t0 = time.perf_counter()
+        for p in range(PARTITIONS):
+            name = f"ack1_{rnd}_{p}_{uuid.uuid4().hex[:4]}"
+            names.append(name)
+            subject = partition_subject(prefix, p)
+            cfg = api.ConsumerConfig(
+                durable_name=name,
+                ack_policy=api.AckPolicy.EXPLICIT,
+                max_ack_pending=1,
+                deliver_policy=api.DeliverPolicy.ALL,
+                filter_subject=subject,
+                ack_wait=30,
+            )
+            subs.append(
+                await js.subscribe(
+                    subject, stream=BACKLOG_STREAM, config=cfg, cb=make_cb(p), manual_ack=True
+                )
+            )
+        got, elapsed = await wait_progress(lambda: sum(counts), per * PARTITIONS, t0)
+        for s in subs:
+            with contextlib.suppress(Exception):
+                await s.unsubscribe()
+        for name in names:
+            with contextlib.suppress(Exception):
+                await js.delete_consumer(BACKLOG_STREAM, name)
+        await nc.close()
+        return Run(elapsed, got, per * PARTITIONS, errors_since(before))
+
+    return v_ack_pending_1
+
+
+async def section_throughput(url: str, prefix: str, st: Settings) -> dict[str, Any]:
+    variants: dict[str, Callable[..., Any]] = {
+        "raw-ordered": v_raw_ordered,
+        "worker": v_worker,
+        "worker-batch": v_worker_batch,
+        "ack-pending-1": make_ack1(st.ack1_n),
+    }
+    rates: dict[str, list[float]] = {v: [] for v in variants}
+    ratios: dict[str, list[float]] = {v: [] for v in variants}
+    complete: dict[str, bool] = {v: True for v in variants}
+    runs: list[dict[str, Any]] = []
+    names = list(variants)
+    for rnd in range(st.rounds):
+        order = names[rnd % len(names) :] + names[: rnd % len(names)]
+        got = {}
+        for name in order:
+            await asyncio.sleep(0.5)  # let the server settle between variants
+            run: Run = await variants[name](url, prefix, st.n, rnd)
+            got[name] = run.rate
+            complete[name] &= run.complete
+            runs.append(
+                {"variant": name, "round": rnd, "rate": run.rate, "count": run.count}
+                | {"target": run.target, "elapsed": run.elapsed, "client_errors": run.errors}
+            )
+            log(
+                f"  round {rnd + 1} {name:13s} {run.rate:>10,.0f} msg/s "
+                f"({run.count:,} in {run.elapsed:.2f}s)"
+                + ("" if run.complete else f"  INCOMPLETE: {run.count:,}/{run.target:,}")
+            )
+        for name, rate in got.items():
+            rates[name].append(rate)
+            ratios[name].append(rate / got["raw-ordered"] if got["raw-ordered"] else 0.0)
+    return {
+        "rates": rates,
+        "ratios_vs_raw_ordered": ratios,
+        "complete": complete,
+        "runs": runs,
+        "worker_stats": WORKER_STATS,
+    }
+
+
+def print_throughput(res: dict[str, Any], st: Settings) -> None:
+    rates, ratios = res["rates"], res["ratios_vs_raw_ordered"]
+    print(
+        f"\na. throughput: {st.n:,} x {PAYLOAD} B backlog, {PARTITIONS} partitions, "
+        f"{st.rounds} rounds (ack-pending-1 on {st.ack1_n:,})"
+    )
+    print(
+        f"{'variant':14s} {'msg/s (median)':>15s} {'x raw-ordered':>14s} {'(min..max)':>14s}"
+        "  read all"
+    )
+    for name in rates:
+        r = ratios[name]
+        print(
+            f"{name:14s} {med(rates[name]):>15,.0f} {med(r):>14.2f} {min(r):>7.2f}..{max(r):<6.2f}"
+            f"  {'yes' if res['complete'][name] else 'NO (stalled; rate up to the stall)'}"
+        )
+    w = med(ratios["worker"])
+    lost = sum(x["leases_lost"] + x["fenced"] for x in res["worker_stats"])
+    redelivered = sum(x["calls"] - x["count"] for x in res["worker_stats"])
+    errs: Counter[str] = Counter()
+    for x in res["worker_stats"]:
+        errs.update(x["client_errors"])
+    if lost or redelivered or errs:
+        print(
+            f"in-process workers: {lost} leases lost/fenced, {redelivered} re-deliveries, "
+            f"client errors {dict(errs) or 'none'}"
+        )
+    print(
+        f"worker = {w:.2f} x raw ordered consumer "
+        f"({'meets' if w >= 1.0 else 'MISSES'} issue 19's >= 1.0 x goal); "
+        f"batch handler {med(ratios['worker-batch']):.2f} x"
+    )
