@@ -48,25 +48,25 @@ def _keys(p: int, partitions: int, n: int) -> list[str]:
 
 def test_merge_waits_for_every_open_producer_and_refuses_what_breaks_the_order():
     m = ProducerMerge(2)
-    m.set_marks({"a": None, "b": None}, set())
+    m.set_marks({"a": None, "b": None}, {})
     m.add(0, (5, "b", 1, 1), "b1", 1)
     m.add(1, (5, "a", 1, 1), "a1", 1)
     assert m.pop() is None and m.holders() == ["a", "b"]
-    m.set_marks({"a": (9, "a", 1, 3), "b": (5, "b", 1, 1)}, set())
+    m.set_marks({"a": (9, "a", 1, 3), "b": (5, "b", 1, 1)}, {})
     assert m.pop() == (1, (5, "a", 1, 1), "a1")  # equal event times: producer id decides
     assert m.pop() == (0, (5, "b", 1, 1), "b1")
     assert m.pop() is None
     with pytest.raises(GlobalOrderViolation, match="arrived after"):
         m.add(0, (4, "a", 1, 2), "late", 1)
-    m.set_marks({"a": (9, "a", 1, 3)}, {"b"})
+    m.set_marks({"a": (9, "a", 1, 3)}, {"b": 1})
     with pytest.raises(GlobalOrderViolation, match="after that producer was closed"):
         m.add(0, (10, "b", 1, 2), "b2", 1)
     m.add(0, (10, "a", 1, 4), "a4", 1)
     m.add(1, (12, "c", 1, 1), "c1", 1)
-    m.set_marks({"a": (20, "a", 1, 9)}, {"b"})
+    m.set_marks({"a": (20, "a", 1, 9)}, {"b": 1})
     # c is not the head, but its unread records may be smaller: it holds the merge back
     assert m.unknown() == {"c"} and m.pop() is None and m.holders() == ["c"]
-    m.set_marks({"a": (20, "a", 1, 9), "c": (12, "c", 1, 1)}, {"b"})
+    m.set_marks({"a": (20, "a", 1, 9), "c": (12, "c", 1, 1)}, {"b": 1})
     assert [m.pop()[2], m.pop()[2], m.pop()] == ["a4", "c1", None]
 
 

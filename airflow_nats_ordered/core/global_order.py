@@ -326,7 +326,12 @@ class GlobalOrderReader(WindowReading, ProducerReading):
             key = (pos.g, *pos.producer_key) if pos.producer_key else None
             self._pkey = self._resume_pkey = key
             self._pmerge = ProducerMerge(nparts, key, share // 2)
-            self._progress = [PartitionProgress(pos.seqs.get(p, 0)) for p in range(nparts)]
+            # a position written before this mode kept horizons has none: skip by key alone
+            read = pos.read or dict.fromkeys(range(nparts) if key else (), 1 << 62)
+            self._resume_horizon = [read.get(p, 0) for p in range(nparts)]
+            self._progress = [
+                PartitionProgress(pos.seqs.get(p, 0), pos.read.get(p, 0)) for p in range(nparts)
+            ]
         elif self.order_by != "sequence":
             lateness_ns = int(self.lateness * 1e9)
             self._window = WindowMerge(nparts, lateness_ns, (pos.g, pos.tie), share // 2)

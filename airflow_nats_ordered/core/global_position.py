@@ -59,7 +59,8 @@ class GlobalPosition:
     #: producer's event time in ns of the last record handed over in order)
     order: str = "sequence"
     #: event-time mode: the stream sequence of that record (``(g, tie)`` is the position's
-    #: key) and per partition the horizon (:mod:`.global_progress`); absent: as ``seqs``
+    #: key); both event-time modes: per partition the horizon (:mod:`.global_progress`;
+    #: absent: as ``seqs``)
     tie: int = 0
     read: dict[int, int] = field(default_factory=dict)
     #: why the reader that wrote this stopped on its own (one line), or "" (running, or
@@ -82,6 +83,7 @@ class GlobalPosition:
         }
         if self.order == "event-time":
             d["tie"] = self.tie
+        if self.order in ("event-time", "event-time-exact"):
             d["read"] = {str(p): s for p, s in sorted(self.read.items())}
         if self.error:
             d["error"] = self.error

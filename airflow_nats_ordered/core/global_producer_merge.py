@@ -4,7 +4,9 @@ pure, no I/O. The reader side of :mod:`.global_producer`.
 Records come from the partitions in any interleaving, each with its key ``(event time,
 producer, epoch, n)`` (:mod:`.global_producers`). For each registered producer the merge
 keeps a **bound**: a key no record of that producer not yet buffered is at or below (its
-confirmed watermark), ``None`` while it promised nothing, or closed (nothing more comes).
+confirmed watermark), ``None`` while it promised nothing, or closed (nothing more of that
+registration, its epoch, comes; a record of a later epoch is a new registration of the id,
+e.g. the next run of a task, and waits for it like any producer not known yet).
 
 Guarantee: :meth:`ProducerMerge.pop` hands out buffered records in strictly increasing key
 order, and hands out the smallest ``c`` only when every registered producer that is not
@@ -12,7 +14,7 @@ closed has a bound ``>= c``, and every producer with a buffered record is regist
 closed): nothing smaller than ``c`` can still arrive, so the order is
 exact, never guessed. A producer with no bound, or a bound below ``c``, holds the merge
 back (:meth:`holders`). Input that breaks the premises (a key at or below one handed out,
-the same key twice, a record of a producer confirmed closed) is refused with
+the same key twice, a record of an epoch confirmed closed) is refused with
 :class:`GlobalOrderViolation` and changes nothing.
 """
 
@@ -41,21 +43,26 @@ class ProducerMerge:
         self._count = [0] * partitions
         #: registered producers: their bound (None: nothing promised yet)
         self.bounds: dict[str, Key | None] = {}
-        self.closed: set[str] = set()
-        self._per_producer: dict[str, int] = {}  # buffered records per producer
+        #: closed producers: the epoch their closed mark closed (later epochs: a new
+        #: registration of the id)
+        self.closed: dict[str, int] = {}
+        self._per_epoch: dict[tuple[str, int], int] = {}  # buffered records per registration
 
-    def add(self, partition: int, key: Key, item: Any, size: int) -> None:
-        """Buffer a record of ``partition`` with ``key``."""
-        if key[1] in self.closed:
+    def add(self, partition: int, key: Key, item: Any, size: int, where: str = "") -> None:
+        """Buffer a record of ``partition`` with ``key``; ``where`` names it in a violation
+        (default: its partition)."""
+        where = where or f"partition {partition}"
+        if key[1] in self.closed and key[2] <= self.closed[key[1]]:
             raise GlobalOrderViolation(
-                f"partition {partition}: a record of producer {key[1]} {describe_key(key)} was "
-                "stored after that producer was closed (it closed, or an operator closed it, "
-                "and then it published again): the reader stops before it",
+                f"{where}: a record of producer {key[1]} {describe_key(key)} was "
+                f"stored after that producer was closed at epoch {self.closed[key[1]]} (it "
+                "closed, or an operator closed it, and then that instance published again; a "
+                "restart with the same id publishes in a new epoch): the reader stops before it",
                 partition,
             )
         if self.released is not None and key <= self.released:
             raise GlobalOrderViolation(
-                f"partition {partition}: a record {describe_key(key)} arrived after "
+                f"{where}: a record {describe_key(key)} arrived after "
                 f"{describe_key(self.released)} was handed over: its producer broke its "
                 "watermark promise (or published event times out of order, or two instances "
                 "ran with one producer id); the reader stops before it rather than reorder",
@@ -64,18 +71,19 @@ class ProducerMerge:
         heapq.heappush(self._heap, (key, partition, item, size))
         self._bytes[partition] += size
         self._count[partition] += 1
-        self._per_producer[key[1]] = self._per_producer.get(key[1], 0) + 1
+        self._per_epoch[key[1], key[2]] = self._per_epoch.get((key[1], key[2]), 0) + 1
 
-    def set_marks(self, bounds: dict[str, Key | None], closed: set[str]) -> None:
+    def set_marks(self, bounds: dict[str, Key | None], closed: dict[str, int]) -> None:
         """The registered producers as confirmed by the reader (see the architecture doc):
-        ``bounds`` of the open ones, ``closed`` the closed ones. Bounds never go down."""
+        ``bounds`` of the open ones, ``closed`` the closed ones with the epoch their closed
+        mark closed. Bounds never go down."""
         for p, b in bounds.items():
             old = self.bounds.get(p)
             self.bounds[p] = b if old is None or (b is not None and b > old) else old
         for p in list(self.bounds):
             if p not in bounds:
                 del self.bounds[p]
-        self.closed = set(closed)
+        self.closed = dict(closed)
 
     def holders(self) -> list[str]:
         """The producers that keep the smallest buffered record (or, with nothing buffered,
@@ -88,7 +96,11 @@ class ProducerMerge:
         """Producers of buffered records that are neither registered nor closed (as far as
         the reader has confirmed): they hold the merge back, since their records not read
         yet may be smaller than the head."""
-        return set(self._per_producer) - set(self.bounds) - self.closed
+        return {
+            p
+            for p, epoch in self._per_epoch
+            if p not in self.bounds and (p not in self.closed or epoch > self.closed[p])
+        }
 
     def pop(self) -> tuple[int, Key, Any] | None:
         """The next record as ``(partition, key, item)``, or None while it is not known."""
@@ -111,11 +123,11 @@ class ProducerMerge:
             )
         self._bytes[p] -= size
         self._count[p] -= 1
-        left = self._per_producer[c[1]] - 1
+        left = self._per_epoch[c[1], c[2]] - 1
         if left:
-            self._per_producer[c[1]] = left
+            self._per_epoch[c[1], c[2]] = left
         else:
-            del self._per_producer[c[1]]
+            del self._per_epoch[c[1], c[2]]
         self.released = c
         return p, c, item
 

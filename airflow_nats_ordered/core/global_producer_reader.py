@@ -14,12 +14,16 @@ then applied. While such a check waits, a partition it needs is read past its me
 (at most up to the sequence it needs), so a full buffer cannot stall the check.
 
 Guarantees: exact key order, each record once (at least once after a crash; the position
-resumes exactly: a record is done iff its key is at or below the position's key, because
-everything below the last key handed over was handed over). A record without the
-producer's headers, of a producer that never registered, of a closed producer, or below
-what was handed over stops the reader before it (:class:`~.global_merge.
-GlobalOrderViolation`): never reordered, never dropped. A registered producer that is
-silent (no watermark past the smallest buffered record, not closed) holds the merge back:
+resumes exactly: up to the position's horizon, ``read``, a record is done iff its key is at
+or below the position's key, because everything below the last key handed over was handed
+over; past the horizon a key at or below it was never handed over and is a violation, so a
+restarted reader stops where the running one did, and at a record stored below the
+position while no reader ran). A record without the producer's headers, of a producer that
+never registered, of a closed producer's epoch (a restart with the same id is a new epoch,
+merged like any producer that joins), or below what was handed over stops the reader
+before it (:class:`~.global_merge.GlobalOrderViolation`): never reordered, never dropped. A
+registered producer that is silent (no watermark past the smallest buffered record, not
+closed) holds the merge back:
 the heartbeat names it (``held_back_by``, and a problem ``status`` shows after
 :data:`HELD_BACK_PROBLEM` seconds).
 """
@@ -79,6 +83,9 @@ class ProducerReading:
     #: the key of the last record handed over (the position's), or None
     _pkey: Key | None
     _resume_pkey: Key | None
+    #: per partition, the position's horizon: up to it a record at or below
+    #: ``_resume_pkey`` was handed over; past it such a record is a violation
+    _resume_horizon: list[int]
     #: a check waiting to be confirmed: (marks, last stored sequences, producers unknown
     #: when it began)
     _pending: tuple[dict[str, tuple[ProducerMark, int]], dict[int, int], set[str]] | None
@@ -128,6 +135,7 @@ class ProducerReading:
                 try:
                     k = record_key(headers)
                 except ValueError as exc:
+                    progress.hold(seq)  # not done: the next reader stops at it too
                     self._fail(
                         GlobalOrderViolation(
                             f"partition {p}, stream sequence {seq}: {exc}: the record was not "
@@ -138,13 +146,18 @@ class ProducerReading:
                         )
                     )
                     return
-                if self._resume_pkey is not None and k <= self._resume_pkey:
-                    progress.done(seq)  # handed over before the restart
+                resumed = self._resume_pkey
+                if resumed is not None and k <= resumed and seq <= self._resume_horizon[p]:
+                    progress.done(seq)  # handed over before the restart (global_progress)
                     continue
+                # past the horizon a key at or below the position's was never handed over:
+                # stored after the position was read, it is a violation (merge.add says so)
                 size = len(m.data or b"") + sum(len(a) + len(b) for a, b in headers.items())
                 try:
-                    merge.add(p, k, (seq, m, headers, message_key(headers) or ""), size)
+                    item = (seq, m, headers, message_key(headers) or "")
+                    merge.add(p, k, item, size, f"partition {p}, stream sequence {seq}")
                 except NatsOrderedError as exc:  # a violation, or a malformed key header
+                    progress.hold(seq)  # not done: the next reader stops at it too
                     self._fail(exc)
                     return
             if got:
@@ -194,7 +207,7 @@ class ProducerReading:
             )
             return False
         bounds = {p: m.bound() for p, (m, _) in marks.items() if not m.closed}
-        closed = {p for p, (m, _) in marks.items() if m.closed}
+        closed = {p: m.epoch for p, (m, _) in marks.items() if m.closed}
         before = dict(self._pmerge.bounds)
         self._pmerge.set_marks(bounds, closed)
         if self._pmerge.bounds != before:
