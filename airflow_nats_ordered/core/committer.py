@@ -13,9 +13,12 @@ Nothing is written once the partition's lease is no longer valid locally, or aft
 because a newer owner bumped the token is kept in :attr:`PartitionCommitter.fenced` for the
 partition's task to raise (it stops at once). A write that failed for a transient reason (a
 server blip, no answer within :data:`ANSWER_TIMEOUT`) is tried again with the next
-submitted position. The handler never waits for a commit's round trip, except when more
-than the caller's bound is uncommitted (:meth:`~PartitionCommitter.wait_behind`); the
-partition's final commit (hand-over) is written by the caller after ``settle``.
+submitted position, or on its own after :data:`RETRY_AFTER` seconds (doubling while it
+keeps failing, up to :data:`RETRY_MAX`) if none is submitted: a partition that went idle
+right after a blip still gets its last position written. The handler never waits for a
+commit's round trip, except when more than the caller's bound is uncommitted
+(:meth:`~PartitionCommitter.wait_behind`); the partition's final commit (hand-over) is
+written by the caller after ``settle``.
 """
 
 from __future__ import annotations
@@ -39,6 +42,11 @@ log = logging.getLogger("airflow_nats_ordered.core.worker")
 #: how long a commit write waits for the server's answer before it counts as failed (the
 #: JetStream API's default timeout, which KeyValue.update used)
 ANSWER_TIMEOUT = 5.0
+
+#: seconds after a failed write before its position is sent again when nothing newer is
+#: submitted meanwhile (doubled after each failure in a row, up to RETRY_MAX)
+RETRY_AFTER = 0.2
+RETRY_MAX = 5.0
 
 #: a position to commit: (stream sequence, its msg-id, how many messages it covers)
 _Want = tuple[int, str | None, int]
@@ -66,6 +74,10 @@ class PartitionCommitter:
         self._checking: asyncio.Task[None] | None = None
         #: set whenever a write ends (answered, failed or given up)
         self._ended = asyncio.Event()
+        #: the timer that sends a failed write's position again, and the send it started
+        self._retry: asyncio.TimerHandle | None = None
+        self._retry_after = RETRY_AFTER
+        self._retrying: asyncio.Task[None] | None = None
 
     @property
     def busy(self) -> bool:
@@ -144,6 +156,7 @@ class PartitionCommitter:
 
     def _accepted(self, want: _Want) -> None:
         self._again = 0
+        self._retry_after = RETRY_AFTER
         self.writes += 1
         self.committed_count = max(self.committed_count, want[2])
         self._sent = None
@@ -162,7 +175,19 @@ class PartitionCommitter:
             exc_text(exc),
         )
         if self._want is None:
-            self._want = want  # retried with the next submit
+            self._want = want  # retried with the next submit, or by the timer
+        if self._retry is None and self.fenced is None:
+            # a partition that goes idle submits nothing more: its last position must not
+            # wait for the next message (the record would lag what was handled: a drain
+            # waits for its timeout, a crash re-delivers the whole idle partition's tail)
+            self._retry = asyncio.get_running_loop().call_later(self._retry_after, self._retry_now)
+            self._retry_after = min(RETRY_MAX, 2 * self._retry_after)
+
+    def _retry_now(self) -> None:
+        self._retry = None
+        if self._closed or self._sent is not None or self._want is None:
+            return  # stopped, or a write is in flight (it sends the position after it)
+        self._retrying = asyncio.ensure_future(self._send())
 
     async def _until(self, done: Callable[[], bool], timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -199,5 +224,8 @@ class PartitionCommitter:
         self._want = None
         self._closed = True
         self._sent = None
+        if self._retry is not None:
+            self._retry.cancel()
+            self._retry = None
         if self._checking is not None and not self._checking.done():
             self._checking.cancel()

@@ -1,0 +1,64 @@
+"""A commit write that failed for a transient reason is sent again on its own (core/committer.py),
+against a real server.
+
+A partition that handled a burst and then goes idle submits nothing more, so a write of its
+last position that failed (a server restart or a state-bucket leader election at the end of
+the burst: no answer, no responders) must not wait for the next message to be retried: until
+it lands, the group's record lags behind what was handled, so ``drain`` (and an Airflow drain
+sensor) waits for its timeout on a group that is done, and a SIGKILL re-delivers everything
+handled since the last write the server accepted, however long the partition was idle.
+The failure here is a real refusal of the server: the state bucket's stream is made to refuse
+the record (``max_msg_size``) and then set back, as an operator would fix a misconfiguration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import nats
+
+from airflow_nats_ordered.core.committer import PartitionCommitter
+from airflow_nats_ordered.core.group import GroupConfig, GroupStore
+from airflow_nats_ordered.core.leases import Lease
+from airflow_nats_ordered.core.streams import StreamSpec, provision
+
+
+async def _max_msg_size(js, stream: str, size: int) -> None:
+    config = (await js.stream_info(stream)).config
+    config.max_msg_size = size
+    await js.update_stream(config)
+
+
+def test_a_failed_write_is_sent_again_without_a_newer_position(shared_nats_server, unique_name):
+    async def go():
+        nc = await nats.connect(shared_nats_server.url)
+        js = nc.jetstream()
+        await provision(nc, StreamSpec(unique_name, partitions=1))
+        cfg = GroupConfig(unique_name, "g", lease_ttl=30.0)
+        store = await GroupStore.open(nc, cfg)
+        g = await store.grant(0, "a")
+        # the committer only asks whether the lease is still valid locally
+        c = PartitionCommitter(store, g, Lease("p.0", "a", 1, time.monotonic() + 300), "a")
+        await c.submit(5, None, 5)
+        await c.wait_answered(60)
+        state_stream = f"KV_{cfg.state_bucket}"
+        await _max_msg_size(js, state_stream, 16)  # the server refuses every commit record
+        await c.submit(10, None, 10)  # the last position of the burst: refused
+        await c.wait_answered(60)
+        refused = (c.committed_count, c.busy)
+        await _max_msg_size(js, state_stream, -1)  # the blip is over; nothing more submitted
+        deadline = time.monotonic() + 60
+        while c.committed_count < 10 and time.monotonic() < deadline:
+            await c.wait_answered(0.2)
+            await asyncio.sleep(0.05)
+        rec = json.loads((await store.state.get("c.0")).value)
+        c.cancel()
+        await nc.close()
+        return refused, c, rec
+
+    refused, c, rec = asyncio.run(go())
+    assert refused == (5, False), f"the refused write was not refused: {refused}"
+    assert rec["seq"] == 10, f"the record stayed at {rec['seq']} after the server took writes again"
+    assert c.committed_count == 10 and c.fenced is None
