@@ -155,3 +155,39 @@ def test_a_record_below_the_position_stored_while_no_reader_ran(nats_url, unique
     assert [m.data for m in got2] == [], "the restarted reader passed over late@50"
     assert isinstance(r2.error, GlobalOrderViolation), r2.error
     assert "stream sequence 3" in str(r2.error), r2.error
+
+
+def test_an_event_time_before_1970_is_refused_at_the_producer(nats_url, unique_name):
+    """The event-time header's forms cannot carry a time before the Unix epoch (whole
+    milliseconds would be written as '-86400000', which readers refuse). The producer
+    refuses it naming the reason; a new producer's refusal used to blame 'the last
+    watermark of its earlier instance (same producer id)', which did not exist. Nothing
+    is sent, and the reader hands over the rest."""
+    from datetime import UTC, datetime
+
+    import pytest
+
+    from airflow_nats_ordered.core.errors import RecordError
+
+    async def go():
+        nc = await nats.connect(nats_url)
+        try:
+            await provision(nc, StreamSpec(unique_name, partitions=1))
+            async with GlobalProducer(OrderedPublisher(nc, unique_name), "old") as prod:
+                with pytest.raises(RecordError) as err:
+                    await prod.publish("a", b"x", event_time=datetime(1969, 12, 31, tzinfo=UTC))
+                await prod.publish("a", b"ok", event_time=T0)
+            got: list[GlobalMessage] = []
+            reader = _reader(nc, unique_name, got)
+            await reader.start()
+            await _until(lambda: got or reader.error, "the record or an error")
+            await reader.stop()
+            info = await nc.jetstream().stream_info(unique_name)
+            return err.value, info.state.messages, got, reader.error
+        finally:
+            await nc.close()
+
+    err, stored, got, error = asyncio.run(go())
+    assert "1969-12-31" in str(err) and "before 1970" in str(err), err
+    assert "earlier instance" not in str(err), err
+    assert stored == 1 and error is None and [m.data for m in got] == [b"ok"]

@@ -84,7 +84,8 @@ _STAMPED = {h.lower() for h in (DEFAULT_TIME_HEADER, HDR_PRODUCER_ID, HDR_PRODUC
 
 def event_time_ns(event_time: int | datetime | None, now_ns: int) -> int:
     """``event_time`` in ns since the epoch: an int is Unix epoch **milliseconds** (Kafka's
-    record timestamp), a datetime must carry a time zone, None is ``now_ns``."""
+    record timestamp, >= 0), a datetime must carry a time zone and be at or after the
+    epoch, None is ``now_ns``; anything else is a :class:`~.errors.RecordError`."""
     if event_time is None:
         return now_ns
     if isinstance(event_time, datetime):
@@ -92,6 +93,11 @@ def event_time_ns(event_time: int | datetime | None, now_ns: int) -> int:
             raise RecordError(
                 f"event_time {event_time.isoformat()} has no time zone: pass an aware "
                 "datetime (e.g. tzinfo=UTC) or integer Unix epoch milliseconds"
+            )
+        if event_time < _EPOCH:  # the header's forms (protocol.md 12.1) cannot carry it
+            raise RecordError(
+                f"event_time {event_time.isoformat()} is before 1970-01-01T00:00:00Z, which "
+                "the event-time header cannot carry: pass a time at or after the Unix epoch"
             )
         return (event_time - _EPOCH) // timedelta(microseconds=1) * 1000
     if isinstance(event_time, int) and not isinstance(event_time, bool) and event_time >= 0:
