@@ -12,9 +12,10 @@ Why not ``KeyValue.update`` in a task: on a busy event loop (a synchronous handl
 through a time slice per partition) the task would run, and nats-py's flusher task would
 put the write on the wire, only after every other ready task's turn; a member killed
 meanwhile loses every commit still waiting in its process. Here the client's buffer is
-written to the socket at once (:func:`flush_now`), and the answers come through the
-connection's fast route (:func:`~.reader._route`), i.e. from the task reading the socket,
-so a callback can send the write queued behind without waiting for another turn.
+written to the socket at once (:func:`flush_now`; over a websocket at the flusher's next
+turn, as ``KeyValue.update`` would), and the answers come through the connection's fast
+route (:func:`~.reader._route`), i.e. from the task reading the socket, so a callback can
+send the write queued behind without waiting for another turn.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from nats.aio.client import Client as NATS
+from nats.aio.transport import TcpTransport
 from nats.errors import NoRespondersError
 from nats.js.errors import APIError
 
@@ -47,10 +49,13 @@ _LATE: set[asyncio.Task[None]] = set()
 def flush_now(nc: NATS) -> None:
     """Write what the client has buffered to its socket now (what nats-py's flusher task
     does at its next turn, in the same order). A no-op when there is nothing buffered, when
-    disconnected, or if this nats-py keeps its buffer differently."""
+    disconnected, if this nats-py keeps its buffer differently, or on a websocket (``ws://``,
+    ``wss://``): that transport only queues what it is given until ``drain()``, which
+    nats-py's flusher calls only while its own buffer holds something, so a write handed to
+    it here stayed unsent until some other publish (the flusher sends it at its next turn)."""
     pending = getattr(nc, "_pending", None)
     transport = getattr(nc, "_transport", None)
-    if not pending or not isinstance(pending, list) or transport is None:
+    if not pending or not isinstance(pending, list) or not isinstance(transport, TcpTransport):
         return
     if not nc.is_connected or not hasattr(nc, "_pending_data_size"):
         return
