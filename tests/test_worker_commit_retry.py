@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 
 import nats
@@ -62,3 +63,40 @@ def test_a_failed_write_is_sent_again_without_a_newer_position(shared_nats_serve
     assert refused == (5, False), f"the refused write was not refused: {refused}"
     assert rec["seq"] == 10, f"the record stayed at {rec['seq']} after the server took writes again"
     assert c.committed_count == 10 and c.fenced is None
+
+
+def test_an_outage_is_one_warning_not_one_per_commit_point(shared_nats_server, unique_name, caplog):
+    """A synchronous handler's partition commits every few milliseconds: while the server
+    refuses (a state-bucket leader election answers "no responders" for seconds), every
+    failed write logged a warning. One warning per outage, and an info once it works again."""
+    caplog.set_level(logging.INFO, logger="airflow_nats_ordered.core.worker")
+
+    async def go():
+        nc = await nats.connect(shared_nats_server.url)
+        js = nc.jetstream()
+        await provision(nc, StreamSpec(unique_name, partitions=1))
+        cfg = GroupConfig(unique_name, "g", lease_ttl=30.0)
+        store = await GroupStore.open(nc, cfg)
+        g = await store.grant(0, "a")
+        c = PartitionCommitter(store, g, Lease("p.0", "a", 1, time.monotonic() + 300), "a")
+        state_stream = f"KV_{cfg.state_bucket}"
+        await _max_msg_size(js, state_stream, 16)
+        for seq in range(1, 21):  # 20 commit points during the outage, each refused
+            await c.submit(seq, None, seq)
+            await c.wait_answered(60)
+        await _max_msg_size(js, state_stream, -1)
+        await c.submit(21, None, 21)
+        await c.wait_answered(60)
+        c.cancel()
+        await nc.close()
+        return c
+
+    c = asyncio.run(go())
+    mine = [r for r in caplog.records if "committing partition 0" in r.getMessage()]
+    warnings = [r.getMessage() for r in mine if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, f"{len(warnings)} warnings for one outage: {warnings[:3]}"
+    assert "at 1 failed" in warnings[0] and "message size exceeds" in warnings[0]
+    infos = [r.getMessage() for r in mine if r.levelno == logging.INFO]
+    # (20 or more failed writes: the retry timer may have sent one meanwhile on a slow run)
+    assert len(infos) == 1 and "committing partition 0 works again (at 21, after" in infos[0]
+    assert c.committed_count == 21

@@ -71,6 +71,7 @@ class PartitionCommitter:
         self._sent: _Want | None = None
         self._closed = False
         self._again = 0  # writes sent again in a row after adopting a revision
+        self._failures = 0  # writes failed in a row (only the first is a warning)
         self._checking: asyncio.Task[None] | None = None
         #: set whenever a write ends (answered, failed or given up)
         self._ended = asyncio.Event()
@@ -156,6 +157,15 @@ class PartitionCommitter:
 
     def _accepted(self, want: _Want) -> None:
         self._again = 0
+        if self._failures:
+            log.info(
+                "member %s: committing partition %d works again (at %d, after %d failed writes)",
+                self.member,
+                self.grant.partition,
+                want[0],
+                self._failures,
+            )
+            self._failures = 0
         self._retry_after = RETRY_AFTER
         self.writes += 1
         self.committed_count = max(self.committed_count, want[2])
@@ -167,7 +177,11 @@ class PartitionCommitter:
         self._ended.set()
         if self._closed:
             return
-        log.warning(
+        # one warning per outage: a synchronous handler's partition commits every few ms,
+        # so a state-bucket leader election (no responders) gave hundreds a second
+        self._failures += 1
+        log.log(
+            logging.WARNING if self._failures == 1 else logging.DEBUG,
             "member %s: committing partition %d at %d failed (%s); will retry",
             self.member,
             self.grant.partition,
