@@ -404,13 +404,7 @@ async def provision(nc: NATS, spec: StreamSpec) -> ProvisionResult:
                 f"{', '.join(others)}; choose another subject prefix (subject_prefix=, CLI "
                 "--subject-prefix) or stream name"
             )
-        try:
-            created = await admin.add_stream(spec.stream_config())
-        except APIError as exc:
-            raise StreamConflictError(
-                f"cannot create stream {spec.name}: {exc.description}"
-            ) from exc
-        return ProvisionResult("created", _from_info(created))
+        return ProvisionResult("created", _from_info(await _add_stream(admin, spec)))
 
     current = _from_info(info)
     problems = []
@@ -510,6 +504,35 @@ def _fmt(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:g}s"
     return repr(v)
+
+
+#: how long creating a replicated stream waits for the cluster to place it: the servers of a
+#: cluster that has just started tell the meta leader what they can hold within seconds,
+#: and until then it answers "no suitable peers for placement"
+PLACEMENT_WAIT = 10.0
+
+
+async def _add_stream(admin: Any, spec: StreamSpec) -> Any:
+    """Create the stream; a placement refusal is retried for :data:`PLACEMENT_WAIT` seconds
+    (a cluster still forming), then reported with what to change."""
+    deadline = asyncio.get_running_loop().time() + PLACEMENT_WAIT
+    while True:
+        try:
+            return await admin.add_stream(spec.stream_config())
+        except APIError as exc:
+            text = exc.description or str(exc)
+            placement = "no suitable peers" in text
+            if placement and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.25)
+                continue
+            hint = (
+                f" (for {PLACEMENT_WAIT:g}s): fewer servers of the cluster can hold it than "
+                f"replicas={spec.replicas} (CLI: --replicas {spec.replicas}), or they lack "
+                "storage; lower the replicas or add servers"
+                if placement
+                else ""
+            )
+            raise StreamConflictError(f"cannot create stream {spec.name}: {text}{hint}") from exc
 
 
 async def partition_stats(nc: NATS, stream: PartitionedStream | str) -> list[PartitionStats]:
