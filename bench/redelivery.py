@@ -89,7 +89,12 @@ async def one_run(
     apply_log = work / f"{group}.apply"
     env = {"BENCH_APPLY_LOG": str(apply_log)}
     nc = await wb.connect(url)
-    members = [_spawn(wb, url, work, stream, group, f"{group}-m{i}", env, extra) for i in range(2)]
+    members = [
+        wb.spawn_member(
+            url, work, stream, group, f"{group}-m{i}", "bench_handlers:Recorder", env, extra=extra
+        )
+        for i in range(2)
+    ]
     victim = members[0]
     log_ = ApplyLog(apply_log)
     w0: tuple[float, int] | None = None
@@ -165,54 +170,6 @@ def _figures(
         "victim_partitions": len(victims),
         "takeover_s": (min(taken) - killed_at) if taken else None,
     }
-
-
-def _spawn(
-    wb: Any,
-    url: str,
-    work: Path,
-    stream: str,
-    group: str,
-    name: str,
-    env: dict[str, str],
-    extra: list[str],
-) -> Any:
-    """worker_bench.spawn_member, with the variant's extra CLI flags."""
-    import subprocess
-
-    full = dict(os.environ)
-    full["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(wb.BENCH_DIR), full.get("PYTHONPATH", "")) if p
-    )
-    full["BENCH_MEMBER"] = name
-    full.update(env)
-    cmd = wb.cli_path() + [
-        "worker",
-        "--stream",
-        stream,
-        "--group",
-        group,
-        "--handler",
-        "bench_handlers:Recorder",
-        "--member-id",
-        name,
-        "--lease-ttl",
-        f"{wb.TTL:g}",
-        "--server",
-        url,
-        *extra,
-    ]
-    err = work / f"{name}.stderr"
-    with err.open("wb") as f:
-        proc = subprocess.Popen(
-            cmd,
-            env=full,
-            stdin=subprocess.DEVNULL,
-            stdout=f,
-            stderr=subprocess.STDOUT,
-            preexec_fn=wb._pdeathsig(),
-        )
-    return wb.Member(name, proc, err, time.time())
 
 
 async def section_redelivery(wb: Any, url: str, work: Path, reps: int, n: int) -> dict[str, Any]:

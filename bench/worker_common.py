@@ -15,7 +15,7 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -218,6 +218,7 @@ def spawn_member(
     env_extra: dict[str, str],
     audit: Path | None = None,
     ttl: float = TTL,
+    extra: Sequence[str] = (),
 ) -> Member:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(BENCH_DIR), env.get("PYTHONPATH", "")) if p)
@@ -240,6 +241,7 @@ def spawn_member(
     ]
     if audit is not None:
         cmd += ["--audit-log", str(audit)]
+    cmd += extra
     err = work / f"{name}.stderr"
     with err.open("wb") as f:
         proc = subprocess.Popen(

@@ -273,16 +273,8 @@ class GroupCommits(GroupStreamIdentity, GroupLeases):
                 grant.committed, grant.committed_id = seq, msg_id or ""
                 return
             except KeyWrongLastSequenceError as exc:
-                rec, rev = await self.read_commit(grant.partition)
-                if rec is None or rec.token != grant.token or rec.member != grant.member:
-                    raise Fenced(
-                        f"partition {grant.partition}: token {grant.token} was fenced off by a "
-                        "newer owner; this member stops processing it"
-                    ) from exc
-                grant.revision = rev
-                if rec.seq >= seq:  # this very write was applied; only its reply was lost
-                    grant.committed, grant.committed_id = rec.seq, rec.msg_id
-                    return
+                if await self.commit_refused(grant, seq, exc):
+                    return  # this very write was applied; only its reply was lost
         raise Fenced(
             f"partition {grant.partition}: the commit record keeps changing under token "
             f"{grant.token} (two tasks committing one grant?); this member stops processing it"

@@ -45,6 +45,7 @@ from .global_merge import GlobalOrderViolation
 from .global_producer_merge import ProducerMerge, describe_key
 from .global_producers import Key, ProducerMark, read_marks, record_key, show_time
 from .global_progress import PartitionProgress
+from .global_reader_hooks import ReaderHooks
 from .keys import message_key
 from .reader import PartitionReader
 from .streams import PartitionedStream
@@ -64,7 +65,7 @@ def _cancelled_check() -> None:
         raise asyncio.CancelledError
 
 
-class ProducerReading:
+class ProducerReading(ReaderHooks):
     """The exact event-time mode of :class:`~.global_order.GlobalOrderReader` (which
     supplies the attributes and helpers annotated here)."""
 
@@ -91,21 +92,6 @@ class ProducerReading:
     _pending: tuple[dict[str, tuple[ProducerMark, int]], dict[int, int], set[str]] | None
     _last_check: float
     _held_since: float | None
-
-    def _fail(self, exc: BaseException) -> None:
-        raise NotImplementedError
-
-    async def _apply(self, msg: Any, where: str, why: str = "") -> bool:
-        raise NotImplementedError
-
-    async def _handled(self, p: int, seq: int) -> None:
-        raise NotImplementedError
-
-    async def _commit_if_due(self) -> None:
-        raise NotImplementedError
-
-    def _message(self, p: int, t: int, item: Any, late: bool) -> Any:
-        raise NotImplementedError
 
     # -- reading -------------------------------------------------------------------------
     def _needed(self, p: int) -> bool:

@@ -31,12 +31,13 @@ from .errors import NatsOrderedError
 from .global_event_time import FORMS, EventTimeError, parse_event_time
 from .global_late import set_aside
 from .global_progress import PartitionProgress
+from .global_reader_hooks import ReaderHooks
 from .global_window import LateRecordError, WindowMerge, pending, stored_time_ns
 from .keys import message_key
 from .reader import PartitionReader
 
 
-class WindowReading:
+class WindowReading(ReaderHooks):
     """The window modes of :class:`~.global_order.GlobalOrderReader` (which supplies the
     attributes and the helpers annotated here)."""
 
@@ -65,21 +66,6 @@ class WindowReading:
     _progress: list[PartitionProgress] | None
     _resume_key: tuple[int, int]
     _resume_horizon: list[int]
-
-    def _fail(self, exc: BaseException) -> None:
-        raise NotImplementedError
-
-    async def _apply(self, msg: Any, where: str, why: str = "") -> bool:
-        raise NotImplementedError
-
-    async def _handled(self, p: int, seq: int) -> None:
-        raise NotImplementedError
-
-    async def _commit_if_due(self) -> None:
-        raise NotImplementedError
-
-    def _message(self, p: int, t: int, item: Any, late: bool) -> Any:
-        raise NotImplementedError
 
     # -- reading -------------------------------------------------------------------------
     async def _fetch_window(self, p: int) -> None:
