@@ -82,7 +82,7 @@ class CasWrites:
                 sub = await self.nc.subscribe(f"{prefix}*", cb=self._on_msg)
                 routes = _route(self.nc)
                 if routes is not None:
-                    routes[sub._id] = self
+                    routes[sub._id] = (self, None)
                 self._prefix = prefix
         return self._prefix
 

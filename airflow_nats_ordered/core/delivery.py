@@ -59,7 +59,7 @@ from .group import (
     StreamRecreated,
 )
 from .keys import HDR_KEY, HDR_KEY_B64
-from .message import HDR_MSG_ID, AppliedPosition, BatchHandler, Handler, Message
+from .message import HDR_MSG_ID, AppliedPosition, BatchHandler, Handler, Message, new_message
 from .owned import OwnedPartition
 from .reader import PartitionReader
 from .routing_check import route_key
@@ -114,6 +114,8 @@ class PartitionDelivery(DeadLettering):
         #: why the partition must stop and wait for an operator (positions that are not in
         #: the stream's history any more, a message the sink can neither apply nor skip)
         stopped: str | None = None
+        lease, revoke, is_async = o.lease, o.revoke, self._is_async
+        every, interval = self.cfg.commit_every, self.cfg.commit_interval
         try:
             stopped = await self._continuity(o)
             while stopped is None and not o.revoke.is_set() and not halted:
@@ -128,9 +130,9 @@ class PartitionDelivery(DeadLettering):
                 msgs, rejected = self._messages(o, fetched)
                 step = max(1, len(msgs)) if self.cfg.batch_handler else 1
                 for i in range(0, len(msgs), step):
-                    if o.revoke.is_set():
+                    if revoke.is_set():
                         break
-                    if time.monotonic() >= o.lease.valid_until:
+                    if time.monotonic() >= lease.valid_until:
                         raise LeaseLost(f"lease of partition {p} expired locally")
                     chunk = msgs[i : i + step]
                     try:
@@ -148,8 +150,12 @@ class PartitionDelivery(DeadLettering):
                     # a synchronous handler holds the event loop until its partition gives
                     # it up: that is a commit point too, so no partition waits for its turn
                     # with handled messages not on the wire
-                    yielding = self._yield_due()
-                    if since_commit and (yielding or self._commit_due(since_commit, last_commit)):
+                    # (_yield_due and _commit_due on one reading of the clock)
+                    now = time.monotonic()
+                    yielding = not is_async and now - self._last_yield > YIELD_EVERY
+                    if since_commit and (
+                        yielding or since_commit >= every or now - last_commit >= interval
+                    ):
                         handled += since_commit
                         await self._commit_point(committer, last, last_id, handled)
                         since_commit, last_commit = 0, time.monotonic()
@@ -355,6 +361,7 @@ class PartitionDelivery(DeadLettering):
         routed = o.routed
         if len(routed) > 10_000:
             routed.clear()
+        append = msgs.append
         for seq, m in fetched:
             headers = m.headers or {}
             ident = (headers.get(HDR_KEY), headers.get(HDR_KEY_B64))
@@ -366,7 +373,7 @@ class PartitionDelivery(DeadLettering):
             key, why = found
             if why is not None:
                 rejected[seq] = why
-            msgs.append(Message(key or "", m.data, headers, p, seq, token, m.subject))
+            append(new_message(key or "", m.data, headers, p, seq, token, m.subject))
         return msgs, rejected
 
     def _buffer_share(self) -> int:
@@ -378,18 +385,6 @@ class PartitionDelivery(DeadLettering):
             since_commit >= self.cfg.commit_every
             or time.monotonic() - last_commit >= self.cfg.commit_interval
         )
-
-    async def _call(self, arg: Any) -> None:
-        # the msg-ids of what is handed over, for a sink the handler gives no msg_id
-        batch = arg if isinstance(arg, list) else [arg]
-        ids = {(m.partition, m.stream_seq): i for m in batch if (i := m.headers.get(HDR_MSG_ID))}
-        token = delivering.set(ids)
-        try:
-            r = self.handler(arg)
-            if self._is_async or (r is not None and inspect.isawaitable(r)):
-                await r
-        finally:
-            delivering.reset(token)
 
     def _yield_due(self) -> bool:
         """A synchronous handler never yields: the heartbeat and the other partitions get a
@@ -452,14 +447,30 @@ class PartitionDelivery(DeadLettering):
                     return done
                 done, attempt = done + 1, 0
                 continue
-            end = next(
-                (i for i in range(done + 1, len(msgs)) if msgs[i].stream_seq in rejected),
-                len(msgs),
-            )
+            end = len(msgs)
+            if rejected:
+                end = next((i for i in range(done + 1, end) if msgs[i].stream_seq in rejected), end)
             chunk = msgs[done : done + 1] if one_by_one else msgs[done:end]
             error: Exception | None
             try:
-                await self._call(chunk if batch_mode else chunk[0])
+                arg: Any = chunk if batch_mode else chunk[0]
+                # the msg-ids of what is handed over, for a sink the handler gives no msg_id
+                if batch_mode:
+                    ids = {
+                        (m.partition, m.stream_seq): i
+                        for m in chunk
+                        if (i := m.headers.get(HDR_MSG_ID))
+                    }
+                else:
+                    i = arg.headers.get(HDR_MSG_ID)
+                    ids = {(arg.partition, arg.stream_seq): i} if i else {}
+                token = delivering.set(ids)
+                try:
+                    r = self.handler(arg)
+                    if self._is_async or (r is not None and inspect.isawaitable(r)):
+                        await r
+                finally:
+                    delivering.reset(token)
                 applied, error = len(chunk), None
             except (asyncio.CancelledError, Fenced, OrderConflict):
                 # a fenced sink told the handler a newer owner exists, or it can neither
