@@ -17,11 +17,17 @@ always stored after its predecessor. A batch is committed (one round trip, which
 partition's last stream sequence) when it reaches ``batch_size`` records, when the
 partition has been idle for ``linger`` seconds, and on
 :meth:`~.publisher.OrderedPublisher.flush`.
+
+In the steady state (its batch open, records queued or lingering) a lane *parks* and the
+publisher's one sender task (:mod:`.publish_sender`) applies its acknowledgements and sends
+its windows, together with every other parked lane's; the lane's own task takes over for
+everything else (opening, committing, errors, gaps, resends), exactly as before.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import logging
@@ -107,6 +113,12 @@ class _Lane:
         self._failing_since: float | None = None
         self._attempt = 0
         self.task: asyncio.Task[None] | None = None
+        # served by the publisher's sender while parked (see _park and publish_sender)
+        self.parked = False
+        self.kicked = False  # in the sender's list for its next pass
+        self.long_sleep = False  # parked on the ack timer, not linger: wake when drained
+        self.progress_at = 0.0  # the last reply or send while parked (monotonic)
+        self.sender_error: str | None = None  # the sender's write failed: resend
 
     # -- accepting -----------------------------------------------------------------------
     def accept(self, rec: _Rec) -> None:
@@ -118,7 +130,10 @@ class _Lane:
             return
         if not self.queue:  # the lane waits for work only with an empty queue
             self.idle.clear()
-            self.wake.set()
+            if self.parked:
+                self.pub._sender.kick(self)
+            else:
+                self.wake.set()
         self.queue.append(rec)
 
     # -- the sender loop -------------------------------------------------------------------
@@ -145,8 +160,14 @@ class _Lane:
 
     async def _step(self) -> bool:
         self._drain_replies()
+        if self.sender_error is not None:
+            reason, self.sender_error = self.sender_error, None
+            raise _Retry(reason)
         if self.broken:
             await self._await_reply(final=True)
+            return True
+        if self.batch_id is not None and self.batch_seq >= self.cfg.batch_size:
+            await self._commit()  # the sender filled the batch
             return True
         if self.queue:
             if self.batch_id is None:
@@ -156,18 +177,13 @@ class _Lane:
                 if self.batch_seq >= self.cfg.batch_size:
                     await self._commit()
             else:
-                await self._await_reply()
+                await self._park()  # the sender sends the rest as acknowledgements come
             return True
         if self.batch_id is not None:
             # more records may come: wait a linger for them before committing, unless
             # other partitions wait for a batch slot
-            if (
-                not self.pub._flushing
-                and not self.pub._slot_waiters
-                and await self._wait_work(self.cfg.linger)
-            ):
-                return True
-            await self._commit()
+            if self.pub._flushing or self.pub._slot_waiters or await self._park():
+                await self._commit()
             return True
         self.idle.set()
         if self.pub._closing:
@@ -192,6 +208,103 @@ class _Lane:
     def _window_open(self) -> bool:
         out = self.batch_seq - self.acked_bseq
         return out < self.cfg.max_in_flight and out < self.flow * 2
+
+    async def _park(self) -> bool:
+        """Let the publisher's sender serve this open batch (acknowledgements, windows)
+        until the lane's task has to act; True when nothing is queued and the batch is to be
+        committed (idle for ``linger``, a flush, a batch slot wanted elsewhere). Raises
+        _Retry when records wait and no acknowledgement came for ``ack_timeout``."""
+        cfg, pub = self.cfg, self.pub
+        self.progress_at = time.monotonic()
+        self.parked = True
+        try:
+            while True:
+                self.wake.clear()
+                if (
+                    self.replies
+                    or self.sender_error is not None
+                    or self.broken
+                    or self.batch_id is None
+                    or self.batch_seq >= cfg.batch_size
+                ):
+                    return False
+                now = time.monotonic()
+                if self.queue:
+                    if self._window_open():
+                        pub._sender.kick(self)
+                    left = self.progress_at + cfg.ack_timeout - now
+                    if left <= 0:
+                        raise _Retry(f"no acknowledgement within {cfg.ack_timeout:g}s")
+                    self.long_sleep = True
+                else:
+                    if pub._flushing or pub._slot_waiters:
+                        return True
+                    left = self.progress_at + cfg.linger - now
+                    if left <= 0:
+                        return True
+                    self.long_sleep = False
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(left):
+                        await self.wake.wait()
+        finally:
+            self.parked = False
+
+    # -- served by the publisher's sender while parked -----------------------------------------
+    def take_acks(self) -> bool:
+        """Apply the queued plain acknowledgements of the current batch (and drop replies
+        of earlier batches, as :meth:`_handle` does); False at the first other reply, which
+        stays queued for the lane's task."""
+        replies = self.replies
+        while replies:
+            bid, data = replies[0]
+            if bid == self.batch_id:
+                if not data:
+                    return False
+                try:
+                    msg = json.loads(data)
+                except ValueError:
+                    msg = None
+                if msg is not None:
+                    if msg.get("error") or msg.get("type") != "ack":
+                        return False
+                    self._ack_to(int(msg.get("seq") or 0))
+                    self.flow = max(1, int(msg.get("msgs") or self.flow))
+            replies.popleft()
+        return True
+
+    def window(self, frames: list[bytes]) -> tuple[int, int] | None:
+        """Append the frames of everything the window and the batch allow to ``frames``;
+        their (payload bytes, largest message), or None when there is nothing to send."""
+        q, inflight = self.queue, self.inflight
+        cfg = self.cfg
+        out = self.batch_seq - self.acked_bseq
+        n = min(
+            len(q), min(cfg.max_in_flight, self.flow * 2) - out, cfg.batch_size - self.batch_seq
+        )
+        if n <= 0:
+            return None
+        seq = self.batch_seq
+        head = self.head
+        payload = largest = 0
+        for _ in range(n):
+            rec = q.popleft()
+            inflight.append(rec)
+            seq += 1
+            frames.append(b"%s%d%s" % (head, seq, rec[0]))
+            payload += rec[1]
+            if rec[2] > largest:
+                largest = rec[2]
+        self.batch_seq = seq
+        return payload, largest
+
+    def needs_task(self) -> bool:
+        """After the sender served it: must the lane's task act now (commit a full batch;
+        with the queue emptied, rearm its linger or commit for a flush or a slot)?"""
+        if self.batch_seq >= self.cfg.batch_size:
+            return True
+        if self.queue:
+            return False
+        return self.long_sleep or self.pub._flushing or self.pub._slot_waiters > 0
 
     async def _write(self, frames: list[bytes], payload: int, largest: int, what: str) -> None:
         """Hand ready frames to the connection: every message of the lane goes through here
@@ -226,29 +339,11 @@ class _Lane:
         await self._await_reply()
 
     async def _send_window(self) -> None:
-        q, inflight = self.queue, self.inflight
         # everything the window and the batch allow, written as one command (issue 19 item 1)
-        cfg = self.cfg
-        out = self.batch_seq - self.acked_bseq
-        n = min(
-            len(q), min(cfg.max_in_flight, self.flow * 2) - out, cfg.batch_size - self.batch_seq
-        )
-        if n <= 0:
-            return
-        seq = self.batch_seq
-        head = self.head
-        frames = []
-        payload = largest = 0
-        for _ in range(n):
-            rec = q.popleft()
-            inflight.append(rec)
-            seq += 1
-            frames.append(b"%s%d%s" % (head, seq, rec[0]))
-            payload += rec[1]
-            if rec[2] > largest:
-                largest = rec[2]
-        self.batch_seq = seq
-        await self._write(frames, payload, largest, "send")
+        frames: list[bytes] = []
+        got = self.window(frames)
+        if got is not None:
+            await self._write(frames, got[0], got[1], "send")
 
     async def _commit(self) -> None:
         """End the batch without storing another message; the reply acknowledges it all."""

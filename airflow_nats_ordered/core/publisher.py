@@ -39,7 +39,8 @@ Where the parts live
 --------------------
 This module holds :class:`OrderedPublisher` and :class:`PublisherConfig`. Each partition is
 sent by its lane, :mod:`.publish_lane` (fast-ingest batches, resends, acknowledgements:
-the technique and its reasons are described there); :mod:`.msg_ids` derives the
+the technique and its reasons are described there), in the steady state through the one
+sender task of :mod:`.publish_sender`; :mod:`.msg_ids` derives the
 ``Nats-Msg-Id`` and names the headers every record carries; :mod:`.publish_summary` holds
 :class:`PublishSummary` and :class:`PublishError`. Every name that lived here before stays
 importable from this module.
@@ -97,6 +98,7 @@ from .publish_lane import (  # noqa: F401 - the lane's internals are re-exported
     _Rec,
     _Retry,
 )
+from .publish_sender import _Sender
 from .publish_summary import PartitionSummary, PublishError, PublishSummary
 from .publisher_config import PublisherConfig, check_producer_id  # noqa: F401 - re-exported
 from .streams import PartitionedStream, describe
@@ -152,6 +154,7 @@ class OrderedPublisher:
         self.stream: PartitionedStream  # set by start()
         self.summary: PublishSummary | None = None
         self._lanes: list[_Lane] = []
+        self._sender = _Sender(self)  # serves parked lanes: acks and windows in one task
         self._pending = 0
         self._pending_bytes = 0
         self._space = asyncio.Event()
@@ -267,6 +270,7 @@ class OrderedPublisher:
             pending_msgs_limit=-1,
             pending_bytes_limit=-1,
         )
+        self._sender.start()
         for lane in self._lanes:
             lane.task = asyncio.ensure_future(lane.run())
         if self._watermarks is not None:
@@ -285,7 +289,10 @@ class OrderedPublisher:
         except (ValueError, IndexError):
             return
         lane.replies.append((bid, msg.data))
-        lane.wake.set()
+        if lane.parked:
+            self._sender.kick(lane)
+        else:
+            lane.wake.set()
 
     async def _subject_counts(self, timeout: float = 5.0) -> tuple[dict[str, int], int]:
         """Messages per partition subject, and how many messages the stream ever removed
@@ -450,7 +457,10 @@ class OrderedPublisher:
             q = lane.queue
             if not q:  # the lane waits for work only with an empty queue
                 lane.idle.clear()
-                lane.wake.set()
+                if lane.parked:  # its batch is served by the sender
+                    self._sender.kick(lane)
+                else:
+                    lane.wake.set()
             q.append(rec)
         else:
             lane.accept(rec)  # counted as failed at once
@@ -566,6 +576,7 @@ class OrderedPublisher:
             await asyncio.gather(
                 *(lane.task for lane in self._lanes if lane.task), return_exceptions=True
             )
+            await self._sender.stop()
             if self._sub is not None:
                 with contextlib.suppress(NatsError):
                     await self._sub.unsubscribe()
