@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import resource
 import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+import worker_common
 from nats.js import api
 from worker_common import (
     BACKLOG_STREAM,
@@ -33,20 +37,49 @@ from airflow_nats_ordered.core.partitioning import (
 from airflow_nats_ordered.core.worker import Worker, WorkerConfig
 
 
+def _cpu() -> tuple[float, float]:
+    """CPU seconds (user + system) used so far by this process and by the run's
+    nats-server (0 if unknown)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    server = 0.0
+    pid = worker_common.SERVER_PID
+    if pid is not None:
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            server = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return r.ru_utime + r.ru_stime, server
+
+
+#: the last variant's timed window: CPU of this process and of nats-server (seconds), and
+#: when its first record was seen (seconds from t0)
+WINDOW: dict[str, float] = {}
+
+
+def _window(c0: tuple[float, float], first: float | None, t0: float) -> None:
+    c1 = _cpu()
+    WINDOW.update(client=c1[0] - c0[0], server=c1[1] - c0[1])
+    WINDOW["first"] = first - t0 if first is not None else float("nan")
+
+
 async def v_raw_ordered(url: str, prefix: str, n: int, rnd: int) -> Run:
     nc = await connect(url)
     before = Counter(CLIENT_ERRORS)
     count = 0
+    first: float | None = None
 
     async def cb(msg: Any) -> None:
-        nonlocal count
+        nonlocal count, first
+        if first is None:
+            first = time.perf_counter()
         count += 1
 
+    c0 = _cpu()
     t0 = time.perf_counter()
     sub = await nc.jetstream().subscribe(
         partition_wildcard(prefix), stream=BACKLOG_STREAM, ordered_consumer=True, cb=cb
     )
     got, elapsed = await wait_progress(lambda: count, n, t0)
+    _window(c0, first, t0)
     await sub.unsubscribe()
     await nc.close()
     return Run(elapsed, got, n, errors_since(before))
@@ -60,9 +93,12 @@ async def _worker_run(url: str, n: int, rnd: int, batch: bool) -> Run:
     before = Counter(CLIENT_ERRORS)
     count = calls = 0
     high = [0] * PARTITIONS  # count progress, not re-deliveries (after a lost lease, say)
+    first: float | None = None
 
     def one(msg: Any) -> None:
-        nonlocal count, calls
+        nonlocal count, calls, first
+        if first is None:
+            first = time.perf_counter()
         calls += 1
         if msg.stream_seq > high[msg.partition]:
             high[msg.partition] = msg.stream_seq
@@ -75,9 +111,11 @@ async def _worker_run(url: str, n: int, rnd: int, batch: bool) -> Run:
     group = f"tp{rnd}{'b' if batch else ''}-{uuid.uuid4().hex[:6]}"
     cfg = WorkerConfig(BACKLOG_STREAM, group, member_id="bench", batch_handler=batch)
     w = Worker(nc, cfg, many if batch else one)
+    c0 = _cpu()
     t0 = time.perf_counter()
     await w.start()
     got, elapsed = await wait_progress(lambda: count, n, t0)
+    _window(c0, first, t0)
     await w.stop()
     errors = errors_since(before)
     WORKER_STATS.append(
@@ -163,6 +201,11 @@ async def section_throughput(url: str, prefix: str, st: Settings) -> dict[str, A
     rates: dict[str, list[float]] = {v: [] for v in variants}
     ratios: dict[str, list[float]] = {v: [] for v in variants}
     complete: dict[str, bool] = {v: True for v in variants}
+    #: CPU microseconds per record read (this process; nats-server) and the first record's
+    #: arrival (seconds after t0), per round; NaN where not measured (ack-pending-1)
+    cpu: dict[str, list[float]] = {v: [] for v in variants}
+    server_cpu: dict[str, list[float]] = {v: [] for v in variants}
+    first: dict[str, list[float]] = {v: [] for v in variants}
     runs: list[dict[str, Any]] = []
     names = list(variants)
     for rnd in range(st.rounds):
@@ -170,12 +213,22 @@ async def section_throughput(url: str, prefix: str, st: Settings) -> dict[str, A
         got = {}
         for name in order:
             await asyncio.sleep(0.5)  # let the server settle between variants
+            WINDOW.clear()
             run: Run = await variants[name](url, prefix, st.n, rnd)
+            per = 1e6 / max(1, run.count)
+            cpu[name].append(WINDOW.get("client", float("nan")) * per)
+            server_cpu[name].append(WINDOW.get("server", float("nan")) * per)
+            first[name].append(WINDOW.get("first", float("nan")))
             got[name] = run.rate
             complete[name] &= run.complete
             runs.append(
                 {"variant": name, "round": rnd, "rate": run.rate, "count": run.count}
                 | {"target": run.target, "elapsed": run.elapsed, "client_errors": run.errors}
+                | {
+                    "cpu_us_per_record": cpu[name][-1],
+                    "server_cpu_us_per_record": server_cpu[name][-1],
+                }
+                | {"first_record_s": first[name][-1]}
             )
             log(
                 f"  round {rnd + 1} {name:13s} {run.rate:>10,.0f} msg/s "
@@ -189,6 +242,9 @@ async def section_throughput(url: str, prefix: str, st: Settings) -> dict[str, A
         "rates": rates,
         "ratios_vs_raw_ordered": ratios,
         "complete": complete,
+        "cpu_us_per_record": cpu,
+        "server_cpu_us_per_record": server_cpu,
+        "first_record_s": first,
         "runs": runs,
         "worker_stats": WORKER_STATS,
     }
@@ -202,14 +258,23 @@ def print_throughput(res: dict[str, Any], st: Settings) -> None:
     )
     print(
         f"{'variant':14s} {'msg/s (median)':>15s} {'x raw-ordered':>14s} {'(min..max)':>14s}"
-        "  read all"
+        f"  {'CPU us/rec':>10s} {'server':>7s} {'1st rec':>8s}  read all"
     )
     for name in rates:
         r = ratios[name]
+        cpu = [x for x in res.get("cpu_us_per_record", {}).get(name, []) if x == x]
+        srv = [x for x in res.get("server_cpu_us_per_record", {}).get(name, []) if x == x]
+        first = [x for x in res.get("first_record_s", {}).get(name, []) if x == x]
+        costs = f"{med(cpu):>10.2f} {med(srv):>7.2f} {med(first):>7.3f}s" if cpu else f"{'-':>29s}"
         print(
             f"{name:14s} {med(rates[name]):>15,.0f} {med(r):>14.2f} {min(r):>7.2f}..{max(r):<6.2f}"
+            f"  {costs}"
             f"  {'yes' if res['complete'][name] else 'NO (stalled; rate up to the stall)'}"
         )
+    print(
+        "CPU us/rec: this process's CPU (user + system) per record read, in the timed window "
+        "(start-up included); server: nats-server's; 1st rec: seconds to the first record"
+    )
     w = med(ratios["worker"])
     lost = sum(x["leases_lost"] + x["fenced"] for x in res["worker_stats"])
     redelivered = sum(x["calls"] - x["count"] for x in res["worker_stats"])
