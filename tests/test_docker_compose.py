@@ -647,8 +647,16 @@ def test_nats_configs_boot_a_cluster_that_takes_the_r3_provision_and_a_healthy_p
         for node in NATS_NODES:
             url = f"http://127.0.0.1:{ports[node]['http']}/healthz"  # the compose healthcheck
             _wait_for(f"{node} healthy", lambda url=url: _get(url)[0] == 200, 20, logs)
-        jsz = json.loads(_get(f"http://127.0.0.1:{ports[NATS_NODES[0]]['http']}/jsz")[1])
-        assert jsz["meta_cluster"]["cluster_size"] == 3 and jsz["meta_cluster"].get("leader")
+        jsz_url = f"http://127.0.0.1:{ports[NATS_NODES[0]]['http']}/jsz"
+        metas: list[dict[str, Any]] = []
+
+        def meta_of_three() -> bool:
+            # /healthz turns 200 before the meta group has heard of every peer: until then
+            # its cluster_size is 2 (seen on a loaded machine), so wait for 3 and a leader
+            metas.append(json.loads(_get(jsz_url)[1]).get("meta_cluster", {}))
+            return metas[-1].get("cluster_size") == 3 and bool(metas[-1].get("leader"))
+
+        _wait_for("a meta group of 3 with a leader", meta_of_three, 60, lambda: metas[-1:])
 
         conn = _local_conn(ports)
         monkeypatch.setenv("AIRFLOW_CONN_NATS_DEFAULT", conn)
@@ -683,7 +691,7 @@ def test_nats_configs_boot_a_cluster_that_takes_the_r3_provision_and_a_healthy_p
                 return all(r == (3, 3) for r in seen[-1].values())
             return False
 
-        _wait_for("stream and group state R3, every peer current", all_r3, 20, lambda: seen[-1:])
+        _wait_for("stream and group state R3, every peer current", all_r3, 60, lambda: seen[-1:])
 
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(float(_flag(cmd, "--stop-timeout"))) == 0, (
