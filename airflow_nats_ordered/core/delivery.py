@@ -43,7 +43,7 @@ from typing import Any
 from nats.errors import Error as NatsError
 
 from .committer import PartitionCommitter
-from .continuity import Position, delivering, divergence, stopped_reason
+from .continuity import Position, divergence, stopped_reason
 from .dead_letters import DeadLettering
 from .errors import (
     BatchFailed,
@@ -58,6 +58,7 @@ from .group import (
     StateWentBack,
     StreamRecreated,
 )
+from .handler_calls import HandlerCalls
 from .keys import HDR_KEY, HDR_KEY_B64
 from .message import HDR_MSG_ID, AppliedPosition, BatchHandler, Handler, Message, new_message
 from .owned import OwnedPartition
@@ -74,7 +75,7 @@ YIELD_EVERY = 0.005
 ANSWER_WAIT = 1.0
 
 
-class PartitionDelivery(DeadLettering):
+class PartitionDelivery(HandlerCalls, DeadLettering):
     """The processing verbs of :class:`~.worker.Worker` (a mixin: a partition's task shares
     the member's state - its store, owned partitions, statistics and problems - and hands
     the partition back through the member's bookkeeping when it ends)."""
@@ -115,6 +116,7 @@ class PartitionDelivery(DeadLettering):
         #: the stream's history any more, a message the sink can neither apply nor skip)
         stopped: str | None = None
         lease, revoke, is_async = o.lease, o.revoke, self._is_async
+        one_sync = not is_async and not self.cfg.batch_handler  # (the fast path below)
         every, interval = self.cfg.commit_every, self.cfg.commit_interval
         try:
             stopped = await self._continuity(o)
@@ -136,7 +138,20 @@ class PartitionDelivery(DeadLettering):
                         raise LeaseLost(f"lease of partition {p} expired locally")
                     chunk = msgs[i : i + step]
                     try:
-                        done = await self._deliver(o, chunk, rejected)
+                        if one_sync and not rejected and o.processed_once:
+                            # _deliver's first call of a synchronous handler, without a
+                            # coroutine per message; a failure goes on in _deliver
+                            failed = self._call_one(chunk[0])
+                            if failed is not None and not isinstance(failed, Exception):
+                                failed = await self._finish_one(chunk[0], failed)
+                            if failed is None:
+                                o.processed += 1
+                                self.stats["processed"] += 1
+                                done = 1
+                            else:
+                                done = await self._deliver(o, chunk, rejected, failed)
+                        else:
+                            done = await self._deliver(o, chunk, rejected)
                     except OrderConflict as exc:
                         stopped = self._refused(chunk[0], exc)
                         break
@@ -416,7 +431,11 @@ class PartitionDelivery(DeadLettering):
             await self._give_way()
 
     async def _deliver(
-        self, o: OwnedPartition, msgs: list[Message], rejected: Mapping[int, str] | None = None
+        self,
+        o: OwnedPartition,
+        msgs: list[Message],
+        rejected: Mapping[int, str] | None = None,
+        failed: Exception | None = None,
     ) -> int:
         """Hand ``msgs`` (one message, or one batch in batch mode) to the handler, with
         retries and the poison policy. Returns how many of ``msgs``, from the first, are
@@ -432,7 +451,10 @@ class PartitionDelivery(DeadLettering):
         (``applied=n``): retries resume at message n, and only a message that keeps failing
         is dead-lettered. Any other exception means nothing of the batch was applied; once
         its retries are spent, the batch's messages are retried one at a time, so only the
-        ones that fail on their own are dead-lettered."""
+        ones that fail on their own are dead-lettered.
+
+        ``failed``: what the handler's first call with ``msgs[0]`` (one by one) already
+        raised (the partition's fast path made that call); handled as if raised here."""
         rejected = rejected or {}
         batch_mode = self.cfg.batch_handler
         one_by_one = not batch_mode
@@ -452,34 +474,10 @@ class PartitionDelivery(DeadLettering):
                 end = next((i for i in range(done + 1, end) if msgs[i].stream_seq in rejected), end)
             chunk = msgs[done : done + 1] if one_by_one else msgs[done:end]
             error: Exception | None
-            try:
-                arg: Any = chunk if batch_mode else chunk[0]
-                # the msg-ids of what is handed over, for a sink the handler gives no msg_id
-                if batch_mode:
-                    ids = {
-                        (m.partition, m.stream_seq): i
-                        for m in chunk
-                        if (i := m.headers.get(HDR_MSG_ID))
-                    }
-                else:
-                    i = arg.headers.get(HDR_MSG_ID)
-                    ids = {(arg.partition, arg.stream_seq): i} if i else {}
-                token = delivering.set(ids)
-                try:
-                    r = self.handler(arg)
-                    if self._is_async or (r is not None and inspect.isawaitable(r)):
-                        await r
-                finally:
-                    delivering.reset(token)
-                applied, error = len(chunk), None
-            except (asyncio.CancelledError, Fenced, OrderConflict):
-                # a fenced sink told the handler a newer owner exists, or it can neither
-                # apply nor skip the message: stop, no retry, no dead letter
-                raise
-            except BatchFailed as exc:
-                applied, error = (min(exc.applied, len(chunk) - 1) if batch_mode else 0), exc
-            except Exception as exc:
-                applied, error = 0, exc
+            if failed is not None:
+                applied, error, failed = 0, failed, None
+            else:
+                applied, error = await self._call(chunk, batch_mode)
             if applied:
                 o.processed += applied
                 self.stats["processed"] += applied
