@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 
 #: the header of a compare-and-set on a KV key's last revision
 EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
+_EXPECTED = EXPECTED_LAST_SUBJECT_SEQ.encode()
 
 #: a write's callback: the new revision, or why there is none
 Answer = Callable[[int | BaseException], Awaitable[None]]
@@ -62,6 +63,30 @@ def flush_now(nc: NATS) -> None:
     transport.writelines(pending[:])
     nc._pending = []
     nc._pending_data_size = 0
+
+
+def _send_now(nc: NATS, cmd: bytes, payload_size: int) -> bool:
+    """Write the protocol command ``cmd`` (a publish of ``payload_size`` bytes) to the
+    socket now, after what the client has buffered (so the order of everything published
+    is kept), as ``publish`` followed by :func:`flush_now` would, without waking nats-py's
+    flusher task for it (a task switch per commit write). False, having written nothing,
+    where :func:`flush_now` would not write (not connected, a websocket, a nats-py that
+    keeps its buffer differently): publish it through the client then."""
+    pending = getattr(nc, "_pending", None)
+    transport = getattr(nc, "_transport", None)
+    if not isinstance(pending, list) or not isinstance(transport, TcpTransport):
+        return False
+    if not nc.is_connected or not hasattr(nc, "_pending_data_size"):
+        return False
+    if pending:
+        transport.writelines([*pending, cmd])
+        nc._pending = []
+        nc._pending_data_size = 0
+    else:
+        transport.write(cmd)
+    nc.stats["out_msgs"] += 1
+    nc.stats["out_bytes"] += payload_size
+    return True
 
 
 class CasWrites:
@@ -95,11 +120,23 @@ class CasWrites:
         token = str(next(self._ids))
         timer = asyncio.get_running_loop().call_later(timeout, self._timed_out, token)
         self._waiting[token] = (answer, timer)
+        reply = prefix + token
+        header = b"NATS/1.0\r\n%s: %d\r\n\r\n" % (_EXPECTED, last_revision)
+        cmd = b"HPUB %s %s %d %d\r\n%s%s\r\n" % (
+            subject.encode(),
+            reply.encode(),
+            len(header),
+            len(header) + len(value),
+            header,
+            value,
+        )
+        if _send_now(self.nc, cmd, len(value)):
+            return
         try:
             await self.nc.publish(
                 subject,
                 value,
-                reply=prefix + token,
+                reply=reply,
                 headers={EXPECTED_LAST_SUBJECT_SEQ: str(last_revision)},
             )
         except BaseException:

@@ -11,6 +11,7 @@ after it, and every name stays importable from this one:
 * :mod:`.reader` - :class:`PartitionReader`: one partition, in order, bounded buffers
 * :mod:`.delivery` - :class:`PartitionDelivery`, mixed into :class:`Worker`: a partition's
   messages to the handler (retries, poison policy, batches, commits, continuity checks)
+* :mod:`.handler_calls` - :class:`HandlerCalls` (a mixin): calling the handler
 * :mod:`.dead_letters` - :func:`dead_letter_subject`, :class:`DeadLettering` (a mixin)
 * :mod:`.group_presence` - :class:`GroupWatch` (a mixin): the group deleted under the member
 * :mod:`.leader` - :class:`GroupLeader` (a mixin): the leader's loop computing the assignment
