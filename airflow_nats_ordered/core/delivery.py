@@ -304,9 +304,13 @@ class PartitionDelivery(HandlerCalls, DeadLettering):
         anchor: int | None = None
         last_seq = 0
         for pos in positions:
-            found = await self.store.stored_at(pos.seq)
-            last_seq = found.last_seq
-            why = divergence(pos, subject, found)
+            # (a position before the first message is in every history: a new group's
+            # partitions start without a stream info round trip each)
+            why = None
+            if pos.seq > 0:
+                found = await self.store.stored_at(pos.seq)
+                last_seq = found.last_seq
+                why = divergence(pos, subject, found)
             if why is not None:
                 problems.append(why)
             elif pos is positions[0]:
