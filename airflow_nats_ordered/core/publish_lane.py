@@ -32,6 +32,7 @@ import itertools
 import json
 import logging
 import random
+import re
 import time
 from collections import deque
 from typing import TYPE_CHECKING
@@ -56,6 +57,10 @@ _ERR_TOO_MANY_BATCHES = 10211  # HTTP 429: the stream has 1,000 batches open; re
 _FLOW_MAX = 500  # the server never acknowledges less often than every 500 messages
 _MAX_BACKOFF = 1.0  # seconds between resends of a failing partition, at most
 _EMPTY_HDR = b"NATS/1.0\r\n\r\n"
+# a flow acknowledgement exactly as nats-server 2.14+ writes it: read without json.loads
+# (0.4 against 2.6 us, thousands per 100k records on 16 partitions); any other form of
+# reply goes through json.loads as before
+_PLAIN_ACK = re.compile(rb'\{"type":"ack","seq":(\d+),"msgs":(\d+)\}')
 
 
 class _Retry(Exception):
@@ -258,17 +263,22 @@ class _Lane:
         while replies:
             bid, data = replies[0]
             if bid == self.batch_id:
-                if not data:
-                    return False
-                try:
-                    msg = json.loads(data)
-                except ValueError:
-                    msg = None
-                if msg is not None:
-                    if msg.get("error") or msg.get("type") != "ack":
+                plain = _PLAIN_ACK.fullmatch(data)
+                if plain is not None:
+                    self._ack_to(int(plain[1]))
+                    self.flow = max(1, int(plain[2]) or self.flow)
+                else:
+                    if not data:
                         return False
-                    self._ack_to(int(msg.get("seq") or 0))
-                    self.flow = max(1, int(msg.get("msgs") or self.flow))
+                    try:
+                        msg = json.loads(data)
+                    except ValueError:
+                        msg = None
+                    if msg is not None:
+                        if msg.get("error") or msg.get("type") != "ack":
+                            return False
+                        self._ack_to(int(msg.get("seq") or 0))
+                        self.flow = max(1, int(msg.get("msgs") or self.flow))
             replies.popleft()
         return True
 
