@@ -28,7 +28,14 @@ from typing import TYPE_CHECKING, Any
 from nats.js.errors import NotFoundError
 
 from ..core.errors import NatsOrderedError, RecordError
-from ..core.msg_ids import HDR_MSG_ID, HDR_PRODUCER, HDR_SEQ, _msg_id, derive_msg_id
+from ..core.msg_ids import (
+    HDR_MSG_ID,
+    HDR_PRODUCER,
+    HDR_SEQ,
+    derive_msg_id,
+    msg_id_at,
+    msg_id_base,
+)
 from ..core.publisher import OrderedPublisher, PublisherConfig
 from ..core.streams import describe
 from .headers import BadHeaders
@@ -175,6 +182,8 @@ class ResumingPublisher(OrderedPublisher):
         self._producer = self.producer_id.encode()
         self._positions: dict[int, int] = {}
         self._hashes: dict[int, Any] = {}
+        #: per partition, the msg-id digest of its producer id and number (msg_id_base)
+        self._bases: dict[int, Any] = {}
 
     async def publish(
         self,
@@ -195,7 +204,11 @@ class ResumingPublisher(OrderedPublisher):
         if msg_id is None and partition is not None and key:
             pos = self._positions.get(partition, 0) + 1
             kb = key.encode() if isinstance(key, str) else bytes(key)
-            mid = _msg_id(self._producer, partition, pos, kb, data).decode()
+            base = self._bases.get(partition)
+            if base is None:
+                base = self._bases[partition] = msg_id_base(self._producer, partition)
+            line = msg_id_at(base, pos, kb, data)  # the derived msg-id, the core's definition
+            mid = line.decode()
             # raises for a refused record, which takes no position
             part = await super().publish(key, data, msg_id=mid, headers=headers)
             if part != partition:  # cannot happen: RoutingCheck compared them
@@ -204,11 +217,12 @@ class ResumingPublisher(OrderedPublisher):
             part = await super().publish(key, data, msg_id=msg_id, headers=headers)
             pos = self._positions.get(part, 0) + 1
             mid = msg_id or derive_msg_id(self.producer_id, part, pos, _key_bytes(key), data)
+            line = mid.encode()
         self._positions[part] = pos
         h = self._hashes.get(part)
         if h is None:
             h = self._hashes[part] = hashlib.blake2b(digest_size=16)
-        h.update(mid.encode() + b"\n")
+        h.update(line + b"\n")
         r = self.resume.get(part)
         if r is not None and pos <= r.count:
             if pos == r.digest_at and h.hexdigest() != r.digest:
