@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import json
+import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -41,6 +43,27 @@ def run_record(url: str, stream: str, producer_id: str) -> RunRecord | None:
         return await (await RunLedger.open(nc, stream)).get(producer_id)
 
     return on_server(url, get)
+
+
+#: the duplicate_window of the Spark resume tests' streams: deliveryTimeout 1 s + the
+#: publisher's ack_timeout 5 s (the longest resend, the shortest window the sink accepts) + 1 s
+WINDOW = 7.0
+
+
+def wait_past_the_window(url: str, stream: str, window: float = WINDOW) -> None:
+    """Until the stream's newest message is older than its duplicate window: a resend of any
+    stored msg-id is then stored again (what makes a resume's mistakes visible)."""
+
+    async def newest(nc: Any) -> dt.datetime:
+        js = nc.jetstream()
+        last = (await js.stream_info(stream)).state.last_seq
+        return (await js.get_msg(stream, last)).time
+
+    limit = on_server(url, newest) + dt.timedelta(seconds=window + 1)
+    deadline = time.monotonic() + 60
+    while dt.datetime.now(dt.UTC) < limit:
+        assert time.monotonic() < deadline, "the clock does not move"
+        time.sleep(0.2)
 
 
 def partition_of(s: Stored) -> int:

@@ -1,9 +1,11 @@
 """A routed batch publish for tests/test_spark_resubmit.py, run with spark-submit.
 
-``spark_resubmit_app.py URL STREAM PRODUCER_ID ROWS [--slow]``: ROWS rows over 50 keys in ts
-order per key, routed over the stream's partitions into two tasks, published with the
-``nats-ordered`` data source (deliveryTimeout 1 s, so a short duplicate window is accepted).
+``spark_resubmit_app.py URL STREAM PRODUCER_ID ROWS [--slow] [--after-window]``: ROWS rows over
+50 keys in ts order per key, routed over the stream's partitions into two tasks, published with
+the ``nats-ordered`` data source (deliveryTimeout 1 s, so a short duplicate window is accepted).
 ``--slow`` pauses between Arrow batches, so that the job can be killed in the middle.
+``--after-window`` begins the write only once the stream's newest message is older than its
+duplicate window (spark_helpers.WINDOW): the JVM starts meanwhile, not after the wait.
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ def main(argv: list[str]) -> None:
     routed = route(df, key="k", partitions=4, order_by=["ts"], tasks=2)
     if "--slow" in argv:
         routed = routed.mapInArrow(_slow, routed.schema)
+    if "--after-window" in argv:
+        from spark_helpers import wait_past_the_window  # beside this file, in tests/
+
+        wait_past_the_window(url, stream)
     (
         routed.write.format("nats-ordered")
         .option("stream", stream)

@@ -5,6 +5,7 @@ killed driver never wrote)."""
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import signal
 import subprocess
@@ -13,8 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from spark_helpers import exactly_once_in_order, on_server, run_record, stored
-from test_spark_resume import WINDOW, wait_past_the_window
+from spark_helpers import WINDOW, exactly_once_in_order, on_server, run_record, stored
 
 from airflow_nats_ordered.core.streams import StreamSpec, provision
 
@@ -77,10 +77,18 @@ def test_a_killed_spark_submit_resubmitted_after_the_window_stores_every_row_onc
     stored_at_kill = len(stored(nats_url, unique_name))
     assert 0 < stored_at_kill < ROWS, stored_at_kill
 
-    wait_past_the_window(nats_url, unique_name)
-    second = _submit(nats_url, unique_name, tmp_path / "second.log")
+    async def stored_at(nc, seq: int) -> dt.datetime:
+        return (await nc.jetstream().get_msg(unique_name, seq)).time
+
+    last_at_kill = on_server(nats_url, lambda nc: stored_at(nc, stored_at_kill))
+    # the second job waits past the window itself, before it writes: its JVM starts meanwhile
+    second = _submit(nats_url, unique_name, tmp_path / "second.log", "--after-window")
     second.wait(300)
     assert second.returncode == 0, (tmp_path / "second.log").read_text()[-3000:]
+    first_resent = on_server(nats_url, lambda nc: stored_at(nc, stored_at_kill + 1))
+    assert first_resent - last_at_kill > dt.timedelta(seconds=WINDOW), (
+        "the re-submit wrote inside the duplicate window: a resend would not show"
+    )
 
     rows = [{"k": f"key-{i % 50}", "ts": 1_000 + i, "i": i, "pad": "x" * 200} for i in range(ROWS)]
     problems = exactly_once_in_order(rows, stored(nats_url, unique_name), "k", "ts")

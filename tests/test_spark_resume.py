@@ -6,7 +6,14 @@ from __future__ import annotations
 import json
 
 import pytest
-from spark_helpers import exactly_once_in_order, on_server, run_record, stored
+from spark_helpers import (
+    WINDOW,
+    exactly_once_in_order,
+    on_server,
+    run_record,
+    stored,
+    wait_past_the_window,
+)
 
 from airflow_nats_ordered.core.streams import StreamSpec, provision
 
@@ -95,27 +102,6 @@ def test_resuming_a_partial_run_on_the_same_input_stores_every_row_once(
     want = [r for r in first if r["k"] is not None]
     assert _problems(want, nats_url, unique_name) == []
     assert json.loads(stored(nats_url, unique_name)[0].data)["k"] is not None
-
-
-WINDOW = 7.0  # the stream's duplicate_window: deliveryTimeout 1 s + ack_timeout 5 s + 1 s
-
-
-def wait_past_the_window(url: str, stream: str, window: float = WINDOW) -> None:
-    """Until the stream's newest message is older than its duplicate window: a resend of any
-    stored msg-id is then stored again (what makes a resume's mistakes visible)."""
-    import datetime as dt
-    import time
-
-    async def newest(nc) -> dt.datetime:
-        js = nc.jetstream()
-        last = (await js.stream_info(stream)).state.last_seq
-        return (await js.get_msg(stream, last)).time
-
-    limit = on_server(url, newest) + dt.timedelta(seconds=window + 1)
-    deadline = time.monotonic() + 60
-    while dt.datetime.now(dt.UTC) < limit:
-        assert time.monotonic() < deadline, "the clock does not move"
-        time.sleep(0.2)
 
 
 def _fail_task_0_while_task_1_is_cancelled(url: str, stream: str, producer: str):
