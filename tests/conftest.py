@@ -125,9 +125,29 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     logging.getLogger("py4j").setLevel(logging.WARNING)
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist (``make test`` runs ``-n 2 --dist loadgroup``) every test that uses
-    the SparkSession runs in one worker, so a run still starts one Spark JVM."""
+    the SparkSession runs in one worker, so a run still starts one Spark JVM.
+
+    ``--dist loadgroup`` sends tests whose node ids end in the same ``@<group>`` to one
+    worker. pytest-xdist appends that suffix in its own ``pytest_collection_modifyitems``,
+    which runs before this one (so it never saw a mark added here) and, since pytest 9.2
+    keeps the node id in ``Node._id``, no longer renames anything: the Spark tests were
+    spread over both workers, each starting a JVM. So the suffix is set here, after xdist's
+    hook (``trylast``), in xdist workers running ``--dist loadgroup`` only."""
+    loadgroup = bool(getattr(config.option, "loadgroup", False))  # set by xdist in workers
     for item in items:
         if "spark" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("spark"))
+            if loadgroup and not item.nodeid.endswith("@spark"):
+                _set_nodeid(item, f"{item.nodeid}@spark")
+
+
+def _set_nodeid(item: pytest.Item, nodeid: str) -> None:
+    if hasattr(item, "_id"):  # pytest >= 9.2: a structured NodeId
+        from _pytest.nodeid import NodeId
+
+        item._id = NodeId.parse(nodeid)
+    else:
+        item._nodeid = nodeid
