@@ -10,8 +10,10 @@ nats-server, as a named run recorded in the ledger:
   spark  ``write_ordered`` on a cached DataFrame in ``local[2]``: routing with the one
          partition function (Arrow UDF), shuffle, sort, Arrow writer, ledger commit
 
-Session start (JVM, SparkContext) and one warm-up write (Python workers) are measured and
-reported separately; the figure is steady state. Variants alternate for BENCH_ROUNDS rounds,
+Session start (JVM, SparkContext) and one warm-up write of the same rows (Python workers,
+and the JVM's JIT compiling the shuffle, sort and Arrow paths at this size: a 1,000-row
+warm-up left 0.4-1.0 CPU s of JIT in each measured write) are measured and reported
+separately; the figure is steady state. Variants alternate for BENCH_ROUNDS rounds,
 each ratio is spark / core of the same round (shared machines drift). Goal (issue 17 item
 10): >= 0.9x; the verdict (ok / MISS) is printed, the exit status is 0 either way.
 
@@ -20,6 +22,11 @@ A second figure, printed apart and not part of the goal: ``routed``, a direct
 computed before the clock starts), the Kafka-sink way of writing a DataFrame that is already
 partitioned by key. It measures the sink's tasks alone (connect, resume reads, record
 building, publishing, ledger), without the routing shuffle and sort.
+
+Each round also prints the CPU seconds each write used, by process (:mod:`proc_cpu`: this
+Python process, the JVM and its JIT threads, Spark's Python workers, nats-server), and the
+summary the median CPU ratio core / spark: what the rate ratio tends to when the machine's
+cores are busy (2 shared cores), whatever the wall-clock noise.
 
 Environment: BENCH_SPARK_N (rows, default 200000), BENCH_ROUNDS (default 3).
 """
@@ -37,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import nats
+from proc_cpu import sample, spent
 
 from airflow_nats_ordered.core.runs import RunLedger, publish_run
 from airflow_nats_ordered.core.streams import StreamSpec, provision
@@ -144,11 +152,21 @@ def run_routed(url: str, name: str, routed, n: int) -> float:
     return elapsed
 
 
+def _cpu_text(d: dict[str, float]) -> str:
+    parts = ", ".join(
+        f"{k} {d[k]:.2f}"
+        for k in ("driver", "jvm", "jit", "py-workers", "nats-server")
+        if d.get(k, 0) >= 0.005
+    )
+    return f"{d['total']:.2f} ({parts})"
+
+
 def main() -> int:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     rows = make_rows(N)
     records = as_records(rows)
     rates: dict[str, list[float]] = {"core": [], "spark": [], "routed": []}
+    cpu: dict[str, list[dict[str, float]]] = {"core": [], "spark": [], "routed": []}
     ratios: list[float] = []
     routed_ratios: list[float] = []
     with tempfile.TemporaryDirectory(prefix="spark-bench-") as tmp, NatsServer(Path(tmp)) as srv:
@@ -167,21 +185,28 @@ def main() -> int:
         df = spark.createDataFrame(rows, "k string, ts long, pad string").cache()
         df.count()
         t = time.perf_counter()
-        run_spark(srv.url, "WARMUP", df.limit(1000), 1000)
+        run_spark(srv.url, "WARMUP", df, N)
         warmup = time.perf_counter() - t
         from airflow_nats_ordered.spark import route
 
-        routed = route(df, key="k", partitions=PARTITIONS, order_by=["ts"]).cache()
-        routed.count()
+        # materialized apart from `df`'s plan: a cached route(df) would be substituted for the
+        # identical plan inside write_ordered, which then neither routes, shuffles nor sorts
+        routed = route(df, key="k", partitions=PARTITIONS, order_by=["ts"]).localCheckpoint()
         print(
             f"{N:,} rows, {PARTITIONS} partitions, local[2]; session start {session_start:.1f}s, "
             f"warm-up write {warmup:.1f}s (excluded)",
             file=sys.stderr,
         )
         for rnd in range(ROUNDS):
+            before = sample()
             core = N / run_core(srv.url, f"CORE{rnd}", records)
+            middle = sample()
             sparky = N / run_spark(srv.url, f"SPARK{rnd}", df, N)
+            after = sample()
             direct = N / run_routed(srv.url, f"ROUTED{rnd}", routed, N)
+            cpu["core"].append(spent(before, middle))
+            cpu["spark"].append(spent(middle, after))
+            cpu["routed"].append(spent(after, sample()))
             for name in ("CORE", "SPARK", "ROUTED"):
                 stored = asyncio.run(_count(srv.url, f"{name}{rnd}"))
                 assert stored == N, f"{name}{rnd}: {stored} stored of {N}"
@@ -194,6 +219,10 @@ def main() -> int:
                 f"  round {rnd + 1}: core {core:,.0f} rows/s, spark {sparky:,.0f} rows/s, "
                 f"ratio {sparky / core:.2f}; routed input {direct:,.0f} rows/s, ratio "
                 f"{direct / core:.2f}; load {os.getloadavg()[0]:.1f}",
+                file=sys.stderr,
+            )
+            print(
+                "    CPU s per write: " + "; ".join(f"{v} {_cpu_text(cpu[v][-1])}" for v in cpu),
                 file=sys.stderr,
             )
         spark.stop()
@@ -211,6 +240,14 @@ def main() -> int:
         f"{statistics.median(routed_ratios):.2f}x "
         f"(min {min(routed_ratios):.2f}, max {max(routed_ratios):.2f})"
     )
+    med = {v: {k: statistics.median(d[k] for d in ds) for k in ds[0]} for v, ds in cpu.items()}
+    cpu_ratios = [c["total"] / s["total"] for c, s in zip(cpu["core"], cpu["spark"], strict=True)]
+    print(
+        f"   CPU s per write (median): core {_cpu_text(med['core'])}; spark "
+        f"{_cpu_text(med['spark'])}; routed input {_cpu_text(med['routed'])}. CPU ratio "
+        f"core/spark {statistics.median(cpu_ratios):.2f} (min {min(cpu_ratios):.2f}, max "
+        f"{max(cpu_ratios):.2f}): the rate ratio when the cores are busy"
+    )
     out = Path(".bench")
     out.mkdir(exist_ok=True)
     (out / "spark.json").write_text(
@@ -221,6 +258,8 @@ def main() -> int:
                 "rates": rates,
                 "ratios": ratios,
                 "routed_ratios": routed_ratios,
+                "cpu_s": cpu,
+                "cpu_ratios": cpu_ratios,
                 "goal": GOAL,
                 "session_start_s": session_start,
                 "warmup_s": warmup,
