@@ -15,6 +15,7 @@ after it, and every name stays importable from this one:
 * :mod:`.dead_letters` - :func:`dead_letter_subject`, :class:`DeadLettering` (a mixin)
 * :mod:`.group_presence` - :class:`GroupWatch` (a mixin): the group deleted under the member
 * :mod:`.leader` - :class:`GroupLeader` (a mixin): the leader's loop computing the assignment
+* :mod:`.lease_claims` - :func:`claim_lease`: a partition's lease, never left held by stop()
 
 Guarantees (each tested by breaking it in ``tests/test_worker_chaos.py``; processing's in
 :mod:`.delivery`)
@@ -60,6 +61,7 @@ from .group import GroupStore, Lease, LeaseLost
 from .group_presence import GroupDeletedError, GroupPresence, GroupWatch
 from .layout import state_key
 from .leader import GroupLeader
+from .lease_claims import claim_lease
 from .message import HDR_MSG_ID, AppliedPosition, BatchHandler, Handler, Message
 from .owned import OwnedPartition
 from .reader import PartitionReader
@@ -516,12 +518,10 @@ class Worker(PartitionDelivery, GroupLeader, GroupWatch, EpochSwitch):
         self._report(f"claim.{p}", f"partition {p}: {problem}; retrying in {delay:.1f}s")
 
     async def _try_claim(self, p: int) -> None:
-        # each group-state step bounded (the handler's hooks are not): claims are tried one
-        # partition after another, and one waiting 5 s for a bucket that is electing a
-        # leader held every other partition back (a claim that timed out is retried next
-        # tick; one applied without an answer expires after the TTL, never grants twice)
-        async with asyncio.timeout(self._call_bound()):
-            lease = await self.store.acquire(state_key(self.store.epoch, "p", p), self.member)
+        # each group-state step bounded (the handler's hooks are not): a bucket electing a
+        # leader answers nothing; a claim cancelled by stop() gives back what it got
+        key, bound = state_key(self.store.epoch, "p", p), self._call_bound()
+        lease = await claim_lease(self.store, key, self.member, bound)
         if lease is None:
             return
         try:
