@@ -149,6 +149,9 @@ def _key_bytes(key: str | bytes | None) -> bytes:
     return key.encode() if isinstance(key, str) else bytes(key)
 
 
+_core_publish = OrderedPublisher.publish
+
+
 class ResumingPublisher(OrderedPublisher):
     """The core publisher, passing over ``resume``'s positions only while they hold the same
     rows, and keeping per partition the digest of its positions (:meth:`digests`).
@@ -209,8 +212,9 @@ class ResumingPublisher(OrderedPublisher):
                 base = self._bases[partition] = msg_id_base(self._producer, partition)
             line = msg_id_at(base, pos, kb, data)  # the derived msg-id, the core's definition
             mid = line.decode()
-            # raises for a refused record, which takes no position
-            part = await super().publish(key, data, msg_id=mid, headers=headers)
+            # raises for a refused record, which takes no position (the core's publish,
+            # without a super() per row)
+            part = await _core_publish(self, key, data, msg_id=mid, headers=headers)
             if part != partition:  # cannot happen: RoutingCheck compared them
                 raise RuntimeError(f"key {key!r} went to partition {part}, not {partition}")
         else:
