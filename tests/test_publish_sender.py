@@ -91,3 +91,42 @@ def test_a_lane_served_by_the_sender_commits_after_linger_not_the_ack_timeout(
     summary, stored = asyncio.run(go())
     assert summary.failed == 0 and summary.acked == len(records)
     assert sum(check_stored(records, stored, 1, unique_name.lower()).values()) == len(records)
+
+
+def test_an_unexpected_sender_error_hands_its_lanes_back_and_loses_nothing(
+    shared_nats_server, unique_name, monkeypatch
+):
+    """A bug in the sender's pass (here: building a window raises, twice) must not strand
+    the lanes of that pass: each is handed back to its own task, resends, and is served by
+    the sender again; every record is stored once, in order."""
+    from airflow_nats_ordered.core.publish_lane import _Lane
+
+    records = make_records(4_000, keys=80)
+    real_window = _Lane.window
+    raised = {"n": 0}
+
+    def faulty_window(lane, frames):
+        if lane.parked and raised["n"] < 2:  # only the sender builds a parked lane's window
+            raised["n"] += 1
+            raise RuntimeError("injected sender bug")
+        return real_window(lane, frames)
+
+    monkeypatch.setattr(_Lane, "window", faulty_window)
+
+    async def go():
+        nc = await nats.connect(shared_nats_server.url)
+        await provision(nc, StreamSpec(unique_name, partitions=4))
+        async with OrderedPublisher(
+            nc, unique_name, ack_timeout=80.0, delivery_timeout=30.0
+        ) as pub:
+            for k, body in records:
+                await pub.publish(k, body)
+        stored = await read_stream(nc, unique_name)
+        await nc.close()
+        return pub.summary, stored
+
+    # a stranded lane would wait for its 80 s ack timeout: 60 s is the hang guard
+    summary, stored = asyncio.run(asyncio.wait_for(go(), 60.0))
+    assert raised["n"] == 2
+    assert summary.failed == 0 and summary.acked == len(records)
+    assert sum(check_stored(records, stored, 4, unique_name.lower()).values()) == len(records)

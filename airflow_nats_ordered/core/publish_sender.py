@@ -73,6 +73,7 @@ class _Sender:
             except Exception as exc:  # hand every lane of the pass back to its own task
                 log.exception("the publisher's sender failed")
                 for lane in ready:
+                    lane.kicked = False
                     lane.sender_error = f"unexpected sender error: {exc!r}"
                     lane.wake.set()
 
@@ -85,16 +86,17 @@ class _Sender:
             lane.kicked = False
             if not lane.parked:  # its task runs: it handles its replies and queue itself
                 continue
+            acked = lane.acked_bseq
             if lane.replies and not lane.take_acks():
                 lane.wake.set()  # a reply only the lane handles
                 continue
-            lane.progress_at = now
-            if lane.queue:
-                got = lane.window(frames)
-                if got is not None:
-                    payload += got[0]
-                    largest = max(largest, got[1])
-                    written.append(lane)
+            got = lane.window(frames) if lane.queue else None
+            if got is not None:
+                payload += got[0]
+                largest = max(largest, got[1])
+                written.append(lane)
+            if got is not None or lane.acked_bseq != acked:
+                lane.progress_at = now  # its ack timeout and linger count from here
             if lane.needs_task():
                 lane.wake.set()
         if not frames:
