@@ -137,7 +137,8 @@ def _route(nc: NATS) -> dict[int, Route] | None:
     task switch per message), from the task reading the socket; every other message takes
     nats-py's own path. None if this nats-py has no ``_process_msg`` to route through
     (readers then use their subscription's callback). :mod:`.cas_writes` routes the answers
-    to commit writes here too."""
+    to commit writes here too. A message its target cannot read is logged and dropped,
+    never raised into nats-py's read loop (which would stop reading for good)."""
     routes: dict[int, Route] | None = getattr(nc, "_nor_routes", None)
     if routes is not None:
         return routes
@@ -156,17 +157,25 @@ def _route(nc: NATS) -> dict[int, Route] | None:
             return
         stats["in_msgs"] += 1
         stats["in_bytes"] += len(data)
-        if headers and headers[_HDR_LINE : _HDR_LINE + 1] == b" ":
-            # a status (heartbeat, request ended, consumer gone): rare, parsed by nats-py
-            parsed = await nc._process_headers(headers)
-            m = Delivery(subject.decode(), reply.decode(), data, None, parsed)
-        else:
-            m = Delivery(subject.decode(), reply.decode(), data, headers or None)
-            on_data = route[1]
-            if on_data is not None and headers:
-                on_data(m, len(headers))  # no coroutine per message
-                return
-        await route[0]._on_msg(m)
+        try:
+            if headers and headers[_HDR_LINE : _HDR_LINE + 1] == b" ":
+                # a status (heartbeat, request ended, consumer gone): rare, parsed by nats-py
+                parsed = await nc._process_headers(headers)
+                m = Delivery(subject.decode(), reply.decode(), data, None, parsed)
+            else:
+                m = Delivery(subject.decode(), reply.decode(), data, headers or None)
+                on_data = route[1]
+                if on_data is not None and headers:
+                    on_data(m, len(headers))  # no coroutine per message
+                    return
+            await route[0]._on_msg(m)
+        except Exception:
+            # never into nats-py's read loop: it ends on any error, without reconnecting,
+            # and the member would read nothing more (answers included). A message that is
+            # not what its target reads (another client's publish to a reader's inbox, with
+            # a reply that is no JetStream ACK subject) is dropped; a lost delivery is
+            # noticed by the reader's consumer-sequence check and read again
+            log.warning("a message on %r could not be read; dropped", subject, exc_info=True)
 
     nc._process_msg = process_msg  # type: ignore[method-assign]
     nc._nor_routes = table  # type: ignore[attr-defined]
