@@ -35,7 +35,7 @@ import random
 import re
 import time
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from nats.errors import Error as NatsError
 
@@ -124,6 +124,8 @@ class _Lane:
         self.long_sleep = False  # parked on the ack timer, not linger: wake when drained
         self.progress_at = 0.0  # the last reply or send while parked (monotonic)
         self.sender_error: str | None = None  # the sender's write failed: resend
+        # the error of a message the server refused ("type":"err"); its final ack follows
+        self._batch_error: dict[str, Any] | None = None
 
     # -- accepting -----------------------------------------------------------------------
     def accept(self, rec: _Rec) -> None:
@@ -396,23 +398,20 @@ class _Lane:
         except ValueError:
             return False
         err = msg.get("error")
+        kind = msg.get("type")
+        if err and kind == "err":
+            # one message was not stored (a stream limit, a store failure): the server ends
+            # the batch and its final ack follows with the count it stored. Wait for it, so
+            # the stored prefix is acknowledged, not resent and reported failed with the rest
+            self.broken = True
+            if self._batch_error is None:
+                self._batch_error = err
+            return True
         if err:
-            code = err.get("err_code")
-            desc = f"{err.get('description', 'error')} (err_code {code})"
             if "count" in msg:  # the final ack of a batch stopped by this error
                 self._ack_to(int(msg.get("count") or 0))
             self._end_batch()
-            if code == _ERR_BATCH_UNKNOWN or err.get("code") == 503:
-                raise _Retry(f"server dropped the batch: {desc}")
-            if code == _ERR_TOO_MANY_BATCHES or err.get("code") == 429:
-                raise _Retry(f"server limit reached: {desc}")
-            if code == _ERR_FAST_BATCH_DISABLED:
-                raise _Fatal(
-                    f"stream {self.pub.stream.name} does not allow fast batch publishing: "
-                    f"{desc}; run `nats-ordered provision` for it (sets allow_batched)"
-                )
-            raise _Fatal(f"server refused a record of partition {self.p}: {desc}")
-        kind = msg.get("type")
+            self._raise_for(err)
         if kind == "ack":
             self._ack_to(int(msg.get("seq") or 0))
             self.flow = max(1, int(msg.get("msgs") or self.flow))
@@ -425,13 +424,31 @@ class _Lane:
             seq = int(msg.get("seq") or 0)
             if seq:
                 self.summary.last_seq = max(self.summary.last_seq, seq)
+            refused = self._batch_error
             self._end_batch()
             self.broken = False
+            if refused is not None:  # it ended at a message the server refused
+                self._raise_for(refused)
             if self.inflight:  # a gap: the server stored a prefix; resend the rest
                 self.summary.retries += 1
                 self._requeue()
             return True
         return False
+
+    def _raise_for(self, err: dict[str, Any]) -> None:
+        """Raise _Retry or _Fatal for a batch the server ended with ``err``."""
+        code = err.get("err_code")
+        desc = f"{err.get('description', 'error')} (err_code {code})"
+        if code == _ERR_BATCH_UNKNOWN or err.get("code") == 503:
+            raise _Retry(f"server dropped the batch: {desc}")
+        if code == _ERR_TOO_MANY_BATCHES or err.get("code") == 429:
+            raise _Retry(f"server limit reached: {desc}")
+        if code == _ERR_FAST_BATCH_DISABLED:
+            raise _Fatal(
+                f"stream {self.pub.stream.name} does not allow fast batch publishing: "
+                f"{desc}; run `nats-ordered provision` for it (sets allow_batched)"
+            )
+        raise _Fatal(f"server refused a record of partition {self.p}: {desc}")
 
     def _ack_to(self, bseq: int) -> None:
         n = min(bseq, self.batch_seq) - self.acked_bseq
@@ -490,9 +507,24 @@ class _Lane:
     def _end_batch(self) -> None:
         """Forget the current batch and give its slot back."""
         self.batch_id = None
+        self._batch_error = None
         if self.slot:
             self.slot = False
             self.pub._batch_slots.release()
+
+    async def until_idle(self) -> None:
+        """Wait until every record of the lane is stored or failed. If its task ends first
+        (cancelled: ``asyncio.run`` cancels every task of a loop whose main coroutine
+        ended), nothing would ever send the rest: they are reported failed, not waited for."""
+        if self.idle.is_set() or self.task is None:
+            return
+        idle = asyncio.ensure_future(self.idle.wait())
+        try:
+            await asyncio.wait([idle, self.task], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            idle.cancel()
+        if not self.idle.is_set():
+            self._fail("the publisher's task for this partition was cancelled")
 
     def _fail(self, reason: str) -> None:
         self._end_batch()

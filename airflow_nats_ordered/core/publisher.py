@@ -499,7 +499,7 @@ class OrderedPublisher:
         try:
             for lane in self._lanes:
                 lane.wake.set()
-            await asyncio.gather(*(lane.idle.wait() for lane in self._lanes))
+            await asyncio.gather(*(lane.until_idle() for lane in self._lanes))
         finally:
             self._flushing = False
         if self._watermarks is not None:  # everything is stored: every partition advances
