@@ -127,7 +127,7 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (``make test`` runs ``-n 2 --dist loadgroup``) every test that uses
+    """Under pytest-xdist (``make test`` runs ``-n 3 --dist loadgroup``) every test that uses
     the SparkSession runs in one worker, so a run still starts one Spark JVM.
 
     ``--dist loadgroup`` sends tests whose node ids end in the same ``@<group>`` to one
