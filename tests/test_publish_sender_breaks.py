@@ -41,6 +41,23 @@ def _records_for(partitions: int, per_partition: dict[int, int]) -> list[tuple[s
     return out
 
 
+async def _publish_all(pub: OrderedPublisher, records, headers_at=None):
+    """Publish every record, then flush and close: the summary and the PublishError that
+    reported failures (None when every record was stored). ``headers_at`` maps a record's
+    index to its headers."""
+    error = None
+    await pub.start()
+    try:
+        for i, (k, body) in enumerate(records):
+            await pub.publish(k, body, headers=(headers_at or {}).get(i))
+        summary = await pub.flush()
+    except PublishError as exc:
+        error, summary = exc, exc.summary
+    finally:
+        await pub.close(raise_on_failure=False)
+    return summary, error
+
+
 def test_one_partition_over_its_subject_limit_fails_alone_and_exactly(
     shared_nats_server, unique_name
 ):
@@ -62,17 +79,8 @@ def test_one_partition_over_its_subject_limit_fails_alone_and_exactly(
         cfg.discard = api.DiscardPolicy.NEW
         cfg.discard_new_per_subject = True
         await js.update_stream(cfg)
-        error = None
         pub = OrderedPublisher(nc, unique_name, ack_timeout=30.0, delivery_timeout=3.0)
-        await pub.start()
-        try:
-            for k, body in records:
-                await pub.publish(k, body)
-            summary = await pub.flush()
-        except PublishError as exc:
-            error, summary = exc, exc.summary
-        finally:
-            await pub.close(raise_on_failure=False)
+        summary, error = await _publish_all(pub, records)
         stored = await read_stream(nc, unique_name)
         await nc.close()
         return summary, error, stored
@@ -101,18 +109,9 @@ def test_a_record_refused_mid_batch_fails_its_partition_from_there_exactly(
     async def go():
         nc = await nats.connect(shared_nats_server.url)
         await provision(nc, StreamSpec(unique_name, partitions=partitions))
-        error = None
         pub = OrderedPublisher(nc, unique_name, ack_timeout=30.0)
-        await pub.start()
-        try:
-            for i, (k, body) in enumerate(records):
-                hdr = {"Nats-Expected-Stream": "NOT-THIS-ONE"} if i == bad else None
-                await pub.publish(k, body, headers=hdr)
-            summary = await pub.flush()
-        except PublishError as exc:
-            error, summary = exc, exc.summary
-        finally:
-            await pub.close(raise_on_failure=False)
+        refused = {bad: {"Nats-Expected-Stream": "NOT-THIS-ONE"}}
+        summary, error = await _publish_all(pub, records, refused)
         stored = await read_stream(nc, unique_name)
         await nc.close()
         return summary, error, stored

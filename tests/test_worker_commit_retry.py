@@ -32,19 +32,24 @@ async def _max_msg_size(js, stream: str, size: int) -> None:
     await js.update_stream(config)
 
 
+async def _committer(nc, stream: str) -> tuple[GroupStore, PartitionCommitter, str]:
+    """Partition 0 of a new one-partition stream granted to member "a", its committer (which
+    only asks whether the lease is still valid locally), and the state bucket's stream."""
+    await provision(nc, StreamSpec(stream, partitions=1))
+    cfg = GroupConfig(stream, "g", lease_ttl=30.0)
+    store = await GroupStore.open(nc, cfg)
+    g = await store.grant(0, "a")
+    c = PartitionCommitter(store, g, Lease("p.0", "a", 1, time.monotonic() + 300), "a")
+    return store, c, f"KV_{cfg.state_bucket}"
+
+
 def test_a_failed_write_is_sent_again_without_a_newer_position(shared_nats_server, unique_name):
     async def go():
         nc = await nats.connect(shared_nats_server.url)
         js = nc.jetstream()
-        await provision(nc, StreamSpec(unique_name, partitions=1))
-        cfg = GroupConfig(unique_name, "g", lease_ttl=30.0)
-        store = await GroupStore.open(nc, cfg)
-        g = await store.grant(0, "a")
-        # the committer only asks whether the lease is still valid locally
-        c = PartitionCommitter(store, g, Lease("p.0", "a", 1, time.monotonic() + 300), "a")
+        store, c, state_stream = await _committer(nc, unique_name)
         await c.submit(5, None, 5)
         await c.wait_answered(60)
-        state_stream = f"KV_{cfg.state_bucket}"
         await _max_msg_size(js, state_stream, 16)  # the server refuses every commit record
         await c.submit(10, None, 10)  # the last position of the burst: refused
         await c.wait_answered(60)
@@ -74,12 +79,7 @@ def test_an_outage_is_one_warning_not_one_per_commit_point(shared_nats_server, u
     async def go():
         nc = await nats.connect(shared_nats_server.url)
         js = nc.jetstream()
-        await provision(nc, StreamSpec(unique_name, partitions=1))
-        cfg = GroupConfig(unique_name, "g", lease_ttl=30.0)
-        store = await GroupStore.open(nc, cfg)
-        g = await store.grant(0, "a")
-        c = PartitionCommitter(store, g, Lease("p.0", "a", 1, time.monotonic() + 300), "a")
-        state_stream = f"KV_{cfg.state_bucket}"
+        _, c, state_stream = await _committer(nc, unique_name)
         await _max_msg_size(js, state_stream, 16)
         for seq in range(1, 21):  # 20 commit points during the outage, each refused
             await c.submit(seq, None, seq)
