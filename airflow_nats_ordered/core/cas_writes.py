@@ -47,22 +47,34 @@ Answer = Callable[[int | BaseException], Awaitable[None]]
 _LATE: set[asyncio.Task[None]] = set()
 
 
-def flush_now(nc: NATS) -> None:
-    """Write what the client has buffered to its socket now (what nats-py's flusher task
-    does at its next turn, in the same order). A no-op when there is nothing buffered, when
-    disconnected, if this nats-py keeps its buffer differently, or on a websocket (``ws://``,
-    ``wss://``): that transport only queues what it is given until ``drain()``, which
-    nats-py's flusher calls only while its own buffer holds something, so a write handed to
-    it here stayed unsent until some other publish (the flusher sends it at its next turn)."""
-    pending = getattr(nc, "_pending", None)
+def _socket_of(nc: NATS) -> TcpTransport | None:
+    """The client's socket, when what it buffers may be written to it directly: connected,
+    over TCP (with or without TLS), with the buffer this code knows (a list and its size).
+    None otherwise: a websocket (``ws://``, ``wss://``) only queues what it is given until
+    ``drain()``, which nats-py's flusher calls only while its own buffer holds something,
+    so a write handed to it here would stay unsent until some other publish."""
     transport = getattr(nc, "_transport", None)
-    if not pending or not isinstance(pending, list) or not isinstance(transport, TcpTransport):
-        return
-    if not nc.is_connected or not hasattr(nc, "_pending_data_size"):
-        return
-    transport.writelines(pending[:])
+    if not isinstance(getattr(nc, "_pending", None), list):
+        return None
+    if not isinstance(transport, TcpTransport) or not nc.is_connected:
+        return None
+    return transport if hasattr(nc, "_pending_data_size") else None
+
+
+def _write_pending(nc: NATS, transport: TcpTransport, *after: bytes) -> None:
+    """Write the client's buffer, then ``after``, and empty the buffer."""
+    transport.writelines([*nc._pending, *after])
     nc._pending = []
     nc._pending_data_size = 0
+
+
+def flush_now(nc: NATS) -> None:
+    """Write what the client has buffered to its socket now (what nats-py's flusher task
+    does at its next turn, in the same order). A no-op when there is nothing buffered or
+    the buffer cannot be written directly (:func:`_socket_of`)."""
+    transport = _socket_of(nc)
+    if transport is not None and nc._pending:
+        _write_pending(nc, transport)
 
 
 def _send_now(nc: NATS, cmd: bytes, payload_size: int) -> bool:
@@ -70,18 +82,13 @@ def _send_now(nc: NATS, cmd: bytes, payload_size: int) -> bool:
     socket now, after what the client has buffered (so the order of everything published
     is kept), as ``publish`` followed by :func:`flush_now` would, without waking nats-py's
     flusher task for it (a task switch per commit write). False, having written nothing,
-    where :func:`flush_now` would not write (not connected, a websocket, a nats-py that
-    keeps its buffer differently): publish it through the client then."""
-    pending = getattr(nc, "_pending", None)
-    transport = getattr(nc, "_transport", None)
-    if not isinstance(pending, list) or not isinstance(transport, TcpTransport):
+    where :func:`flush_now` would not write (:func:`_socket_of`): publish it through the
+    client then."""
+    transport = _socket_of(nc)
+    if transport is None:
         return False
-    if not nc.is_connected or not hasattr(nc, "_pending_data_size"):
-        return False
-    if pending:
-        transport.writelines([*pending, cmd])
-        nc._pending = []
-        nc._pending_data_size = 0
+    if nc._pending:
+        _write_pending(nc, transport, cmd)
     else:
         transport.write(cmd)
     nc.stats["out_msgs"] += 1
