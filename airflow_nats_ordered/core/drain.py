@@ -335,7 +335,13 @@ async def wait_drained(
                     if await live_members(nc, stream, group) or await reader_alive(store):
                         members_seen = now
                     elif now - members_seen > no_members_timeout:
-                        raise no_members_error(stream, group, no_members_timeout, marks, committed)
+                        raise no_members_error(
+                            stream,
+                            group,
+                            no_members_timeout,
+                            DrainProgress(marks, committed, 0.0).behind,
+                            waiting_epoch=waiting(),
+                        )
             step = CHECK_EVERY if wait is None else min(wait, CHECK_EVERY)
             try:
                 entry = await watcher.updates(timeout=max(0.05, step))
@@ -407,7 +413,13 @@ async def _wait_for_group(
         if timeout is not None and elapsed >= timeout:
             raise _timeout_error(stream, group, timeout, marks, {}, group_missing=True)
         if no_members_timeout is not None and elapsed > no_members_timeout:
-            raise no_members_error(stream, group, no_members_timeout, marks, {}, group_missing=True)
+            raise no_members_error(
+                stream,
+                group,
+                no_members_timeout,
+                DrainProgress(marks, {}, 0.0).behind,
+                group_missing=True,
+            )
         if now >= next_check:
             next_check = now + CHECK_EVERY
             if not described.explicit_subjects:  # a wildcard stream may take new strays
@@ -427,19 +439,27 @@ def no_members_error(
     stream: str,
     group: str,
     after: float,
-    marks: Mapping[int, int],
-    committed: Mapping[int, int],
+    behind: Mapping[int, tuple[int, int]],
     group_missing: bool = False,
+    waiting_epoch: int | None = None,
 ) -> NoMembersError:
-    behind = len(DrainProgress(marks, committed, 0.0).behind)
+    """The error of a wait nobody serves: ``behind`` holds only the partitions still short
+    of their mark (``partition -> (committed, mark)``, as :attr:`DrainProgress.behind`),
+    so the count it gives is the one the wait logged."""
     why = (
         f"the group has no state yet: no worker joined it within {after:g}s"
         if group_missing
         else f"no member has been alive for {after:g}s"
     )
+    left = f"{len(behind)} partition(s) are behind their mark"
+    if waiting_epoch is not None:
+        left += (
+            f" and the group has not yet finished the partitions of its earlier layout "
+            f"(the stream is at layout epoch {waiting_epoch})"
+        )
     return NoMembersError(
         f"no worker pool is consuming group {group} of stream {stream}: {why} while "
-        f"{behind} partition(s) are behind their mark. Start the workers (`nats-ordered "
+        f"{left}. Start the workers (`nats-ordered "
         f"worker --stream {stream} --group {group} --handler ...`, or `nats-ordered "
         "global-read ...` for a global-order group), then retry"
         + ("; or check the group name" if group_missing else "")
