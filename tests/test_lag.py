@@ -257,3 +257,27 @@ def test_lag_counts_the_records_still_stored_when_limits_removed_older_ones(
     behind = asyncio.run(below_first_then_inside())
     assert sum(behind.values()) == 500
     _check_everywhere(url, stream, capsys, None, {p: behind[p] for p in range(P)})
+
+
+def test_the_protocol_pages_worked_example_of_the_count_holds(nats_url, unique_name):
+    """docs/protocol.md 9.2: partition 0 of a 3-partition stream holds sequences 1, 4, ...,
+    28; after 5 it lags by 8, after 28 by 0; once the oldest records are purged, a
+    position below the first sequence counts what is still stored."""
+    from airflow_nats_ordered.core.lag import records_after  # the definition under test
+
+    async def main() -> None:
+        nc = await nats.connect(nats_url)
+        described = (await provision(nc, StreamSpec(unique_name, partitions=3))).stream
+        js = nc.jetstream()
+        for i in range(30):
+            await js.publish(described.subject(i % 3), b"x")
+        s0 = described.subject(0)
+        assert await records_after(nc, unique_name, s0, 5) == 8
+        assert await records_after(nc, unique_name, s0, 0) == 10
+        assert await records_after(nc, unique_name, s0, 28) == 0
+        assert await records_after(nc, unique_name, s0, 27) == 1
+        await js.purge_stream(unique_name, keep=20)  # sequences 11..30 stay
+        assert await records_after(nc, unique_name, s0, 5) == 6  # 13, 16, ..., 28
+        await nc.close()
+
+    asyncio.run(main())
