@@ -9,7 +9,8 @@ A member (:class:`MemberMetrics`) exports, labelled ``stream``, ``group`` (and `
 
 * the group view, read from NATS at scrape time: per partition ``owner`` (1 for the live
   lease holder's id, ``owner=""`` 0 when unowned), ``committed``, ``last``, ``lag``,
-  ``blocked``; the group's total lag, live members and assignment generation;
+  ``blocked``; the group's total lag, live members and assignment generation. The lags
+  are :mod:`.core.lag`'s, exactly what ``status`` and ``group list`` show;
 * its own counters (every key of ``Worker.stats``: processed, retries, dead-lettered,
   fenced, leases lost, ...), owned partitions and the NATS round-trip time.
 
@@ -45,9 +46,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from .core.drain import GroupLag, group_lag
 from .core.group import GroupState, GroupStore
-from .core.streams import describe, stream_contents
+from .core.lag import GroupLag, read_group_lag
+from .core.streams import describe
 from .core.worker import Worker
 
 PREFIX = "nats_ordered"
@@ -211,10 +212,11 @@ class MemberMetrics(Collector):
 
     async def _group_view(self) -> tuple[GroupLag, GroupState]:
         cfg = self.worker.cfg
-        contents = await stream_contents(self.nc, await describe(self.nc, cfg.stream))
-        snap = await (await GroupStore.attach(self.nc, cfg.stream, cfg.group)).snapshot()
-        lag = group_lag(cfg.stream, cfg.group, contents.partitions, snap, contents.strays)
-        return lag, snap
+        described = await describe(self.nc, cfg.stream)
+        store = await GroupStore.attach(self.nc, cfg.stream, cfg.group)
+        snap = await store.snapshot()
+        # as status counts it: the layout the group processes, and the later layouts' records
+        return await read_group_lag(self.nc, described, store, snap), snap
 
     def collect(self) -> Iterable[Metric]:
         # the group view first, then the member's counters: a scrape is not one instant, and
@@ -288,7 +290,7 @@ class MemberMetrics(Collector):
 
 def group_metrics(lag: GroupLag, snap: GroupState, stream: str, group: str) -> Iterator[Metric]:
     """The group view (per partition owner, committed, last, lag, blocked; totals) from a
-    :class:`~.core.drain.GroupLag` and a :class:`~.core.group.GroupState`."""
+    :class:`~.core.lag.GroupLag` and a :class:`~.core.group.GroupState`."""
     names, base = ["stream", "group", "partition"], [stream, group]
     fams = {
         "committed": GaugeMetricFamily(
@@ -298,7 +300,9 @@ def group_metrics(lag: GroupLag, snap: GroupState, stream: str, group: str) -> I
             f"{PREFIX}_partition_last", "the partition's last stream sequence", labels=names
         ),
         "lag": GaugeMetricFamily(
-            f"{PREFIX}_partition_lag", "messages after the committed position", labels=names
+            f"{PREFIX}_partition_lag",
+            "records stored on the partition after the committed position",
+            labels=names,
         ),
         "blocked": GaugeMetricFamily(
             f"{PREFIX}_partition_blocked", "1 if blocked on a poison message", labels=names
@@ -320,7 +324,12 @@ def group_metrics(lag: GroupLag, snap: GroupState, stream: str, group: str) -> I
     yield from fams.values()
     yield owner
     totals = [
-        ("lag", "messages after the committed positions, all partitions", lag.total_lag),
+        (
+            "lag",
+            "records the group has still to process: every partition's lag and the records "
+            "of layouts after the group's",
+            lag.total_lag,
+        ),
         ("members", "members with a live heartbeat", len(snap.members)),
         (
             "drained",

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import select
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import nats
@@ -49,6 +49,13 @@ def _wait_drained_process(url, stream, *extra):
     )
 
 
+def _first_line(proc: subprocess.Popen, timeout: float) -> str:
+    """The first line the process writes to stderr (fails after ``timeout`` seconds)."""
+    ready, _, _ = select.select([proc.stderr], [], [], timeout)
+    assert ready, f"no progress on stderr within {timeout:g}s"
+    return proc.stderr.readline()
+
+
 async def _run_pool_until_exit(url, cfg, handler, proc, timeout=300.0):
     """Run a real pool while the status process waits; return its exit code (the timeout
     bounds a hang; a loaded machine may take a while to start the processes)."""
@@ -65,10 +72,14 @@ def test_wait_drained_waits_for_the_workers_then_exits_0_with_drained_status(
     seen = []
     proc = _wait_drained_process(url, unique_name, "--timeout", "300")
     try:
-        time.sleep(2.0)
+        # the wait has read its marks once it shows progress: a fixed sleep before starting
+        # the workers was shorter than the command's start on a loaded machine (the pool
+        # drained first, and the wait began at its marks)
+        first = _first_line(proc, 120)
         assert proc.poll() is None, "returned although no worker ran"
         rc = asyncio.run(_run_pool_until_exit(url, _cfg(unique_name), seen.append, proc))
         out, err = proc.communicate(timeout=10)
+        err = first + err
     finally:
         proc.kill()
     assert rc == 0, err

@@ -14,15 +14,15 @@ from airflow_nats_ordered.core.drain import (
     DrainTimeoutError,
     NoMembersError,
     PartitionBlockedError,
-    lag,
     read_lag,
     wait_drained,
 )
 from airflow_nats_ordered.core.errors import ConfigError
-from airflow_nats_ordered.core.group import GroupStore, StreamRecreated
+from airflow_nats_ordered.core.group import CommitRecord, GroupState, GroupStore, StreamRecreated
+from airflow_nats_ordered.core.lag import committed_positions, group_lag, needs_count
 from airflow_nats_ordered.core.pool import WorkerPool
 from airflow_nats_ordered.core.publisher import OrderedPublisher
-from airflow_nats_ordered.core.streams import StreamSpec, provision
+from airflow_nats_ordered.core.streams import PartitionStats, StreamSpec, provision
 from airflow_nats_ordered.core.worker import WorkerConfig
 
 
@@ -40,12 +40,31 @@ def _cfg(stream, **kw):
     return WorkerConfig(stream, "g", member_id="m", lease_ttl=2.0, commit_interval=0.2, **kw)
 
 
-def test_lag_counts_only_the_partitions_own_messages():
-    assert lag(last=0, committed=0, messages=0) == 0
-    assert lag(last=100, committed=0, messages=30) == 30  # nothing committed yet
-    assert lag(last=100, committed=90, messages=30) == 10
-    assert lag(last=100, committed=40, messages=30) == 30  # shared sequences: capped
-    assert lag(last=100, committed=100, messages=30) == 0
+def test_lag_takes_the_servers_count_wherever_sequences_cannot_tell():
+    """Stream sequences are shared by all partitions: only a caught-up partition (0) and
+    one that committed nothing (all its records) are known without the server's count of
+    the records after the position; every other one takes that count, never a bound."""
+    stats = [
+        PartitionStats(0, "s.p.0", 0, 0),  # empty
+        PartitionStats(1, "s.p.1", 30, 100),  # nothing committed
+        PartitionStats(2, "s.p.2", 30, 100),  # committed in the middle
+        PartitionStats(3, "s.p.3", 30, 100),  # caught up
+    ]
+    state = GroupState(
+        commits={2: CommitRecord(40, 1, "m", 0.0), 3: CommitRecord(100, 1, "m", 0.0)},
+        blocked={2: "x"},
+    )
+    positions = committed_positions(stats, state)
+    assert positions == {0: 0, 1: 0, 2: 40, 3: 100}
+    assert [needs_count(s, positions[s.partition]) for s in stats] == [False, False, True, False]
+    with pytest.raises(ValueError, match="partition 2 committed 40 of 100"):
+        group_lag("s", "g", stats, state)
+    lag = group_lag("s", "g", stats, state, after={2: 7})
+    assert [p.lag for p in lag.partitions] == [0, 30, 7, 0]
+    assert (lag.total_lag, lag.drained, lag.partitions[2].blocked) == (37, False, "x")
+    # another layout than the group's: its commits do not count there
+    other = group_lag("s", "g", stats, state, layout_epoch=1)
+    assert [p.lag for p in other.partitions] == [0, 30, 30, 30] and not other.drained
 
 
 def test_wait_drained_waits_while_no_worker_runs_and_returns_once_they_commit(

@@ -31,8 +31,6 @@ from ..core.drain import (
     PartitionBlockedError,
     StrayMessagesError,
     group_exists,
-    group_lag,
-    later_messages,
     wait_drained,
 )
 from ..core.errors import ConfigError, NatsOrderedError
@@ -40,7 +38,8 @@ from ..core.global_position import GlobalPosition
 from ..core.global_producers import show_time
 from ..core.group import GroupStore
 from ..core.group_admin import dead_letters
-from ..core.streams import describe, stream_contents
+from ..core.lag import read_group_lag
+from ..core.streams import Strays, describe
 from .common import (
     EXIT_FAILED,
     EXIT_INCOMPLETE,
@@ -109,13 +108,13 @@ async def _read(nc: NATS, stream_name: str, group: str) -> dict[str, Any]:
     """The status as a JSON-safe dict (the ``--json`` output)."""
     stream = await describe(nc, stream_name)
     store = await GroupStore.attach(nc, stream_name, group)
-    # a repartitioned stream: the partitions of the layout epoch the group is at
-    contents = await stream_contents(nc, stream.at_epoch(store.epoch))
-    later = await later_messages(nc, stream, store.epoch)
     snap = await store.snapshot()
+    # a repartitioned stream: the partitions of the layout epoch the group is at, and the
+    # records of the later layouts (counted in the lag)
+    lag = await read_group_lag(nc, stream, store, snap)
+    later = lag.later
     dlq = await dead_letters(nc, stream_name, group)
-    strays = contents.strays
-    lag = group_lag(stream_name, group, contents.partitions, snap, strays, layout_epoch=store.epoch)
+    strays = lag.strays if lag.strays is not None else Strays(stream.name, stream.partitions)
     generation = None
     if snap.assignment:
         generation = Assignment.from_json(snap.assignment).generation
@@ -156,8 +155,8 @@ async def _read(nc: NATS, stream_name: str, group: str) -> dict[str, Any]:
         "group": group,
         "generation": generation,
         "leader": snap.leader,
-        "total_lag": lag.total_lag + later,
-        "drained": lag.drained and not later,
+        "total_lag": lag.total_lag,
+        "drained": lag.drained,
         "epoch": store.epoch,
         "stream_epoch": stream.current_epoch,
         "later_layout_messages": later,

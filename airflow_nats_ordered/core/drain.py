@@ -1,8 +1,9 @@
 """How far behind a consumer group is, and waiting until it has caught up (drained).
 
-A partition's *lag* is the number of its messages after the group's committed position
-(``c.<n>`` in the group's state bucket; for a global-order reader's group, the partition's
-stream sequence in the reader's position, key ``global``). A group is *drained* up to a
+A partition's *lag* (:mod:`.lag`, re-exported here) is the number of its records after the
+group's committed position (``c.<n>`` in the group's state bucket; for a global-order
+reader's group, the partition's stream sequence in the reader's position, key ``global``),
+counted exactly by the server. A group is *drained* up to a
 set of *marks* (partition -> stream sequence) when every partition's committed position
 is at or past its mark; by default the marks are the partitions' last sequences at the
 time of the call, so "drained" means "everything published before I asked has been
@@ -26,10 +27,9 @@ drained: :attr:`GroupLag.drained` is False and :func:`wait_drained` fails with
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import nats.errors
@@ -39,20 +39,17 @@ from nats.js.kv import KV_DEL, KV_PURGE
 
 from .errors import ConfigError, NatsOrderedError
 from .global_position import POSITION_KEY, READER_KEY, GlobalPosition
-from .group import CommitRecord, GroupState, GroupStore, StreamRecreated
+from .group import CommitRecord, GroupStore, StreamRecreated
 from .group_admin import live_members
 from .group_config import GroupConfig
 from .kv import latest_entry
+from .lag import GroupLag as GroupLag  # re-exported: lag is defined in .lag
+from .lag import PartitionLag as PartitionLag
+from .lag import group_lag as group_lag
+from .lag import later_messages as later_messages
+from .lag import read_group_lag
 from .layout import GROUP_EPOCH_KEY, group_epoch_of, key_partition
-from .streams import (
-    PartitionedStream,
-    PartitionStats,
-    Strays,
-    describe,
-    partition_stats,
-    stray_messages,
-    stream_contents,
-)
+from .streams import PartitionedStream, Strays, describe, stray_messages, stream_contents
 
 #: seconds between checks of what the server does not push: live members, the stream
 CHECK_EVERY = 2.0
@@ -116,110 +113,6 @@ class PartitionBlockedError(NatsOrderedError):
         self.reason = reason
 
 
-def lag(last: int, committed: int, messages: int) -> int:
-    """Messages of a partition after the committed position.
-
-    An upper bound: stream sequences are shared by all partitions, so the count comes from
-    the partition's own message count, never from ``last - committed`` alone."""
-    if committed >= last:
-        return 0
-    return messages if committed == 0 else min(messages, last - committed)
-
-
-@dataclass(frozen=True)
-class PartitionLag:
-    """One partition: last stream sequence, committed position, lag, blocked reason."""
-
-    partition: int
-    last: int
-    committed: int
-    messages: int
-    blocked: str | None = None
-
-    @property
-    def lag(self) -> int:
-        return lag(self.last, self.committed, self.messages)
-
-
-@dataclass(frozen=True)
-class GroupLag:
-    """A group's lag over all partitions; ``drained`` when no partition is behind and the
-    stream holds no stray messages (which no worker ever reads)."""
-
-    stream: str
-    group: str
-    partitions: tuple[PartitionLag, ...]
-    strays: Strays | None = None
-    #: the layout epoch the group processes, the stream's current epoch, the messages of
-    #: layouts after the group's (none processed yet), the epoch ``partitions`` are of
-    #: (their commits count only when it is the group's) and the stream's last switch point
-    #: (0 unless repartitioned: a mark at or below it is of an earlier layout)
-    epoch: int = 0
-    stream_epoch: int = 0
-    later: int = 0
-    stats_epoch: int = 0
-    switch_seq: int = 0
-
-    @property
-    def total_lag(self) -> int:
-        return sum(p.lag for p in self.partitions) + self.later
-
-    @property
-    def drained(self) -> bool:
-        return (
-            not self.strays
-            and not self.later
-            and self.stats_epoch == self.epoch
-            and all(p.committed >= p.last for p in self.partitions)
-        )
-
-
-def group_lag(
-    stream: str,
-    group: str,
-    stats: Sequence[PartitionStats],
-    state: GroupState,
-    strays: Strays | None = None,
-    *,
-    layout_epoch: int | None = None,
-) -> GroupLag:
-    """The lag of ``group`` from already-read partition stats and a group snapshot (and the
-    stream's strays, read with the stats by :func:`.streams.stream_contents`).
-
-    ``stats`` are of layout ``layout_epoch`` (default: the stream's current one). The
-    snapshot's commits are of the layout the group processes; when that is another (a
-    repartitioned stream whose group has not switched yet) none of them counts for
-    ``stats`` and the result is not drained."""
-    parts = []
-    stats_epoch = state.stream_epoch if layout_epoch is None else layout_epoch
-    mine = stats_epoch == state.epoch
-    gp = state.global_position if mine else None
-    for s in stats:
-        c = state.commits.get(s.partition) if mine else None
-        # a global-order reader's group: its position holds the partitions' sequences
-        global_seq = gp.seqs.get(s.partition, 0) if gp is not None else 0
-        committed = c.seq if c is not None else global_seq
-        parts.append(
-            PartitionLag(
-                s.partition,
-                s.last_seq,
-                committed,
-                s.messages,
-                state.blocked.get(s.partition) if mine else None,
-            )
-        )
-    return GroupLag(
-        stream,
-        group,
-        tuple(parts),
-        strays,
-        epoch=state.epoch,
-        stream_epoch=state.stream_epoch,
-        stats_epoch=stats_epoch,
-        switch_seq=state.switch_seq,
-    )
-
-
 async def group_exists(nc: NATS, stream: str, group: str) -> bool:
     """Whether the group has state: its buckets exist (the first member to join creates
     them, and only ``group delete`` removes them)."""
@@ -234,30 +127,13 @@ async def group_exists(nc: NATS, stream: str, group: str) -> bool:
 
 
 async def read_lag(nc: NATS, stream: str, group: str) -> GroupLag:
-    """Read a group's lag now, with the stream's strays (raises :class:`NoGroupStateError`,
-    a NatsOrderedError, if the group has no state yet)."""
+    """Read a group's lag now (:func:`.lag.read_group_lag`), with the stream's strays
+    (raises :class:`NoGroupStateError`, a NatsOrderedError, if the group has no state yet)."""
     described = await describe(nc, stream)
     if not await group_exists(nc, stream, group):
         raise NoGroupStateError(stream, group)
     store = await GroupStore.attach(nc, stream, group)
-    # a repartitioned stream: the partitions of the layout the group is at, and what the
-    # layouts after it hold (the group reads none of it before finishing its own)
-    contents = await stream_contents(nc, described.at_epoch(store.epoch))
-    later = await later_messages(nc, described, store.epoch)
-    snap = await store.snapshot()
-    found = group_lag(
-        stream, group, contents.partitions, snap, contents.strays, layout_epoch=store.epoch
-    )
-    return dataclasses.replace(found, later=later)
-
-
-async def later_messages(nc: NATS, described: PartitionedStream, epoch: int) -> int:
-    """Messages the stream holds in layouts after ``epoch`` (a group at ``epoch`` has
-    processed none of them: it finishes its own layout first)."""
-    later = 0
-    for e in range(epoch + 1, described.current_epoch + 1):
-        later += sum(s.messages for s in await partition_stats(nc, described.at_epoch(e)))
-    return later
+    return await read_group_lag(nc, described, store, await store.snapshot())
 
 
 @dataclass(frozen=True)
@@ -459,7 +335,13 @@ async def wait_drained(
                     if await live_members(nc, stream, group) or await reader_alive(store):
                         members_seen = now
                     elif now - members_seen > no_members_timeout:
-                        raise no_members_error(stream, group, no_members_timeout, marks, committed)
+                        raise no_members_error(
+                            stream,
+                            group,
+                            no_members_timeout,
+                            DrainProgress(marks, committed, 0.0).behind,
+                            waiting_epoch=waiting(),
+                        )
             step = CHECK_EVERY if wait is None else min(wait, CHECK_EVERY)
             try:
                 entry = await watcher.updates(timeout=max(0.05, step))
@@ -531,7 +413,13 @@ async def _wait_for_group(
         if timeout is not None and elapsed >= timeout:
             raise _timeout_error(stream, group, timeout, marks, {}, group_missing=True)
         if no_members_timeout is not None and elapsed > no_members_timeout:
-            raise no_members_error(stream, group, no_members_timeout, marks, {}, group_missing=True)
+            raise no_members_error(
+                stream,
+                group,
+                no_members_timeout,
+                DrainProgress(marks, {}, 0.0).behind,
+                group_missing=True,
+            )
         if now >= next_check:
             next_check = now + CHECK_EVERY
             if not described.explicit_subjects:  # a wildcard stream may take new strays
@@ -551,19 +439,27 @@ def no_members_error(
     stream: str,
     group: str,
     after: float,
-    marks: Mapping[int, int],
-    committed: Mapping[int, int],
+    behind: Mapping[int, tuple[int, int]],
     group_missing: bool = False,
+    waiting_epoch: int | None = None,
 ) -> NoMembersError:
-    behind = len(DrainProgress(marks, committed, 0.0).behind)
+    """The error of a wait nobody serves: ``behind`` holds only the partitions still short
+    of their mark (``partition -> (committed, mark)``, as :attr:`DrainProgress.behind`),
+    so the count it gives is the one the wait logged."""
     why = (
         f"the group has no state yet: no worker joined it within {after:g}s"
         if group_missing
         else f"no member has been alive for {after:g}s"
     )
+    left = f"{len(behind)} partition(s) are behind their mark"
+    if waiting_epoch is not None:
+        left += (
+            f" and the group has not yet finished the partitions of its earlier layout "
+            f"(the stream is at layout epoch {waiting_epoch})"
+        )
     return NoMembersError(
         f"no worker pool is consuming group {group} of stream {stream}: {why} while "
-        f"{behind} partition(s) are behind their mark. Start the workers (`nats-ordered "
+        f"{left}. Start the workers (`nats-ordered "
         f"worker --stream {stream} --group {group} --handler ...`, or `nats-ordered "
         "global-read ...` for a global-order group), then retry"
         + ("; or check the group name" if group_missing else "")

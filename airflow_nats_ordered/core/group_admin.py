@@ -34,6 +34,7 @@ from .errors import ConfigError, NatsOrderedError
 from .global_position import READER_KEY
 from .group import GroupConfig, GroupStore, RebalancePolicy
 from .kv import bucket_keys
+from .lag import records_after
 from .streams import describe, partition_bounds, partition_stats
 from .worker_epochs import group_layout
 
@@ -258,8 +259,8 @@ ResetTarget = Literal["earliest", "latest"] | Mapping[int, int] | int | dt.datet
 @dataclass(frozen=True)
 class PartitionReset:
     """One partition of a reset plan: its committed position now and the one it gets, with
-    the partition's messages (count, first and last sequence) and its lease holder.
-    ``lag_before``/``lag_after`` are counted as ``status`` counts lag."""
+    the partition's messages (count, first and last sequence), its lease holder and its
+    lag at each position (:mod:`.lag`: records after the position, as ``status`` counts)."""
 
     partition: int
     committed: int
@@ -268,20 +269,8 @@ class PartitionReset:
     last: int
     messages: int
     owner: str | None
-
-    @property
-    def lag_before(self) -> int:
-        return _lag(self.last, self.committed, self.messages)
-
-    @property
-    def lag_after(self) -> int:
-        return _lag(self.last, self.target, self.messages)
-
-
-def _lag(last: int, committed: int, messages: int) -> int:
-    from .drain import lag  # drain imports this module
-
-    return lag(last, committed, messages)
+    lag_before: int
+    lag_after: int
 
 
 @dataclass(frozen=True)
@@ -377,8 +366,13 @@ async def plan_reset(
     for p, (seq, first, last) in targets.items():
         rec, _ = await store.read_commit(p)
         owner = snap.leases.get(p, (None, 0))[0]
+        committed = rec.seq if rec else 0
+        before, after = await asyncio.gather(
+            records_after(nc, stream, described.subject(p), committed),
+            records_after(nc, stream, described.subject(p), seq),
+        )
         plan.append(
-            PartitionReset(p, rec.seq if rec else 0, seq, first, last, counts.get(p, 0), owner)
+            PartitionReset(p, committed, seq, first, last, counts.get(p, 0), owner, before, after)
         )
     return ResetPlan(stream, group, plan, await live_members(nc, stream, group))
 

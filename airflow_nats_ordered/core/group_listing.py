@@ -10,7 +10,6 @@ A summary is read with plain gets, like ``status``, and never used to decide own
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 from dataclasses import asdict, dataclass, field
@@ -19,12 +18,12 @@ from typing import Any
 from nats.aio.client import Client as NATS
 from nats.js.errors import BucketNotFoundError, NotFoundError
 
-from .drain import group_lag, later_messages
 from .errors import StreamNotFoundError
 from .group import GroupConfig, GroupStore
 from .group_admin import GroupNotFoundError, dead_letters
 from .kv import latest_entry
-from .streams import describe, stream_contents
+from .lag import read_group_lag
+from .streams import describe
 
 #: the description :meth:`.group.GroupStore.open` gives a group's state bucket
 _DESCRIPTION = re.compile(r"^nats-ordered commits of group (\S+) on (\S+)$")
@@ -124,8 +123,7 @@ async def summarize_group(nc: NATS, ref: GroupRef) -> GroupSummary:
     try:
         described = await describe(nc, ref.stream)
         # a repartitioned stream: the layout the group processes, and what later ones hold
-        contents = await stream_contents(nc, described.at_epoch(store.epoch))
-        later = await later_messages(nc, described, store.epoch)
+        lag = await read_group_lag(nc, described, store, snap)
     except StreamNotFoundError:
         return GroupSummary(
             ref.stream,
@@ -139,12 +137,8 @@ async def summarize_group(nc: NATS, ref: GroupRef) -> GroupSummary:
             dlq.messages,
             problems,
         )
-    lag = group_lag(
-        ref.stream, ref.group, contents.partitions, snap, contents.strays, layout_epoch=store.epoch
-    )
-    lag = dataclasses.replace(lag, later=later)
-    if contents.strays and contents.strays.problem() not in problems:
-        problems.append(contents.strays.problem())
+    if lag.strays and lag.strays.problem() not in problems:
+        problems.append(lag.strays.problem())
     # a running global-order reader reads (owns) every partition of its group
     owned = len(lag.partitions) if snap.global_reader is not None else len(snap.leases)
     return GroupSummary(

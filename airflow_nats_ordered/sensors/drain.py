@@ -339,7 +339,7 @@ class NatsGroupDrainSensor(BaseSensorOperator):
                     lag.epoch,
                     lag.stream_epoch,
                 )
-                return {int(p): (0, m) for p, m in marks.items()}
+                return {int(p): (0, m) for p, m in marks.items() if m > 0}
             # the lag is of the stream's layout now; marks of an earlier one are met
             pending = marks_to_wait(
                 marks,
@@ -365,7 +365,7 @@ class NatsGroupDrainSensor(BaseSensorOperator):
         behind = hook.run(check)
         if behind:
             self.log.info("group %s: %d partition(s) behind: %s", self.group, len(behind), behind)
-            self._check_members(hook, context or {}, marks, behind)
+            self._check_members(hook, context or {}, behind)
             return False
         return PokeReturnValue(True, self._result())
 
@@ -373,7 +373,6 @@ class NatsGroupDrainSensor(BaseSensorOperator):
         self,
         hook: NatsHook,
         context: Mapping[str, Any],
-        marks: Mapping[str, int],
         behind: Mapping[int, tuple[int, int]],
     ) -> None:
         """The trigger's no-members rule, for ``deferrable=False``: fail (retryably) when no
@@ -406,15 +405,14 @@ class NatsGroupDrainSensor(BaseSensorOperator):
                 self._save_members_seen(keeper, now)
             return
         if now - self._members_seen > self.no_members_timeout:
-            committed = {p: c for p, (c, _) in behind.items()}
+            # the partitions this poke found behind (and logged), not every mark
             raise AirflowException(
                 str(
                     no_members_error(
                         self.stream,
                         self.group,
                         self.no_members_timeout,
-                        {int(p): m for p, m in marks.items()},
-                        committed,
+                        behind,
                         group_missing=not exists,
                     )
                 )
