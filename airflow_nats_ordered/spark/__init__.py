@@ -1,12 +1,14 @@
 """PySpark: the ``nats-ordered`` sink (batch and streaming) and its routing helpers.
 
-``register(spark)`` makes ``df.write.format("nats-ordered")`` available;
+``df.write.format("nats-ordered")`` is found by Spark in any session, directory and thread
+(:mod:`.discovery`; ``register(spark)`` where Spark's lookup cannot see the package);
 ``write_ordered(df, stream=..., key=..., order_by=..., producer_id=...)`` routes, sorts and
 publishes in one call and returns the run's ledger record. Importing this package needs
 ``pyspark`` and ``pyarrow`` (the ``spark`` extra); the core does not.
 """
 
-from .datasource import NAME, NatsOrderedDataSource, register
+from .datasource import NAME, NatsOrderedDataSource
+from .discovery import register, use_in_this_thread
 from .options import PARTITION_COLUMN, SinkOptions
 from .ordered_write import ordered_batches, write_ordered
 from .records import DisorderError
@@ -26,5 +28,6 @@ __all__ = [
     "partitions_of",
     "register",
     "route",
+    "use_in_this_thread",
     "write_ordered",
 ]

@@ -1,9 +1,7 @@
 """The ``nats-ordered`` PySpark data source: an ordered, retry-safe sink to a partitioned stream.
 
-::
+Found by Spark without registration in any directory and thread (:mod:`.discovery`)::
 
-    from airflow_nats_ordered.spark import register
-    register(spark)
     (df.write.format("nats-ordered").option("stream", "FLIGHTS").option("keyColumn", "tailnum")
        .option("orderBy", "sched_dep").option("producerId", run_id).mode("append").save())
 
@@ -75,7 +73,6 @@ from .task import TaskReport, drain, publish_task
 if TYPE_CHECKING:
     import pyarrow as pa
     from nats.aio.client import Client as NATS
-    from pyspark.sql import SparkSession
     from pyspark.sql.types import StructType
 
 NAME = "nats-ordered"
@@ -366,8 +363,3 @@ class NatsOrderedDataSource(DataSource):
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> NatsOrderedStreamWriter:
         return NatsOrderedStreamWriter(self._options(schema, overwrite), schema)
-
-
-def register(spark: SparkSession) -> None:
-    """Make ``format("nats-ordered")`` available in ``spark`` (idempotent)."""
-    spark.dataSource.register(NatsOrderedDataSource)

@@ -12,7 +12,8 @@ from nats.aio.client import Client as NATS
 from ..core.errors import ConfigError
 from ..core.publisher import check_producer_id
 from ..core.runs import RunLedger, RunRecord
-from .datasource import NAME, _on_nats, register
+from .datasource import NAME, _on_nats
+from .discovery import register
 from .global_stamp import GLOBAL_SEQ_COLUMN, DriverSequencer, with_global_seq
 from .options import CARRIED_OVER_OPTION, CONNECTION_OPTIONS, SinkOptions
 from .repartitioned import carry_over, pass_over_old_layout
