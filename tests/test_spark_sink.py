@@ -118,7 +118,7 @@ def _fail_first_attempts_once_stored(url: str, stream: str, after: int):
         tc = TaskContext.get()
         for n, b in enumerate(batches):
             if n == after and tc.attemptNumber() == 0:
-                deadline = time.monotonic() + 20
+                deadline = time.monotonic() + 120
                 while asyncio.run(count()) == 0 and time.monotonic() < deadline:
                     time.sleep(0.1)
                 raise RuntimeError("injected failure after publishing part of the task")
