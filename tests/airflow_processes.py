@@ -128,6 +128,38 @@ class Triggerer:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
 
+    def signal_main(self, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` to the ``airflow triggerer`` process only, as ``kill <its pid>``
+        does: after a SIGKILL its trigger runner child lives on, orphaned, until it
+        notices; on SIGTERM the triggerer stops the runner itself."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, sig)
+
+    def wait_gone(self, timeout: float = 60) -> bool:
+        """Wait until no process of the triggerer's group is left; False at the deadline."""
+        if self.proc is None:
+            return True
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.group_pids():
+                return True
+            time.sleep(0.1)
+        return False
+
+    def group_pids(self) -> list[int]:
+        """Live (not zombie) processes of the triggerer's process group."""
+        if self.proc is None:
+            return []
+        out = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rpartition(")")[2].split()
+            except OSError:
+                continue  # exited meanwhile
+            if fields[0] != "Z" and int(fields[2]) == self.proc.pid:
+                out.append(int(stat.parent.name))
+        return out
+
     def stop(self, timeout: float = 20) -> None:
         """SIGTERM (graceful shutdown), SIGKILL after ``timeout``; also kills leftovers."""
         if self.proc is None:

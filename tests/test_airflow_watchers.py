@@ -226,6 +226,8 @@ def test_a_changed_watcher_without_durable_starts_over_at_deliver_policy(
         try:
             stream = before.open_stream()
             got = [await anext(stream) for _ in range(3)]
+            for delivery, _ in got:
+                delivery.handed_over()
             await before.advance(
                 [AdvanceItem(m, AdvanceOutcome(acked=1, failed=0)) for _, m in got]
             )

@@ -21,6 +21,16 @@ terminated (rejected by a subscriber) or nak'ed (failed: redelivered). Triggers 
 exactly the same arguments share one consumer and one connection; a message is acked
 only when every one of them has stored its event.
 
+Airflow's "persisted" is not enough on its own: it also reports a message clean when
+the trigger stopped after yielding its event but before the triggerer queued that event
+for the database (the trigger task cancelled or failed while the triggerer logs "Trigger
+fired event": leaving resolves the open event as accepted with nothing to confirm), and
+when the event was queued after the shared stream had stopped (nothing gates it then).
+So the filter also records each hand-over that reached Airflow's persistence gate
+(:class:`Delivery`), and a message is acked only if every subscriber Airflow counts as
+having accepted it handed it over that way; otherwise it is nak'ed and redelivered (a
+duplicate at worst, never a loss).
+
 The durable consumer is the cursor: it survives triggerer restarts and is created on
 first use (``deliver_policy`` decides where a *new* consumer starts). Messages handed
 over but not yet advanced are kept alive with in-progress acks, so JetStream does not
@@ -254,8 +264,12 @@ class NatsMessageTrigger(BaseEventTrigger):
     ) -> AsyncIterator[TriggerEvent]:
         # One event per raw event, yielded before pulling the next one: that is what
         # binds the asset event to the message it came from (see shared_stream.py).
-        async for payload in shared_stream:
-            yield TriggerEvent(payload)
+        async for delivery in shared_stream:
+            yield TriggerEvent(dict(delivery))
+            # Resumed: the triggerer has queued the event (a trigger stopped in between
+            # never gets here). Only an event bound to the persistence gate counts.
+            if isinstance(delivery, Delivery) and persistence_gated():
+                delivery.handed_over()
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         """Refuses: outside the triggerer's shared-stream ack mode nothing tells the trigger
@@ -272,21 +286,66 @@ class NatsMessageTrigger(BaseEventTrigger):
         yield  # pragma: no cover - makes this an async generator
 
 
+class Delivery(dict[str, Any]):
+    """One delivery of a message as the producer hands it to the triggerer: its
+    :func:`message_payload` (a ``dict``), plus how many subscribers' filters handed its
+    event over to Airflow's persistence gate (:meth:`handed_over`)."""
+
+    __slots__ = ("msg", "handovers")
+
+    def __init__(self, msg: Any) -> None:
+        super().__init__(message_payload(msg))
+        self.msg = msg
+        self.handovers = 0
+
+    def handed_over(self) -> None:
+        """Record that one subscriber's event for this delivery awaits Airflow's
+        persistence confirmation (called by the filter once the triggerer took it)."""
+        self.handovers += 1
+
+
+def persistence_gated() -> bool:
+    """Whether the event the triggerer just took from the running filter is bound to
+    Airflow's persistence gate: Airflow confirms it only once the event is stored.
+
+    Call it from ``filter_shared_stream`` right after the ``yield`` returned. False when
+    the triggerer queued the event with nothing to confirm (the shared stream had
+    stopped: Airflow would report the message clean without storing it). Reads the
+    shared stream's open binding window (Airflow 3.3's ``_reject_context``); if those
+    internals are not there, resuming past the yield is taken as the evidence."""
+    try:
+        from airflow.triggers import shared_stream
+
+        window = shared_stream._reject_context.get()
+        if window is None:
+            return True  # not ack mode: nothing will be acked from this event anyway
+        entry = window.group._outstanding.get(window.event_id)
+        binding = entry.bindings.get(window.trigger_id) if entry is not None else None
+        # bound and not yet confirmed: nothing awaited between the bind and this call
+        return binding is not None and bool(binding.unconfirmed_seqs)
+    except AttributeError:  # pragma: no cover - another Airflow's internals
+        return True
+
+
 class NatsMessageProducer(SharedStreamProducer):
     """The broker side of :class:`NatsMessageTrigger`'s shared stream (ack mode).
 
     Guarantees: a message is acked only in :meth:`advance` with a clean outcome (every
-    subscriber's asset event persisted), and the ack is confirmed by the server; a
-    rejected message is terminated (never redelivered); a failed one, or one nobody
-    accepted, is nak'ed and redelivered. A message never advanced (crash, stop) is
-    redelivered by JetStream ``ack_wait`` after its holder disappeared. At most
-    ``max_in_flight`` messages are outstanding.
+    subscriber's asset event persisted) *and* a hand-over to the persistence gate by as
+    many subscribers as Airflow counts as having accepted it (:class:`Delivery`), and the
+    ack is confirmed by the server; a rejected message is terminated (never redelivered);
+    a failed one, one nobody accepted, or a clean one without those hand-overs, is
+    nak'ed and redelivered. A message never advanced (crash, stop) is redelivered by
+    JetStream ``ack_wait`` after its holder disappeared. At most ``max_in_flight``
+    messages are outstanding.
     """
 
     def __init__(self, trigger: NatsMessageTrigger) -> None:
         self.t = trigger
         self._stack = contextlib.AsyncExitStack()
-        self._outstanding: dict[int, Any] = {}  # stream seq -> Msg handed over, not advanced
+        # id(Msg) -> the Delivery handed to the triggerer and not advanced yet (keyed by
+        # the delivery, not the stream sequence: a redelivered copy is another delivery)
+        self._outstanding: dict[int, Delivery] = {}
         self._room = asyncio.Event()
         self._room.set()
         self._keepalive: asyncio.Task | None = None
@@ -362,8 +421,8 @@ class NatsMessageProducer(SharedStreamProducer):
         if again.get(BINDING_ID) != t.identity:  # another trigger adopted it at once
             raise ConfigError(_bound_elsewhere(t, again))
 
-    async def open_stream(self) -> AsyncIterator[tuple[dict[str, Any], Any]]:
-        """Connect (inside the running loop), then yield ``(payload, msg)`` forever."""
+    async def open_stream(self) -> AsyncIterator[tuple[Delivery, Any]]:
+        """Connect (inside the running loop), then yield ``(Delivery, msg)`` forever."""
         t = self.t
         nc = self._nc = await self._stack.enter_async_context(NatsHook(t.nats_conn_id).aconnect())
         js = nc.jetstream()
@@ -386,36 +445,52 @@ class NatsMessageProducer(SharedStreamProducer):
             except TimeoutError:  # nats.errors.TimeoutError too: nothing new yet
                 continue
             for msg in msgs:
-                seq = msg.metadata.sequence.stream
-                self._outstanding[seq] = msg
+                delivery = self._outstanding[id(msg)] = Delivery(msg)
                 if len(self._outstanding) >= t.max_in_flight:
                     self._room.clear()
-                yield message_payload(msg), msg
+                yield delivery, msg
 
     async def _keep_alive(self) -> None:
         """In-progress acks for handed-over messages, so JetStream does not redeliver them
         while Airflow persists (the triggerer's ack timeout can exceed ``ack_wait``)."""
         while True:
             await asyncio.sleep(self.t.ack_wait / 3)
-            for msg in list(self._outstanding.values()):
+            for delivery in list(self._outstanding.values()):
                 with contextlib.suppress(Exception):
-                    await msg.in_progress()
+                    await delivery.msg.in_progress()
 
     async def advance(self, batch: Sequence[AdvanceItem]) -> None:
         """Ack (confirmed) the cleanly persisted messages, term the rejected, nak the rest.
 
-        Raises if an ack is not confirmed: Airflow then ends the shared stream and the
-        message is redelivered (a duplicate, never a loss)."""
-        clean, rejected, failed = [], [], []
+        Clean means Airflow's outcome is clean and each subscriber it counts as having
+        accepted the message handed its event over to the persistence gate; a clean
+        outcome without that (the trigger stopped between yielding the event and the
+        triggerer queueing it, or the stream had stopped) is nak'ed: Airflow never
+        stored the event. Raises if an ack is not confirmed: Airflow then ends the
+        shared stream and the message is redelivered (a duplicate, never a loss)."""
+        clean, rejected, failed, unstored = [], [], [], []
         for item in batch:
             msg = item.broker_payload
-            self._outstanding.pop(msg.metadata.sequence.stream, None)
-            if item.outcome.is_clean:
+            delivery = self._outstanding.pop(id(msg), None)
+            handovers = delivery.handovers if delivery is not None else 0
+            if item.outcome.is_clean and handovers >= item.outcome.acked:
                 clean.append(msg)
+            elif item.outcome.is_clean:
+                unstored.append(msg)
             elif item.outcome.rejected:
                 rejected.append(msg)
             else:
                 failed.append(msg)
+        if unstored:
+            log.warning(
+                "NatsMessageTrigger %s/%s: Airflow reported stream sequence(s) %s as stored "
+                "but their events never reached its persistence gate (the trigger stopped "
+                "while handing them over); nak'ed for redelivery",
+                self.t.stream,
+                self.t.consumer_name,
+                [m.metadata.sequence.stream for m in unstored],
+            )
+            failed.extend(unstored)
         if len(self._outstanding) < self.t.max_in_flight:
             self._room.set()
         await asyncio.gather(*(m.term() for m in rejected), *(m.nak() for m in failed))
@@ -437,7 +512,8 @@ class NatsMessageProducer(SharedStreamProducer):
             self._keepalive.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._keepalive
-        abandoned, self._outstanding = list(self._outstanding.values()), {}
+        abandoned = [delivery.msg for delivery in self._outstanding.values()]
+        self._outstanding = {}
         with contextlib.suppress(Exception):
             if self._sub is not None:
                 # first end our pull request's interest, or the server would hand the
