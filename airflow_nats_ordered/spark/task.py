@@ -91,8 +91,8 @@ async def _publish_batches(
         if batch is None:
             return
         c = maker.columns(batch)
-        for i, (key, data, mid, hdr, part) in enumerate(
-            zip(c.keys, c.payloads, c.ids, c.headers, c.parts, strict=True)
+        for i, (key, data, mid, hdr, part, rank) in enumerate(
+            zip(c.keys, c.payloads, c.ids, c.headers, c.parts, c.ranks, strict=True)
         ):
             if msg_id_field and mid is None:
                 refusals.add(
@@ -102,7 +102,7 @@ async def _publish_batches(
                 )
                 continue
             try:
-                await publish(key, data, msg_id=mid, headers=hdr, partition=part)
+                await publish(key, data, msg_id=mid, headers=hdr, partition=part, rank=rank)
             except RecordError as exc:
                 reason = next(r for t, r in _REASONS if isinstance(exc, t))
                 refusals.add(
