@@ -163,3 +163,37 @@ def test_a_partial_run_with_keyless_records_completes_after_a_repartition_each_r
     record = asyncio.run(main())
     assert record.status == "complete" and record.before_switch, record
     _each_once(nats_url, unique_name, len(rows))
+
+
+def test_republish_with_is_the_producer_id_alone_and_passing_it_back_stores_nothing_twice(
+    capsys, tmp_path, nats_url, unique_name
+):
+    """Item 9: `publish --json`'s republish_with held "--producer-id file-..."; a script that
+    passed it as the id stored 299 records for 200."""
+    make_stream(nats_url, unique_name, 3)
+    rows = [{"k": f"key{i % 4}", "n": i} for i in range(200)]
+    path = tmp_path / "orders.jsonl"
+    path.write_text(_lines(rows[:99]) + '{"k": "key1", "n": 99,,}\n' + _lines(rows[100:]))
+    base = ["publish", "--stream", unique_name, str(path), "--key-field", "k"]
+    base += ["--server", nats_url]
+    assert cli.main([*base, "--json"]) == 2
+    report = json.loads(capsys.readouterr().out)
+    assert report["republish_with"] == report["producer_id"]
+    assert report["producer_id"].startswith("file-")
+    path.write_text(_lines(rows))  # fixed
+    assert cli.main([*base, "--producer-id", report["republish_with"]]) == 0
+    _each_once(nats_url, unique_name, len(rows))
+
+
+def test_the_republish_hint_in_the_error_text_still_names_the_flag(
+    capsys, tmp_path, nats_url, unique_name
+):
+    make_stream(nats_url, unique_name, 2)
+    path = tmp_path / "orders.jsonl"
+    path.write_text(_lines([{"k": "a", "n": 0}]) + "{bad\n")
+    argv = ["publish", "--stream", unique_name, str(path), "--key-field", "k"]
+    assert cli.main([*argv, "--server", nats_url, "--json"]) == 2
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
+    assert f"--producer-id {report['producer_id']}" in captured.err
+    assert f"--producer-id {report['producer_id']}" in report["error"]

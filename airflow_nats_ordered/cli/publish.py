@@ -485,7 +485,9 @@ async def _publish(
     if input_error is not None:
         input_error = InputError(f"{input_error}{_republish_hint(args, pub, read)}")
         report["error"] = str(input_error)
-        report["republish_with"] = f"--producer-id {pub.producer_id}"
+        # the id alone, for a script to pass back as --producer-id (the error's text says
+        # it in words)
+        report["republish_with"] = pub.producer_id
     _print_publish(report, summary, refusals, as_json=args.json)
     if args.producer_id is None and args.file == "-":
         print_err(
