@@ -205,3 +205,30 @@ def test_the_republish_hint_in_the_error_text_still_names_the_flag(
     report = json.loads(captured.out)
     assert f"--producer-id {report['producer_id']}" in captured.err
     assert f"--producer-id {report['producer_id']}" in report["error"]
+
+
+def test_a_callers_index_is_the_records_place_and_a_bad_one_is_refused(nats_url, unique_name):
+    """``publish(..., index=)``: a caller that hands over part of an input names each
+    record's place itself; the next call without one continues after it."""
+    from airflow_nats_ordered.core.msg_ids import derive_msg_id
+    from airflow_nats_ordered.core.publisher import OrderedPublisher
+
+    async def main():
+        nc = await nats.connect(nats_url)
+        try:
+            await provision(nc, StreamSpec(unique_name, partitions=3))
+            async with OrderedPublisher(nc, unique_name, producer_id="part-run") as pub:
+                await pub.publish("a", b"first", index=7)
+                await pub.publish("b", b"next")
+                for bad in (0, -1, True, "3"):
+                    with pytest.raises(ValueError, match="1-based place in the input"):
+                        await pub.publish("c", b"x", index=bad)  # type: ignore[arg-type]
+        finally:
+            await nc.close()
+
+    asyncio.run(main())
+    ids = {s.data: s.msg_id for s in stored(nats_url, unique_name)}
+    assert ids == {
+        b"first": derive_msg_id("part-run", 7, "a", b"first"),
+        b"next": derive_msg_id("part-run", 8, "b", b"next"),
+    }
