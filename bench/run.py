@@ -93,7 +93,7 @@ def make_records(n: int, prefix: str) -> list[Record]:
                 partition_subject(prefix, p),
                 seqs[p],
                 payload,
-                derive_msg_id("bench", p, seqs[p], key, payload),
+                derive_msg_id("bench", i + 1, key, payload),
             )
         )
     return out

@@ -153,7 +153,7 @@ def test_a_fixed_file_republished_as_the_error_says_stores_each_record_once(
     assert m, err
     producer_id = m.group(1)
     report = json.loads(out)
-    assert report["republish_with"] == f"--producer-id {producer_id}"
+    assert report["republish_with"] == producer_id  # the id alone (issue 28 item 9)
     assert report["producer_id"] == producer_id
     if given_id is not None:
         assert producer_id == given_id

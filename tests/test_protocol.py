@@ -46,9 +46,7 @@ def test_each_golden_vector_has_the_partition_msg_id_and_key_header_the_code_giv
     else:
         assert rec["key_header"] is None and "Nats-Ordered-Key" not in rec["headers"]
     assert rec["subject"] == partition_subject(VECTORS["prefix"], rec["partition"])
-    msg_id = derive_msg_id(
-        VECTORS["producer_id"], rec["partition"], rec["seq"], kb, rec["payload"].encode()
-    )
+    msg_id = derive_msg_id(VECTORS["producer_id"], rec["index"], kb, rec["payload"].encode())
     assert msg_id == rec["msg_id"]
 
 
@@ -57,6 +55,17 @@ def test_the_golden_positions_are_each_records_place_among_its_partitions_record
     for rec in RECORDS:
         seen[rec["partition"]] = seen.get(rec["partition"], 0) + 1
         assert rec["seq"] == seen[rec["partition"]], rec
+
+
+def test_the_golden_indexes_are_each_records_place_in_the_input_and_the_id_has_no_layout():
+    """Section 6: the msg-id is of the producer id and the record's place in the input, so
+    the same record on another layout (another partition, another position) has the same id."""
+    assert [rec["index"] for rec in RECORDS] == list(range(1, len(RECORDS) + 1))
+    for rec in RECORDS:
+        assert rec["msg_id"] == derive_msg_id(
+            VECTORS["producer_id"], rec["index"], _kb(rec), rec["payload"].encode()
+        )
+    assert len({rec["msg_id"] for rec in RECORDS}) == len(RECORDS)
 
 
 def test_the_golden_vectors_cover_both_key_forms_keyless_and_every_murmur3_tail_length():
@@ -87,8 +96,8 @@ def test_the_pages_murmur3_check_values_and_worked_examples_are_the_codes():
         " ".join(re.sub(r'".*"', "", line) for line in block.group(2).splitlines())
     )
     assert len(preimage) == int(block.group(1))
-    assert preimage == b'golden-run-1\x005\x001\x00customer-42\x00{"order":1}'
-    expected = derive_msg_id("golden-run-1", 5, 1, "customer-42", b'{"order":1}')
+    assert preimage == b'golden-run-1\x001\x00customer-42\x00{"order":1}'
+    expected = derive_msg_id("golden-run-1", 1, "customer-42", b'{"order":1}')
     assert f"and `msg_id = {expected}`" in text
     # section 9.4: the run ledger key of a producer id
     assert f"`golden-run-1` → `{run_key('golden-run-1')}`" in text

@@ -84,7 +84,7 @@ def test_duplicate_the_publisher_did_not_expect_is_reported_not_counted_stored(
     nats_url, unique_name
 ):
     """Another writer already stored the msg-id of this publisher's 2nd record (same
-    producer id, same position): the server acknowledges the record without storing it.
+    producer id, same place in the input): the server acknowledges the record without storing it.
     That record is lost unless reported: flush() must raise and name the cause."""
 
     async def go():
@@ -93,8 +93,8 @@ def test_duplicate_the_publisher_did_not_expect_is_reported_not_counted_stored(
         pub = OrderedPublisher(nc, unique_name)
         p = partition_for("k", 2)
         # the other writer, earlier inside the duplicate window: same producer id, so the
-        # same derived msg-id for position 2
-        foreign = derive_msg_id(pub.producer_id, p, 2, "k", INCR)
+        # same derived msg-id for the input's 2nd record
+        foreign = derive_msg_id(pub.producer_id, 2, "k", INCR)
         await nc.jetstream().publish(
             f"{unique_name.lower()}.p.{p}", b"other", headers={HDR_MSG_ID: foreign}
         )

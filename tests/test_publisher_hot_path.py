@@ -135,24 +135,22 @@ def test_the_key_cache_keeps_partitions_and_refusals_and_stays_bounded(
 
 
 def test_the_incremental_msg_id_is_the_documented_digest():
-    """msg_id_at (what publish() inlines) hashes producer and partition once per partition;
-    the id must stay blake2b-120 of producer\\0partition\\0seq\\0key\\0payload (protocol
-    section 6), whatever the fields hold."""
+    """msg_id_at (what publish() inlines) hashes the producer id once per publisher; the id
+    must stay blake2b-120 of producer\\0index\\0key\\0payload (protocol section 6), whatever
+    the fields hold."""
     import hashlib
 
     from airflow_nats_ordered.core.msg_ids import _msg_id, msg_id_at, msg_id_base
 
     for producer in (b"bench", b"100%-run", "r\u00e9".encode(), b"x" * 300):
-        for partition in (0, 7, 1023):
-            base = msg_id_base(producer, partition)
-            for seq, key, data in (
-                (1, b"k", b""),
-                (12345678901, "Z\u00fcrich".encode(), b"\x00\r\n" * 40),
-                (42, b"", b"y" * 70_000),
-            ):
-                want = hashlib.blake2b(
-                    b"%s\x00%d\x00%d\x00%s\x00%s" % (producer, partition, seq, key, data),
-                    digest_size=15,
-                ).hexdigest()
-                assert msg_id_at(base, seq, key, data).decode() == want
-                assert _msg_id(producer, partition, seq, key, data).decode() == want
+        base = msg_id_base(producer)
+        for index, key, data in (
+            (1, b"k", b""),
+            (12345678901, "Z\u00fcrich".encode(), b"\x00\r\n" * 40),
+            (42, b"", b"y" * 70_000),
+        ):
+            want = hashlib.blake2b(
+                b"%s\x00%d\x00%s\x00%s" % (producer, index, key, data), digest_size=15
+            ).hexdigest()
+            assert msg_id_at(base, index, key, data).decode() == want
+            assert _msg_id(producer, index, key, data).decode() == want

@@ -10,7 +10,6 @@ import asyncio
 import nats
 import pytest
 
-from airflow_nats_ordered.core.partitioning import partition_for
 from airflow_nats_ordered.core.publisher import (
     HDR_KEY,
     HDR_MSG_ID,
@@ -47,4 +46,4 @@ def test_a_producer_id_with_percent_signs_is_stored_as_given(
 
     keyed, keyless = asyncio.run(go())
     assert keyed[HDR_PRODUCER] == keyless[HDR_PRODUCER] == producer_id
-    assert keyed[HDR_MSG_ID] == derive_msg_id(producer_id, partition_for("k", 2), 1, "k", b"x")
+    assert keyed[HDR_MSG_ID] == derive_msg_id(producer_id, 1, "k", b"x")

@@ -14,6 +14,7 @@ import pytest
 from spark_helpers import on_server, run_record, stored
 from streamcheck import Stored
 
+from airflow_nats_ordered.core.msg_ids import derive_msg_id
 from airflow_nats_ordered.core.repartition import repartition
 from airflow_nats_ordered.core.runs import RunLedger
 from airflow_nats_ordered.core.streams import StreamSpec, provision
@@ -129,6 +130,13 @@ def test_a_routed_run_partial_before_a_repartition_resumes_exactly_after_it(
     assert sum(rec.before_switch["acked"].values()) == 24 and rec.acked == 24, rec
     # the rest went to the new layout only
     assert sorted({layout_partition(s)[0] for s in got if json.loads(s.data)["ts"] >= 1_024}) == [1]
+    # on both layouts a row's msg-id is of its rank among its key's rows in the whole input
+    # (issue 28 item 1), also for the rows published after the old layout's were taken out
+    ranked = sorted(got, key=lambda s: (s.key, json.loads(s.data)["ts"]))
+    ranks: dict[str, int] = defaultdict(int)
+    for s in ranked:
+        ranks[s.key] += 1
+        assert s.msg_id == derive_msg_id("across", ranks[s.key], s.key, s.data), s
     # complete: a re-run sends nothing
     again = _write(spark, nats_url, unique_name, everything, "across", allow_refused=True)
     assert again.status == "complete" and len(stored(nats_url, unique_name)) == len(keyed)

@@ -79,7 +79,8 @@ def configure(p: argparse.ArgumentParser) -> None:
         "--msg-id-field",
         metavar="F",
         help="column holding a unique record id used as Nats-Msg-Id for de-duplication "
-        "(default: an id derived from producer id, position, key and payload)",
+        "(default: an id derived from producer id, the record's place in the input, key and "
+        "payload)",
     )
     p.add_argument(
         "--format",
@@ -347,9 +348,9 @@ def _producer_id(args: argparse.Namespace) -> str | None:
 
 def _republish_hint(args: argparse.Namespace, pub: OrderedPublisher, read: int) -> str:
     """What makes "re-publishing the fixed file stores them only once" true: the same
-    producer id. A derived msg-id is a digest of the producer id, the record's position in
-    its partition, its key and its payload, so the records before the bad one get the same
-    ids again from the fixed file, but only under the same producer id; the default id of a
+    producer id. A derived msg-id is a digest of the producer id, the record's place in the
+    input, its key and its payload, so the records before the bad one get the same ids
+    again from the fixed file, but only under the same producer id; the default id of a
     file follows its content, which the fix changes."""
     if read == 0:  # e.g. --order-by reads the whole input before publishing any of it
         return " Nothing was published: publish the fixed input as before."
@@ -484,7 +485,9 @@ async def _publish(
     if input_error is not None:
         input_error = InputError(f"{input_error}{_republish_hint(args, pub, read)}")
         report["error"] = str(input_error)
-        report["republish_with"] = f"--producer-id {pub.producer_id}"
+        # the id alone, for a script to pass back as --producer-id (the error's text says
+        # it in words)
+        report["republish_with"] = pub.producer_id
     _print_publish(report, summary, refusals, as_json=args.json)
     if args.producer_id is None and args.file == "-":
         print_err(

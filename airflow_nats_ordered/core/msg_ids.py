@@ -1,8 +1,10 @@
 """The derived ``Nats-Msg-Id`` and the headers the publisher sets on every record.
 
-A record's msg-id is derived from the producer id, its position in its partition (producer
-sequence), its key and its payload: the same input in the same order gives the same ids on
-every retry or rerun, which is what lets the server de-duplicate resends and reruns. The
+A record's msg-id is derived from the producer id, the record's place in the run's input
+(its 1-based index in input order), its key and its payload: the same input in the same
+order gives the same ids on every retry or rerun, whatever the stream's partition count,
+which is what lets the server de-duplicate resends and reruns, also across a
+``repartition``. Nothing of the layout (partition, position in the partition) is in it. The
 derivation is part of the wire protocol (``docs/protocol.md``, section 6, checked by its
 golden vectors); the header block is section 5.3. :mod:`.publisher` re-exports every name.
 """
@@ -29,35 +31,34 @@ def _check_header_value(what: str, value: str) -> None:
         raise ConfigError(f"{what} must not contain line breaks: {value!r}")
 
 
-def derive_msg_id(
-    producer_id: str | bytes, partition: int, seq: int, key: str | bytes, data: bytes
-) -> str:
-    """The default ``Nats-Msg-Id``: a digest of the producer id, the record's position in its
-    partition (its producer sequence), its key and its payload. The same input in the same
-    order gives the same ids on every retry or rerun; identical records at different
-    positions get different ids; a different ``producer_id`` gives different ids."""
+def derive_msg_id(producer_id: str | bytes, index: int, key: str | bytes, data: bytes) -> str:
+    """The default ``Nats-Msg-Id``: a digest of the producer id, the record's place in the
+    run's input (``index``, 1-based), its key and its payload. The same input in the same
+    order gives the same ids on every retry or rerun, on any layout of the stream (the
+    partition is not in it); identical records at different places get different ids; a
+    different ``producer_id`` gives different ids."""
     pb = producer_id.encode() if isinstance(producer_id, str) else producer_id
     kb = key.encode() if isinstance(key, str) else key
-    return _msg_id(pb, partition, seq, kb, data).decode()
+    return _msg_id(pb, index, kb, data).decode()
 
 
-def _msg_id(producer: bytes, partition: int, seq: int, key: bytes, data: bytes) -> bytes:
+def _msg_id(producer: bytes, index: int, key: bytes, data: bytes) -> bytes:
     """The one definition of the derived msg-id (see :func:`derive_msg_id`)."""
-    return msg_id_at(msg_id_base(producer, partition), seq, key, data)
+    return msg_id_at(msg_id_base(producer), index, key, data)
 
 
-def msg_id_base(producer: bytes, partition: int) -> Any:
-    """The msg-id digest of a partition's records before their own fields: the producer id
-    and the partition, hashed once. :func:`msg_id_at` of it is the record's msg-id."""
-    return hashlib.blake2b(b"%s\x00%d\x00" % (producer, partition), digest_size=15)
+def msg_id_base(producer: bytes) -> Any:
+    """The msg-id digest of a producer's records before their own fields: the producer id,
+    hashed once. :func:`msg_id_at` of it is a record's msg-id."""
+    return hashlib.blake2b(b"%s\x00" % producer, digest_size=15)
 
 
-def msg_id_at(base: Any, seq: int, key: bytes, data: bytes) -> bytes:
-    """The derived msg-id of the record at position ``seq`` (``base`` from
-    :func:`msg_id_base`): blake2b-120 of ``producer\\0partition\\0seq\\0key\\0payload``, in
-    hex. The publisher inlines these lines on its hot path (issue 19 item 1)."""
+def msg_id_at(base: Any, index: int, key: bytes, data: bytes) -> bytes:
+    """The derived msg-id of the record at place ``index`` of the input (``base`` from
+    :func:`msg_id_base`): blake2b-120 of ``producer\\0index\\0key\\0payload``, in hex. The
+    publisher inlines these lines on its hot path (issue 19 item 1)."""
     h = base.copy()
-    h.update(b"%d\x00%s\x00" % (seq, key))
+    h.update(b"%d\x00%s\x00" % (index, key))
     h.update(data)
     return hexlify(h.digest())
 

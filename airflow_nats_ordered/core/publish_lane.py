@@ -40,7 +40,6 @@ from typing import TYPE_CHECKING, Any
 from nats.errors import Error as NatsError
 
 from . import wire
-from .msg_ids import msg_id_base
 from .publish_summary import PartitionSummary
 from .repartition import layout_refusal
 
@@ -94,7 +93,6 @@ class _Lane:
         self.subject = pub.stream.subject(partition)
         self.subject_b = self.subject.encode()
         self.inbox = f"{pub._inbox}.{partition}"
-        self.id_base = msg_id_base(pub._producer_b, partition)  # msg-ids of its records
         self.reply_prefix = b""
         self.head = b""  # b"HPUB <subject> <reply prefix>" of the current batch
         self.queue: deque[_Rec] = deque()

@@ -6,10 +6,13 @@ Guarantees
   that partition is ever stored before it.
 * **Exactly once for acknowledged records.** A record the server acknowledged is stored once;
   a retry or a rerun of the same input (inside the stream's ``duplicate_window``) stores
-  nothing twice, because every record carries a deterministic ``Nats-Msg-Id``. Its position
-  (producer sequence) is taken when :meth:`OrderedPublisher.publish` accepts it, so
-  concurrent ``publish()`` calls never share a msg-id; a publisher without a ``producer_id``
-  gets a unique one, so unrelated publishers never share one either.
+  nothing twice, because every record carries a deterministic ``Nats-Msg-Id``: a digest of
+  the producer id, the record's place in the input (the count of ``publish()`` calls, or
+  the caller's ``index=``), its key and its payload, nothing of the stream's layout, so a
+  rerun after ``repartition`` stores nothing twice either. The place is taken when
+  :meth:`OrderedPublisher.publish` is called, so concurrent ``publish()`` calls never share
+  a msg-id; a publisher without a ``producer_id`` gets a unique one, so unrelated publishers
+  never share one either.
 * **No acknowledged record is silently de-duplicated away.** When the server calls records
   duplicates that this publisher did not expect (beyond its own resends, with no explicit
   ``producer_id`` and no caller msg-ids), they are counted as
@@ -84,6 +87,7 @@ from .msg_ids import (
     RESERVED_HEADERS,
     _msg_id,  # noqa: F401 - re-exported
     derive_msg_id,
+    msg_id_base,
 )
 from .partitioning import HASH_SEED, partition_wildcard
 from .publish_lane import (  # noqa: F401 - the lane's internals are re-exported
@@ -101,6 +105,7 @@ from .publish_lane import (  # noqa: F401 - the lane's internals are re-exported
 from .publish_sender import _Sender
 from .publish_summary import PartitionSummary, PublishError, PublishSummary
 from .publisher_config import PublisherConfig, check_producer_id  # noqa: F401 - re-exported
+from .run_layouts import OldLayout
 from .streams import PartitionedStream, describe
 
 log = logging.getLogger(__name__)
@@ -138,6 +143,7 @@ class OrderedPublisher:
         *,
         expected_partitions: int | None = None,
         start_after: Mapping[int, int] | None = None,
+        old_layout: OldLayout | None = None,
         **knobs: Any,
     ) -> None:
         if config is not None and knobs:
@@ -148,6 +154,10 @@ class OrderedPublisher:
         #: refused records take no position) are passed over unsent, and the rest keep their
         #: positions and msg-ids. Exact however long ago that attempt ran.
         self.start_after = {int(p): int(n) for p, n in (start_after or {}).items() if n}
+        #: a run begun before a repartition: the records the layout it was begun on stored
+        #: are passed over, unsent (:mod:`.run_layouts`), counted in ``passed_over_old``
+        self._old = old_layout
+        self.passed_over_old = 0
         self.nc = nc
         self.stream_name = stream
         self.expected_partitions = expected_partitions
@@ -166,6 +176,8 @@ class OrderedPublisher:
         self._refused = 0
         self._flushed_at: tuple[int, int] = (-1, -1)
         self._rr = 0
+        #: the place in the input of the last record handed to publish() (1-based)
+        self._index = 0
         self._since_yield = 0
         self._counts_before: dict[str, int] = {}
         self._removed_before = 0
@@ -184,6 +196,7 @@ class OrderedPublisher:
         self.producer_id = self.config.producer_id or f"pub-{self._run_tag}"
         self._expect_duplicates = bool(self.config.producer_id)  # a rerun, maybe
         self._producer_b = self.producer_id.encode()
+        self._id_base = msg_id_base(self._producer_b)  # the derived msg-ids' common prefix
         # the header lines are %-format templates: a '%' of the producer id is escaped
         prod = b"%s: %s\r\n" % (HDR_PRODUCER.encode(), self._producer_b.replace(b"%", b"%%"))
         head = b"NATS/1.0\r\n%s: %%s\r\n" % HDR_MSG_ID.encode()
@@ -342,8 +355,17 @@ class OrderedPublisher:
         *,
         msg_id: str | None = None,
         headers: dict[str, str] | None = None,
+        index: int | None = None,
     ) -> int:
         """Queue one record; returns its partition.
+
+        The record's derived msg-id (without ``msg_id``) is a digest of the producer id, its
+        place in the input, its key and its payload (``docs/protocol.md``, section 6). The
+        place is ``index`` when given (the record's 1-based index in the whole input, for a
+        caller that does not hand every record over, e.g. passes some over itself), else
+        one more than the last record's: every call counts, also for a record refused or
+        passed over on resume (``start_after``), so a record's place is the same on every
+        attempt over the same input.
 
         ``key`` reaches the worker's handler byte-exact (``Message.key``), in the header
         form :mod:`.keys` chooses; it is refused with :class:`InvalidKeyError` when it is
@@ -351,14 +373,22 @@ class OrderedPublisher:
         :class:`MissingKeyError` (:class:`KeylessRecordError`) or
         :class:`RecordTooLargeError` for a bad record (nothing is sent and the publisher goes
         on). Waits while ``max_pending`` records or ``max_pending_bytes`` payload bytes are
-        held. Concurrent calls (``asyncio.gather``) are safe: a record's position in its
-        partition is taken when it is accepted, after the wait. Delivery failures are
+        held. Concurrent calls (``asyncio.gather``) are safe: a record's place in the input
+        is taken when the call starts, its position in its partition (``Nats-Ordered-Seq``)
+        when it is accepted, after the wait. Delivery failures are
         reported by :meth:`flush`, not here.
         """
         if not self._started:
             raise RuntimeError("call `await publisher.start()` (or use `async with`) first")
         if self._closing:
             raise RuntimeError("the publisher is closed")
+        if index is None:
+            self._index += 1
+        elif index.__class__ is int and index > 0:
+            self._index = index
+        else:
+            raise ValueError(f"index must be a record's 1-based place in the input, got {index!r}")
+        place = self._index
         cfg = self.config
         known = self._keys.get(key) if key.__class__ is str else None
         if known is not None:  # a key seen before: its bytes, header line and partition
@@ -367,7 +397,11 @@ class OrderedPublisher:
             if not cfg.allow_keyless:
                 self._refused += 1
                 raise KeylessRecordError()
-            part = -1  # round-robin: chosen when accepted
+            # round-robin, in call order: every keyless record counts (also one refused
+            # below), so a record's partition follows from the input alone (run_layouts)
+            turn = self._rr
+            part = turn % self._nparts
+            self._rr = turn + 1
             kb = key_line = b""
         else:
             try:
@@ -411,14 +445,11 @@ class OrderedPublisher:
                 self._space.clear()
                 await self._space.wait()
         # from here to accept() nothing awaits: the position is taken atomically
-        if part < 0:
-            part = self._rr % self._nparts
-            self._rr += 1
         lane = self._lanes[part]
         seq = lane.summary.offset + lane.summary.accepted + 1
         if msg_id is None:  # msg_ids.msg_id_at, inlined
-            h = lane.id_base.copy()
-            h.update(b"%d\x00%s\x00" % (seq, kb))
+            h = self._id_base.copy()
+            h.update(b"%d\x00%s\x00" % (place, kb))
             h.update(data)
             mid = hexlify(h.digest())
         else:
@@ -436,6 +467,10 @@ class OrderedPublisher:
         total = hlen + size
         if total > self._max_size:
             raise self._too_large(kb, total)
+        if self._old is not None and self._old.stored(kb, 0 if kb else turn):
+            # the layout this run was begun on stored this record: pass it over, unsent
+            self.passed_over_old += 1
+            return part
         if lane.resume_left:
             # an earlier attempt of this run stored this position: pass it over, unsent
             lane.resume_left -= 1

@@ -68,7 +68,7 @@ from .errors import (
     RecordTooLargeError,
 )
 from .publisher import HDR_PRODUCER, HDR_SEQ, OrderedPublisher, PublisherConfig, PublishSummary
-from .run_layouts import passing_over_old_layout
+from .run_layouts import OldLayout
 from .streams import PartitionedStream, describe
 
 RunStatus = Literal["running", "complete", "partial"]
@@ -387,11 +387,11 @@ async def publish_run(
     # partition's mark is at least its last message now (the earlier attempt's records
     # are at or before it), recorded at once so that even a progress record has it
     resume: dict[int, int] = {}
+    old_layout: OldLayout | None = None
     if previous is not None and previous.epoch != ledger.stream.epoch:
-        records = await _carry_over(nc, ledger, rec, previous, records)
+        old_layout = await _carry_over(nc, ledger, rec, previous)
     elif previous is not None and rec.before_switch:
-        records = passing_over_old_layout(
-            records,
+        old_layout = OldLayout(
             int(rec.before_switch["partitions"]),
             {int(p): int(n) for p, n in rec.before_switch["acked"].items()},
         )
@@ -406,6 +406,7 @@ async def publish_run(
         PublisherConfig(**knobs),
         expected_partitions=expected_partitions,
         start_after=resume,
+        old_layout=old_layout,
     )
     refusals = Refusals()
     summary: PublishSummary | None = None
@@ -444,14 +445,10 @@ async def publish_run(
 
 
 async def _carry_over(
-    nc: NATS,
-    ledger: RunLedger,
-    rec: RunRecord,
-    previous: RunRecord,
-    records: Iterable[SourceRecord] | AsyncIterable[SourceRecord],
-) -> AsyncIterable[SourceRecord]:
+    nc: NATS, ledger: RunLedger, rec: RunRecord, previous: RunRecord
+) -> OldLayout:
     """The run was begun on an earlier layout: record what that layout stored of it
-    (``before_switch``) and pass those records over (see :mod:`.run_layouts`)."""
+    (``before_switch``): the publisher passes those records over (see :mod:`.run_layouts`)."""
     if previous.before_switch:
         raise ConfigError(
             f"run {previous.producer_id!r} was begun before two repartitions of stream "
@@ -467,7 +464,7 @@ async def _carry_over(
         "acked": {str(p): n for p, n in stored.items()},
     }
     await ledger.record(rec)
-    return passing_over_old_layout(records, old.partitions, stored)
+    return OldLayout(old.partitions, stored)
 
 
 async def stored_positions(

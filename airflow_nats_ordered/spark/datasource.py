@@ -7,9 +7,10 @@ Found by Spark without registration in any directory and thread (:mod:`.discover
 
 Guarantees (details in :mod:`.task` and :mod:`.runs`):
 
-* **Effectively once under retries.** Msg-ids are deterministic per row (producer id, NATS
-  partition, position, key, payload, or the ``msgIdColumn``) and do not depend on the task
-  attempt; routed rows' ids do not depend on Spark's partitioning either. A retried task or
+* **Effectively once under retries.** Msg-ids are deterministic per row (producer id, the
+  row's place in the input, key, payload, or the ``msgIdColumn``) and do not depend on the
+  task attempt; routed rows' ids (the place: the row's rank among the run's rows of its key)
+  depend neither on Spark's partitioning nor on the stream's partition count. A retried task or
   stage, a re-submitted job or an Airflow retry stores nothing twice inside the stream's
   ``duplicate_window``. Routed rows also resume from what is stored, at any time: a complete
   run sends nothing, and each task passes over per partition what the ledger recorded or the

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from ..core.errors import ConfigError, NatsOrderedError
 from .headers import headers_of
 from .options import HEADERS_COLUMN, PARTITION_COLUMN, VALUE_COLUMN, SinkOptions
-from .routing import KEY_TEXT_COLUMN, key_values, partitions_of
+from .routing import KEY_RANK_COLUMN, KEY_TEXT_COLUMN, key_values, partitions_of
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -307,7 +307,8 @@ class BatchRecords:
         self.routing = RoutingCheck(partitions, options.key_column, task)
         self.has_value = VALUE_COLUMN in schema_names
         self.has_headers = HEADERS_COLUMN in schema_names
-        hidden = {PARTITION_COLUMN, HEADERS_COLUMN}
+        self.has_ranks = KEY_RANK_COLUMN in schema_names
+        hidden = {PARTITION_COLUMN, HEADERS_COLUMN, KEY_RANK_COLUMN}
         if options.key_column == KEY_TEXT_COLUMN:
             hidden.add(KEY_TEXT_COLUMN)  # write_ordered's text of an integral key column
         self.json_columns = [c for c in schema_names if c not in hidden]
@@ -351,7 +352,10 @@ class BatchRecords:
                 self.content_ids(k, data, hdr)
                 for k, data, hdr in zip(keys_list, payloads, headers, strict=True)
             ]
-        return BatchColumns(keys_list, payloads, ids, headers, routed or [None] * n, first)
+        ranks: list[Any] = (
+            batch.column(KEY_RANK_COLUMN).to_pylist() if self.has_ranks else [None] * n
+        )
+        return BatchColumns(keys_list, payloads, ids, headers, routed or [None] * n, first, ranks)
 
     def records(self, batch: pa.RecordBatch) -> list[SparkRecord]:
         """The batch's records, after checking its order (raises :class:`DisorderError`)."""
@@ -375,3 +379,6 @@ class BatchColumns(NamedTuple):
     #: per row its ``nats_partition`` (routed rows), else None
     parts: list[int | None]
     first: int
+    #: per row its rank among the run's rows of its key when the rows carry it (a run
+    #: carried over a repartition: ``KEY_RANK_COLUMN``), else None
+    ranks: list[int | None]

@@ -12,7 +12,11 @@ does it:
   leading positions are stored, from the ledger or the partition's last message) and from
   then on passes over exactly those rows (:func:`pass_over_old_layout`: each row's old
   partition and its rank there, in the order the old attempt published them) before routing
-  the rest by the new count. Each key's rows stay in order: the old layout stored a prefix
+  the rest by the new count. The rest keep the msg-ids they had on the old layout: a routed
+  row's msg-id is of its rank among the run's rows of its key (not of its partition), and
+  each row carries that rank, counted over the whole input (``KEY_RANK_COLUMN``), so a row
+  the old layout stored but the recorded positions missed is de-duplicated by the stream
+  inside its duplicate window. Each key's rows stay in order: the old layout stored a prefix
   of each key's rows, and consumers read the old layout before the new one.
 * a direct ``format("nats-ordered")`` write of such a run, routed or not, is refused on the
   driver before anything is sent or the run is begun (:func:`refusal`): the sink sees the
@@ -26,8 +30,7 @@ from typing import TYPE_CHECKING
 
 from ..core.errors import ConfigError
 from ..core.runs import RunLedger, RunRecord, stored_positions
-from .options import HEADERS_COLUMN, PARTITION_COLUMN
-from .routing import partition_column
+from .routing import KEY_RANK_COLUMN, NOT_IN_TIES, partition_column
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
@@ -155,20 +158,26 @@ def pass_over_old_layout(
     """``df`` without the rows the old layout of ``partitions`` partitions stored: per old
     partition, its first ``stored[p]`` keyed rows in the order :func:`~.routing.route`
     published them (``order_by``, then the same tie-breaker). Keyless rows are kept (they
-    took no position; refused again unless allowRefused)."""
+    took no position; refused again unless allowRefused). Every keyed row kept carries its
+    rank among the input's rows of its key in that order (``KEY_RANK_COLUMN``), counted
+    before the stored rows are taken out: the rank its msg-id had on the old layout."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     if not stored:
         return df
-    row = [F.col(c) for c in df.columns if c not in (PARTITION_COLUMN, HEADERS_COLUMN)]
+    row = [F.col(c) for c in df.columns if c not in NOT_IN_TIES]
     ties = [F.col(c) for c in tie_breaker] if tie_breaker else [F.col(key), F.xxhash64(*row)]
     keyed = F.col(key).isNotNull() & (F.length(F.col(key).cast("string")) > 0)
     old = F.when(keyed, partition_column(key, partitions))
     limits = F.create_map(*[F.lit(x) for p, n in sorted(stored.items()) for x in (p, n)])
     marked = df.withColumn(_OLD, old)
-    win = Window.partitionBy(_OLD).orderBy(*[F.col(c) for c in order_by], *ties)
-    ranked = marked.withColumn(_RANK, F.row_number().over(win))
+    order = [*[F.col(c) for c in order_by], *ties]
+    win = Window.partitionBy(_OLD).orderBy(*order)
+    per_key = Window.partitionBy(_OLD, F.col(key)).orderBy(*order)
+    ranked = marked.withColumn(_RANK, F.row_number().over(win)).withColumn(
+        KEY_RANK_COLUMN, F.when(keyed, F.row_number().over(per_key))
+    )
     keep = F.when(F.col(_OLD).isNull(), F.lit(True)).otherwise(
         F.col(_RANK) > F.coalesce(F.element_at(limits, F.col(_OLD)), F.lit(0))
     )

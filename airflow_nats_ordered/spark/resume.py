@@ -8,13 +8,13 @@ not have, every later row of its partition moves up one, and passing over the fi
 positions would lose one row and store another twice.
 
 So every attempt keeps, per partition, a digest of the msg-ids of its positions in order
-(a msg-id covers the producer id, partition, position, key and payload, or is the
-``msgIdColumn``): the ledger records ``"<n>:<digest>"`` with each run's counts
-(:attr:`RunRecord.prefix_digests`), and a resume computes the same digest over the rows it
-passes over. Where they differ, or where the partition's last stored message (read from the
-stream) is not the row now at its position, or the input now has fewer rows there, the task
-fails with :class:`InputChangedError` before it sends a row of that partition, naming the
-fix: the original input, or a new ``producerId``.
+(a msg-id covers the producer id, the row's rank among the run's rows of its key, its key
+and payload, or is the ``msgIdColumn``): the ledger records ``"<n>:<digest>"`` with each
+run's counts (:attr:`RunRecord.prefix_digests`), and a resume computes the same digest
+over the rows it passes over. Where they differ, or where the partition's last stored
+message (read from the stream) is not the row now at its position, or the input now has
+fewer rows there, the task fails with :class:`InputChangedError` before it sends a row of
+that partition, naming the fix: the original input, or a new ``producerId``.
 """
 
 from __future__ import annotations
@@ -28,14 +28,7 @@ from typing import TYPE_CHECKING, Any
 from nats.js.errors import NotFoundError
 
 from ..core.errors import NatsOrderedError, RecordError
-from ..core.msg_ids import (
-    HDR_MSG_ID,
-    HDR_PRODUCER,
-    HDR_SEQ,
-    derive_msg_id,
-    msg_id_at,
-    msg_id_base,
-)
+from ..core.msg_ids import HDR_MSG_ID, HDR_PRODUCER, HDR_SEQ, msg_id_at, msg_id_base
 from ..core.publisher import OrderedPublisher, PublisherConfig
 from ..core.streams import describe
 from .headers import BadHeaders
@@ -143,18 +136,22 @@ def own_positions(
     }
 
 
-def _key_bytes(key: str | bytes | None) -> bytes:
-    if not key:
-        return b""
-    return key.encode() if isinstance(key, str) else bytes(key)
-
-
 _core_publish = OrderedPublisher.publish
 
 
 class ResumingPublisher(OrderedPublisher):
     """The core publisher, passing over ``resume``'s positions only while they hold the same
     rows, and keeping per partition the digest of its positions (:meth:`digests`).
+
+    Routed rows' derived msg-ids (``track``) are of the row's *rank among the run's rows of
+    its key* (``docs/protocol.md`` section 6's place in the input): every row of a key is in
+    one NATS partition, so in one task, sorted by the write's order and tie-breaker, whatever
+    the stream's partition count, Spark's partitioning or the attempt; keyless rows are
+    ranked among the task's keyless rows (routing puts every keyless row in one task). The
+    per-key counts are kept for one NATS partition at a time (a routed task receives its
+    rows partition by partition, which :class:`~.records.RoutingCheck` enforces): memory
+    is one entry per distinct key of the partition being published (about 100 bytes plus
+    the key's length each).
 
     A check fails on the row at the checked position, which is passed over like the rows
     before it: nothing of that partition is sent after a changed prefix."""
@@ -185,8 +182,12 @@ class ResumingPublisher(OrderedPublisher):
         self._producer = self.producer_id.encode()
         self._positions: dict[int, int] = {}
         self._hashes: dict[int, Any] = {}
-        #: per partition, the msg-id digest of its producer id and number (msg_id_base)
-        self._bases: dict[int, Any] = {}
+        #: the msg-ids' digest of the producer id (msg_id_base)
+        self._base = msg_id_base(self._producer)
+        #: key bytes -> rows of that key so far, for the NATS partition ``_ranked`` only
+        self._ranks: dict[bytes, int] = {}
+        self._ranked: int | None = None
+        self._keyless = 0  # keyless rows so far
 
     async def publish(
         self,
@@ -195,33 +196,46 @@ class ResumingPublisher(OrderedPublisher):
         *,
         msg_id: str | None = None,
         headers: dict[str, str] | None = None,
+        index: int | None = None,
         partition: int | None = None,
+        rank: int | None = None,
     ) -> int:
         """The core's ``publish``; ``partition``: the row's NATS partition when the caller
-        has checked it is the key's (a ``nats_partition`` column), so the derived msg-id is
-        computed once, here, and handed to the core with the position it will take."""
+        has checked it is the key's (a ``nats_partition`` column). Routed rows' derived
+        msg-ids are computed here, of the row's rank among its key's rows (every row handed
+        over takes one, also a refused one; ``rank``: the rank the row carries, counted
+        over the whole input, when rows were taken out before, see
+        :mod:`.repartitioned`), and handed to the core."""
+        if not self.track:
+            if isinstance(headers, BadHeaders):  # refused (counted, reported)
+                raise RecordError(headers.reason)
+            return await super().publish(key, data, msg_id=msg_id, headers=headers, index=index)
+        if msg_id is None:
+            if key:
+                kb = key.encode() if isinstance(key, str) else bytes(key)
+                if partition is not None and partition != self._ranked:
+                    self._ranks.clear()  # a key's rows are all in one NATS partition
+                    self._ranked = partition
+                if rank is None:
+                    rank = self._ranks.get(kb, 0) + 1
+                self._ranks[kb] = rank
+            else:
+                kb = b""
+                self._keyless += 1
+                rank = self._keyless
+            line = msg_id_at(self._base, rank, kb, data)  # the derived msg-id (core's rule)
+            mid = line.decode()
+        else:
+            mid = msg_id
+            line = mid.encode()
         if isinstance(headers, BadHeaders):  # refused (counted, reported), takes no position
             raise RecordError(headers.reason)
-        if not self.track:
-            return await super().publish(key, data, msg_id=msg_id, headers=headers)
-        if msg_id is None and partition is not None and key:
-            pos = self._positions.get(partition, 0) + 1
-            kb = key.encode() if isinstance(key, str) else bytes(key)
-            base = self._bases.get(partition)
-            if base is None:
-                base = self._bases[partition] = msg_id_base(self._producer, partition)
-            line = msg_id_at(base, pos, kb, data)  # the derived msg-id, the core's definition
-            mid = line.decode()
-            # raises for a refused record, which takes no position (the core's publish,
-            # without a super() per row)
-            part = await _core_publish(self, key, data, msg_id=mid, headers=headers)
-            if part != partition:  # cannot happen: RoutingCheck compared them
-                raise RuntimeError(f"key {key!r} went to partition {part}, not {partition}")
-        else:
-            part = await super().publish(key, data, msg_id=msg_id, headers=headers)
-            pos = self._positions.get(part, 0) + 1
-            mid = msg_id or derive_msg_id(self.producer_id, part, pos, _key_bytes(key), data)
-            line = mid.encode()
+        # raises for a refused record, which takes no position (the core's publish, without a
+        # super() per row)
+        part = await _core_publish(self, key, data, msg_id=mid, headers=headers, index=index)
+        if partition is not None and key and part != partition:  # RoutingCheck compared them
+            raise RuntimeError(f"key {key!r} went to partition {part}, not {partition}")
+        pos = self._positions.get(part, 0) + 1
         self._positions[part] = pos
         h = self._hashes.get(part)
         if h is None:

@@ -37,6 +37,13 @@ if TYPE_CHECKING:
 #: the column :func:`~.ordered_write.write_ordered` adds with the text of an integral key
 #: column (the sink publishes that text as the key; the column is not in the payload)
 KEY_TEXT_COLUMN = "nats_key"
+#: the column a carried-over run's rows get (:func:`~.repartitioned.pass_over_old_layout`):
+#: each keyed row's rank among the run's rows of its key in the whole input, counted before
+#: the rows the old layout stored are taken out, so the row's derived msg-id is the one it
+#: had on the old layout (the sink uses it, it is not in the payload)
+KEY_RANK_COLUMN = "__nats_key_rank"
+#: columns the default tie-breaker's row hash leaves out (not the row's own values)
+NOT_IN_TIES = (PARTITION_COLUMN, HEADERS_COLUMN, KEY_RANK_COLUMN)
 
 
 def key_values(keys: pa.Array) -> list[str | bytes | None]:
@@ -158,7 +165,7 @@ def route(
             f"order/tie-breaker column(s) {', '.join(missing)} are not in the DataFrame "
             f"(columns: {', '.join(df.columns)})"
         )
-    row = [F.col(c) for c in df.columns if c not in (PARTITION_COLUMN, HEADERS_COLUMN)]
+    row = [F.col(c) for c in df.columns if c not in NOT_IN_TIES]
     ties = [F.col(c) for c in tie_breaker] if tie_breaker else [F.col(key), F.xxhash64(*row)]
     routed = df.withColumn(PARTITION_COLUMN, partition_column(key, partitions))
     if tasks is None:

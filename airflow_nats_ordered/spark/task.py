@@ -6,17 +6,20 @@ iterator is read in a thread, a batch at a time, so the publisher keeps sending 
 next batch is decoded. A task whose records are not all confirmed as stored fails (Spark
 retries it; the retry sends the same msg-ids, so the stream stores nothing twice).
 
-Msg-ids are those of the core (producer id + NATS partition + position + key + payload, or
-the ``msgIdColumn``), with the task's *run producer id*:
+Msg-ids are those of the core (producer id + the row's place in the input + key + payload,
+``docs/protocol.md`` section 6, or the ``msgIdColumn``), with the task's *run producer id*:
 
 * routed rows (a ``nats_partition`` column, as :func:`~airflow_nats_ordered.spark.route`
-  makes them): the run's producer id; a position is the row's rank in its whole NATS
-  partition (one task holds the whole partition), independent of attempt and of Spark's
-  physical partitioning. A resumed run starts each partition after what earlier attempts
+  makes them): the run's producer id; the place is the row's rank among the run's rows of
+  its key (all in one task, sorted), independent of attempt, of Spark's physical
+  partitioning and of the stream's partition count (:class:`~.resume.ResumingPublisher`);
+  a position (``Nats-Ordered-Seq``) is the row's rank in its whole NATS partition (one
+  task holds the whole partition). A resumed run starts each partition after what earlier attempts
   stored (``start_after``) and skips those rows, only while they are the rows stored
   (:mod:`.resume`: a changed input fails the task before anything more of it is sent);
 * unrouted rows: the producer id plus ``.t<Spark partition id>``, so two tasks sharing a NATS
-  partition never share an id (positions restart in each task); nothing is skipped on resume
+  partition never share an id (the place is the row's index in its task); nothing is
+  skipped on resume
   (ids repeat only inside one Spark partition's recomputation);
 * unrouted rows of a micro-batch (``content_ids``): ids derived from the rows themselves
   (:class:`~.records.ContentIds`: run, key, payload, headers, the copy's number among
@@ -91,8 +94,8 @@ async def _publish_batches(
         if batch is None:
             return
         c = maker.columns(batch)
-        for i, (key, data, mid, hdr, part) in enumerate(
-            zip(c.keys, c.payloads, c.ids, c.headers, c.parts, strict=True)
+        for i, (key, data, mid, hdr, part, rank) in enumerate(
+            zip(c.keys, c.payloads, c.ids, c.headers, c.parts, c.ranks, strict=True)
         ):
             if msg_id_field and mid is None:
                 refusals.add(
@@ -102,7 +105,7 @@ async def _publish_batches(
                 )
                 continue
             try:
-                await publish(key, data, msg_id=mid, headers=hdr, partition=part)
+                await publish(key, data, msg_id=mid, headers=hdr, partition=part, rank=rank)
             except RecordError as exc:
                 reason = next(r for t, r in _REASONS if isinstance(exc, t))
                 refusals.add(

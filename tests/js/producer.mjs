@@ -34,11 +34,12 @@ if (stream.duplicateWindowSeconds < GIVE_UP_S + ACK_TIMEOUT_MS / 1000) {
 }
 
 // route and number every record in input order (section 5.3: seq is the position among
-// this producer's records of the partition); keyless records go round-robin
+// this producer's records of the partition; section 6: the msg-id is of the record's place
+// in the input, not of its partition); keyless records go round-robin
 const lanes = new Map();
 let rr = 0;
 const te = new TextEncoder();
-for (const r of records) {
+for (const [i, r] of records.entries()) {
   const p = r.key === null ? rr++ % stream.partitions : partitionFor(r.key, stream.partitions);
   if (!lanes.has(p)) lanes.set(p, []);
   const lane = lanes.get(p);
@@ -53,7 +54,7 @@ for (const r of records) {
   }
   h.set(HDR_SEQ, String(seq));
   h.set(HDR_PRODUCER, producerId);
-  lane.push({ payload, h, id: msgId(producerId, p, seq, r.key, payload) });
+  lane.push({ payload, h, id: msgId(producerId, i + 1, r.key, payload) });
 }
 
 const out = { published: 0, duplicates: 0, resends: 0, marks: {} };

@@ -110,15 +110,14 @@ export function messageKey(get) {
   return plain ? plain : null;
 }
 
-/** Section 6: the derived msg-id. `key` null for a keyless record; `payload` bytes. */
-export function msgId(producerId, partition, seq, key, payload) {
+/** Section 6: the derived msg-id. `index`: the record's 1-based place in the run's input
+ * (not its partition or position there); `key` null for a keyless record; `payload` bytes. */
+export function msgId(producerId, index, key, payload) {
   const kb = key === null ? new Uint8Array(0) : keyBytes(key);
   const parts = [
     te.encode(producerId),
     Uint8Array.of(0),
-    te.encode(String(partition)),
-    Uint8Array.of(0),
-    te.encode(String(seq)),
+    te.encode(String(index)),
     Uint8Array.of(0),
     kb,
     Uint8Array.of(0),

@@ -42,7 +42,7 @@ for (const r of v.records) {
     expect(`${label} read back`, back, r.key);
   }
   expect(`${label} subject`, partitionSubject(v.prefix, partition), r.subject);
-  const id = msgId(v.producer_id, partition, r.seq, r.key, te.encode(r.payload));
+  const id = msgId(v.producer_id, r.index, r.key, te.encode(r.payload));
   expect(`${label} msg_id`, id, r.msg_id);
   expect(`${label} headers`, headerBlock(id, r.key, r.seq, v.producer_id), r.headers);
 }
