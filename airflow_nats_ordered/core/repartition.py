@@ -197,9 +197,6 @@ async def repartition(
         raise ConfigError(f"partitions must be from 1 to {MAX_PARTITIONS}, got {partitions}")
     current = await describe(nc, stream, check_layout=False)
     _refuse_unchangeable(current, partitions)
-    if partitions == current.partitions and not _interrupted(current):
-        say(f"stream {stream} already has {partitions} partitions (epoch {current.epoch})")
-        return _finished(current, "unchanged")
     await _refuse_global_order(nc, stream)
     kv = await _lock_kv(nc, stream)
     rev = await _take_lock(kv, stream, partitions, say)
@@ -253,6 +250,10 @@ async def _switch(
         if partitions == current.partitions:
             return _finished(current, "completed")
     elif partitions == current.partitions:
+        say(
+            f"stream {stream} already has {partitions} partitions (epoch {current.epoch}); "
+            "its repartition is complete"
+        )
         return _finished(current, "unchanged")
     closed = Layout(current.epoch, current.partitions, current.prefix, 0, pending=True)
     new = Layout(current.epoch + 1, partitions, current.prefix)
