@@ -33,7 +33,7 @@ from airflow_nats_ordered.core.layout import GROUP_EPOCH_KEY, META_EPOCH, META_L
 from airflow_nats_ordered.core.publish_summary import PublishError
 from airflow_nats_ordered.core.publisher import OrderedPublisher
 from airflow_nats_ordered.core.publisher_config import PublisherConfig
-from airflow_nats_ordered.core.repartition import CRASH_ENV, CRASH_POINTS, lock_bucket
+from airflow_nats_ordered.core.repartition import lock_bucket
 from airflow_nats_ordered.core.streams import (
     META_PARTITIONS,
     StreamSpec,
@@ -43,6 +43,9 @@ from airflow_nats_ordered.core.streams import (
 )
 from airflow_nats_ordered.core.worker import Worker, WorkerConfig
 
+#: the testing hook and the steps of a run (``core.repartition.CRASH_ENV``, ``CRASH_POINTS``)
+CRASH_ENV = "NATS_ORDERED_REPARTITION_CRASH_AT"
+CRASH_POINTS = ("locked", "subjects-switched", "switch-read", "switch-recorded")
 KEYS = 8
 ROUNDS = 30
 GROUP = "g"
@@ -298,3 +301,9 @@ def test_a_repartition_left_after_its_first_update_is_completed(
     seen = asyncio.run(_scenario(url, stream, tmp_path, first_update_only))
     assert seen["rerun"]["action"] == "completed", seen["rerun_progress"]
     assert "completing the interrupted repartition" in seen["rerun_progress"]
+
+
+def test_the_crash_points_are_the_modules():
+    from airflow_nats_ordered.core import repartition
+
+    assert (repartition.CRASH_ENV, repartition.CRASH_POINTS) == (CRASH_ENV, CRASH_POINTS)
