@@ -148,7 +148,7 @@ def _crash_point(name: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _interrupted(s: PartitionedStream) -> bool:
+def interrupted(s: PartitionedStream) -> bool:
     """A repartition of ``s`` is not finished: its switch point is pending, or its
     partition subjects are not its metadata's layout."""
     subjects = s.config.subjects or []
@@ -216,7 +216,7 @@ def _refuse_unchangeable(current: PartitionedStream, partitions: int) -> None:
             f"to its partition subjects first: `nats-ordered provision --stream {stream} "
             f"--partitions {current.partitions}`"
         )
-    if partitions == current.partitions and not current.layouts and not _interrupted(current):
+    if partitions == current.partitions and not current.layouts and not interrupted(current):
         raise ConfigError(
             f"stream {stream} already has {partitions} partitions (epoch {current.epoch}); "
             "nothing to change: pass another partition count"
@@ -245,7 +245,7 @@ async def _switch(
 ) -> RepartitionResult:
     current = await describe(nc, stream, check_layout=False)  # again, under the lock
     _refuse_unchangeable(current, partitions)
-    if _interrupted(current):
+    if interrupted(current):
         current = await _complete(nc, current, say)
         if partitions == current.partitions:
             return _finished(current, "completed")
