@@ -7,6 +7,7 @@ is read only once they are stored."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -20,6 +21,7 @@ import pytest
 
 from airflow_nats_ordered.core.repartition import repartition
 from airflow_nats_ordered.core.streams import StreamSpec, describe, provision, stream_contents
+from airflow_nats_ordered.embedded import NatsCluster, NatsServer
 
 #: a publisher process publishing as fast as it can until the stop file appears: rounds of
 #: 2000 publishes in flight at once, each to its key's partition in the layout read at the
@@ -72,19 +74,31 @@ def _wait(cond, what: str, pub: subprocess.Popen, timeout: float = 120.0) -> Non
 
 @pytest.mark.parametrize("where", ["server", pytest.param("cluster", marks=pytest.mark.cluster)])
 def test_every_old_layout_record_is_at_or_below_the_recorded_switch_point(
-    request, unique_name, tmp_path: Path, where
+    unique_name, tmp_path: Path, where
 ):
-    """On one server, and on a 3-node cluster with a stream of 3 replicas (where writes
-    proposed before the switching update are stored after it is answered)."""
-    if where == "cluster":
-        cluster = request.getfixturevalue("nats_cluster")
-        url, replicas = ",".join(cluster.urls), 3
-    else:
-        url, replicas = request.getfixturevalue("shared_nats_server").url, 1
+    """On one server and on a 3-node cluster (a stream of 3 replicas), each fsyncing every
+    write (``sync_interval: always``): the stream stores slower than the publisher sends,
+    so publishes to the old subjects are still queued when the switching update is
+    answered (the earlier version recorded the last sequence read right then: on one
+    server, switch points 1782 and 7517 below old-layout records up to 2000 and 8000)."""
     stream = unique_name
     stop = tmp_path / "stop"
     counts = [4, 8, 3, 6]  # three switches, each under the publisher
+    with contextlib.ExitStack() as stack:
+        if where == "cluster":
+            cluster = stack.enter_context(NatsCluster(tmp_path / "cluster", sync_always=True))
+            url, replicas = ",".join(cluster.urls), 3
+        else:
+            server = stack.enter_context(
+                NatsServer(tmp_path / "nats", name="switch-point", sync_always=True)
+            )
+            url, replicas = server.url, 1
+        _switch_under_a_publisher(url, stream, stop, counts, replicas)
 
+
+def _switch_under_a_publisher(
+    url: str, stream: str, stop: Path, counts: list[int], replicas: int
+) -> None:
     async def setup() -> None:
         nc = await nats.connect(servers=url.split(","))
         await provision(nc, StreamSpec(stream, partitions=counts[0], replicas=replicas))
