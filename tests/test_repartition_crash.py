@@ -200,7 +200,7 @@ async def _scenario(url: str, stream: str, tmp: Path, interrupt) -> dict:
         await gates[0][0].wait()
         # the workers applied part of the old layout: their sink holds old positions
         await _until(lambda: _async(len(handler.events()) >= KEYS), "first records applied")
-        seen["after_kill"] = await interrupt(nc)
+        seen["after_kill"] = await interrupt(nc, workers)
         gates[0][1].set()  # records published while the repartition is unfinished
         await gates[1][0].wait()
         rerun = await asyncio.to_thread(_cli, url, stream, None)
@@ -248,7 +248,7 @@ def test_a_repartition_killed_at_any_step_is_completed_by_the_next_run(
 ):
     url, stream = shared_nats_server.url, unique_name
 
-    async def kill_at_step(nc) -> dict:
+    async def kill_at_step(nc, _workers) -> dict:
         run = await asyncio.to_thread(_cli, url, stream, crash_at)
         assert run.returncode == -signal.SIGKILL, (run.returncode, run.stdout, run.stderr)
         s = await describe(nc, stream)
@@ -281,7 +281,7 @@ def test_a_repartition_left_after_its_first_update_is_completed(
 ):
     url, stream = shared_nats_server.url, unique_name
 
-    async def first_update_only(nc) -> dict:
+    async def first_update_only(nc, workers) -> dict:
         # what the earlier version's first update wrote before it was killed
         info = await nc.jetstream().stream_info(stream)
         cfg = info.config
@@ -294,8 +294,16 @@ def test_a_repartition_left_after_its_first_update_is_completed(
             META_LAYOUTS: '[{"epoch":0,"partitions":4,"switch_seq":0}]',
         }
         await nc.jetstream().update_stream(cfg)
-        # the workers see the new epoch meanwhile: they must not move onto it yet
-        await asyncio.sleep(6.0)
+        # the workers see the new epoch meanwhile: they must not move onto it yet, and say
+        # what completes it
+
+        async def told() -> bool:
+            said = [p for w in workers for p in w.problems.values()]
+            return any("has not recorded the switch point" in p for p in said)
+
+        await _until(told, "the members report the pending switch point")
+        said = " ".join(p for w in workers for p in w.problems.values())
+        assert f"nats-ordered repartition --stream {stream} --partitions 8" in said
         return {}
 
     seen = asyncio.run(_scenario(url, stream, tmp_path, first_update_only))
@@ -307,3 +315,75 @@ def test_the_crash_points_are_the_modules():
     from airflow_nats_ordered.core import repartition
 
     assert (repartition.CRASH_ENV, repartition.CRASH_POINTS) == (CRASH_ENV, CRASH_POINTS)
+
+
+def test_a_group_moved_past_a_switch_point_recorded_too_low_is_not_blocked(
+    shared_nats_server, unique_name, tmp_path
+):
+    """The earlier version could record a switch point below old-layout records (item 4),
+    or none, and let the group move on. The sink's positions of the old layout above that
+    point are still not taken for the new partitions' (no false 'state went back')."""
+    url, stream = shared_nats_server.url, unique_name
+
+    async def main() -> None:
+        nc = await nats.connect(url)
+        await provision(nc, StreamSpec(stream, partitions=4, storage="memory"))
+        handler = SinkHandler(tmp_path / "sink.db", stream)
+
+        def worker(m: str) -> Worker:
+            return Worker(
+                nc,
+                WorkerConfig(stream, GROUP, member_id=m, lease_ttl=2.0),
+                handler,
+                on_assign=handler.sink.fence,
+                fencing_floor=handler.sink.fencing_floor,
+                applied_position=handler.sink.applied_position,
+            )
+
+        async def publish(rounds: range) -> None:
+            async with OrderedPublisher(nc, stream) as pub:
+                for r in rounds:
+                    for k in range(KEYS):
+                        await pub.publish(f"k{k}", json.dumps({"i": r}).encode(), msg_id=f"{k}-{r}")
+
+        old = worker("w1")
+        await old.start()
+        await publish(range(10))
+        await _until(lambda: _async(len(handler.events()) == 10 * KEYS), "old layout applied")
+        await old.stop()
+        # what the earlier version could leave: the switch point far below the old
+        # layout's last record (80), and the group already on the new epoch
+        info = await nc.jetstream().stream_info(stream)
+        cfg = info.config
+        prefix = cfg.metadata["nats-ordered.prefix"]
+        cfg.subjects = [f"{prefix}.p.e1-{n}" for n in range(8)]
+        cfg.metadata = {
+            **cfg.metadata,
+            META_PARTITIONS: "8",
+            META_EPOCH: "1",
+            META_LAYOUTS: '[{"epoch":0,"partitions":4,"switch_seq":10}]',
+        }
+        await nc.jetstream().update_stream(cfg)
+        kv = await nc.jetstream().key_value(f"nor_{stream}_{GROUP}_state")
+        await kv.put(GROUP_EPOCH_KEY, b'{"epoch":1,"from":0}')
+        await publish(range(10, 20))
+        new = worker("w2")
+        await new.start()
+        try:
+            try:
+                await _until(
+                    lambda: _async(len(handler.events()) >= 20 * KEYS or new.stats["stopped"] > 0),
+                    "new layout applied",
+                )
+            finally:
+                assert new.stats["stopped"] == 0, new.problems
+            per_key: dict[str, list[int]] = {}
+            for k, i, _s, _q in handler.events():
+                per_key.setdefault(k, []).append(i)
+            assert all(v == list(range(20)) for v in per_key.values()), per_key
+            assert new.stats["stopped"] == 0, new.problems
+        finally:
+            await new.stop()
+            await nc.close()
+
+    asyncio.run(main())
