@@ -364,15 +364,25 @@ def _check_layout(name: str, prefix: str, subjects: list[str], current: Layout) 
     else:
         more = " ..." if len(taken) > 4 else ""
         held = f"{len(taken)} partition subjects ({', '.join(taken[:4])}{more})"
+    if shape is None or shape[0] < current.epoch:
+        fix = (
+            "A repartition was interrupted, or the stream was edited by hand: complete it "
+            f"with `nats-ordered repartition --stream {name} --partitions "
+            f"{current.partitions}` (it sets the subjects to the metadata's layout and records "
+            "the switch point)"
+        )
+    else:  # the same epoch with another count: no repartition wrote this
+        fix = (
+            "The stream was edited by hand: set its subjects, or its metadata "
+            f"{META_PARTITIONS!r}, back to the layout its records were published by (`nats "
+            f"stream edit {name} ...`); change the count with `nats-ordered repartition`"
+        )
     raise LayoutMismatchError(
         f"stream {name}'s metadata says {current.partitions} partitions in layout epoch "
         f"{current.epoch} ({current.subject(0)} to {current.subject(current.partitions - 1)}) "
         f"but the stream takes {held}: its subjects and its metadata disagree, so publishers, "
         "workers and `info` would each follow another layout, and nothing is published or "
-        "processed until they agree. A repartition was interrupted, or the stream was edited "
-        f"by hand: complete it with `nats-ordered repartition --stream {name} --partitions "
-        f"{current.partitions}` (it sets the subjects to the metadata's layout and records "
-        "the switch point)"
+        f"processed until they agree. {fix}"
     )
 
 
