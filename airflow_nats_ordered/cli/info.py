@@ -126,12 +126,21 @@ async def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
     )
     if stream.layouts:
         listed = ", ".join(
-            f"epoch {lay.epoch}: {lay.partitions} partitions up to seq {lay.switch_seq}"
+            f"epoch {lay.epoch}: {lay.partitions} partitions "
+            + ("(switch point pending)" if lay.pending else f"up to seq {lay.switch_seq}")
             for lay in stream.layouts
         )
         print(
             f"layout epoch {stream.epoch} ({stream.subjects_text}), repartitioned; earlier "
             f"layouts ({listed}) are read by each group before this one"
+        )
+    pending = stream.pending_switch
+    if pending is not None:
+        print(
+            f"problem: the repartition to epoch {stream.epoch} has not recorded the switch point "
+            f"of epoch {pending.epoch}; groups stay on epoch {pending.epoch} until it has. If "
+            "no repartition is running (it was interrupted), complete it: `nats-ordered "
+            f"repartition --stream {stream.name} --partitions {stream.partitions}`"
         )
     if not stream.explicit_subjects:
         print(

@@ -44,8 +44,20 @@ async def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
     if args.json:
         print_json(result.to_json())
         return EXIT_OK
+    if result.action == "unchanged":
+        print(
+            f"stream {result.stream} already has {result.partitions} partitions: its "
+            f"repartition from {result.previous_partitions} (epoch {result.previous_epoch} -> "
+            f"{result.epoch}, switch point seq {result.switch_seq}) is complete; nothing to do"
+        )
+        return EXIT_OK
+    done = (
+        "completed the interrupted repartition of"
+        if result.action == "completed"
+        else ("repartitioned")
+    )
     print(
-        f"repartitioned stream {result.stream}: {result.previous_partitions} -> "
+        f"{done} stream {result.stream}: {result.previous_partitions} -> "
         f"{result.partitions} partitions (epoch {result.epoch}, subjects {result.subjects}); "
         f"switch point seq {result.switch_seq}. Publishers started before now are refused "
         "by the server (restart them: a new publisher reads the new layout); each group "
@@ -65,6 +77,8 @@ COMMAND = Command(
     "layout, so a publisher that started before is refused, never routed wrong. Workers "
     "finish every old partition before any record of the new layout is handed out, so each "
     "key's order holds across the switch; commit records, leases, drain waits and fenced "
-    "sinks keep working. Refuses the current count, an unknown stream and a repartition "
+    "sinks keep working. A run that was interrupted (killed at any step) is completed by the "
+    "next run, which says so; run again once complete, it changes nothing (exit 0). Refuses "
+    "the count of a stream never repartitioned, an unknown stream and a repartition "
     "already running (exit 2).",
 )

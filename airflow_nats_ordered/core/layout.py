@@ -9,8 +9,12 @@ routes by an old layout (no stream takes its subjects any more).
 
 The stream metadata holds the current epoch (``nats-ordered.epoch``, absent: 0) and every
 earlier layout (``nats-ordered.layouts``: JSON, oldest first, each with its epoch, partition
-count and *switch point*: the stream's last sequence right after the update that closed it,
-so every record of that layout has a sequence at or below it).
+count and *switch point*: the sequence of the layout's last record, so every record of that
+layout has a sequence at or below it and every record of a later layout one above it). A
+layout closed by a repartition that has not yet recorded its switch point carries
+``"pending": true`` (an entry written by an earlier version with ``switch_seq`` 0 and no
+``pending`` counts as pending too): groups do not move past it until the repartition is
+completed (:mod:`.repartition`).
 
 A consumer group processes one epoch at a time (its key ``epoch`` in the group's state
 bucket; absent: the stream's oldest layout). Its leases, commit records, blocked markers and
@@ -34,13 +38,14 @@ GROUP_EPOCH_KEY = "epoch"
 @dataclass(frozen=True)
 class Layout:
     """One epoch's layout: ``partitions`` subjects under ``prefix``; ``switch_seq`` is the
-    stream's last sequence when the layout was closed (0 while it is the current one, or if
-    the closing update's follow-up did not record it)."""
+    sequence of its last record once it was closed (0 while it is the current one);
+    ``pending`` while the repartition that closed it has not recorded ``switch_seq`` yet."""
 
     epoch: int
     partitions: int
     prefix: str
     switch_seq: int = 0
+    pending: bool = False
 
     def subject(self, partition: int) -> str:
         return layout_subject(self.prefix, self.epoch, partition)
@@ -49,8 +54,15 @@ class Layout:
     def subjects(self) -> list[str]:
         return [self.subject(p) for p in range(self.partitions)]
 
-    def to_json(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "partitions": self.partitions, "switch_seq": self.switch_seq}
+    def to_json(self) -> dict[str, int | bool]:
+        out: dict[str, int | bool] = {
+            "epoch": self.epoch,
+            "partitions": self.partitions,
+            "switch_seq": self.switch_seq,
+        }
+        if self.pending or not self.switch_seq:  # a recorded 0 is said so: not pending
+            out["pending"] = self.pending
+        return out
 
 
 def layout_subject(prefix: str, epoch: int, partition: int) -> str:
@@ -76,13 +88,51 @@ def read_layouts(meta: Mapping[str, str], prefix: str) -> tuple[int, tuple[Layou
     if they are malformed)."""
     epoch = int(meta.get(META_EPOCH, "0") or 0)
     raw = json.loads(meta.get(META_LAYOUTS) or "[]")
-    layouts = tuple(
-        Layout(int(d["epoch"]), int(d["partitions"]), prefix, int(d.get("switch_seq", 0) or 0))
-        for d in raw
-    )
+    layouts = tuple(_layout_of(d, prefix) for d in raw)
     if epoch < 0 or any(lay.epoch >= epoch or lay.partitions < 1 for lay in layouts):
         raise ValueError(f"epoch {epoch}, layouts {raw}")
     return epoch, layouts
+
+
+def _layout_of(d: Mapping[str, object], prefix: str) -> Layout:
+    switch = int(d.get("switch_seq", 0) or 0)  # type: ignore[call-overload]
+    # without "pending": an earlier version's entry, whose 0 meant "not recorded"
+    pending = bool(d["pending"]) if "pending" in d else switch == 0
+    return Layout(int(d["epoch"]), int(d["partitions"]), prefix, switch, pending)  # type: ignore[call-overload]
+
+
+def subjects_layout(prefix: str, subjects: list[str]) -> tuple[int, int] | None:
+    """``(epoch, partitions)`` when ``subjects`` are exactly one layout's partition subjects
+    (in any order), else None."""
+    for epoch in _epochs_named(prefix, subjects):
+        if sorted(subjects) == sorted(Layout(epoch, len(subjects), prefix).subjects):
+            return epoch, len(subjects)
+    return None
+
+
+def _epochs_named(prefix: str, subjects: list[str]) -> list[int]:
+    head = f"{prefix}.p."
+    found = set()
+    for s in subjects:
+        tail = s[len(head) :] if s.startswith(head) else ""
+        if tail.startswith("e") and "-" in tail and tail[1:].split("-", 1)[0].isdigit():
+            found.add(int(tail[1:].split("-", 1)[0]))
+        elif tail.isdigit():
+            found.add(0)
+    return sorted(found)
+
+
+def is_partition_subject(prefix: str, subject: str) -> bool:
+    """True when ``subject`` has the shape of a partition subject of some layout
+    (``<prefix>.p.<n>`` or ``<prefix>.p.e<k>-<n>``)."""
+    head = f"{prefix}.p."
+    if not subject.startswith(head):
+        return False
+    tail = subject[len(head) :]
+    if tail.startswith("e") and "-" in tail:
+        k, n = tail[1:].split("-", 1)
+        return k.isdigit() and n.isdigit()
+    return tail.isdigit()
 
 
 def layouts_json(layouts: tuple[Layout, ...] | list[Layout]) -> str:

@@ -29,7 +29,7 @@ from nats.js import api
 from nats.js.errors import APIError, NotFoundError
 
 from .errors import ConfigError, PartitionMismatchError, StreamConflictError, StreamNotFoundError
-from .layout import Layout, layout_subject, read_layouts
+from .layout import Layout, is_partition_subject, layout_subject, read_layouts, subjects_layout
 from .partitioning import (
     HASH_NAME,
     HASH_SEED,
@@ -168,6 +168,11 @@ class StreamSpec:
         )
 
 
+class LayoutMismatchError(StreamConflictError):
+    """The stream's partition subjects are not those its metadata describes (an interrupted
+    or hand-made change): publishers, workers and ``info`` would each read another layout."""
+
+
 @dataclass(frozen=True)
 class PartitionedStream:
     """A partitioned stream as the server describes it."""
@@ -219,6 +224,12 @@ class PartitionedStream:
             if lay.epoch == epoch:
                 return dataclasses.replace(self, epoch=epoch, partitions=lay.partitions)
         raise ValueError(f"stream {self.name} has no layout epoch {epoch}")
+
+    @property
+    def pending_switch(self) -> Layout | None:
+        """The earlier layout whose switch point is not recorded yet (a repartition still
+        running, or interrupted: the next ``repartition`` run completes it), else None."""
+        return next((lay for lay in self.layouts if lay.pending), None)
 
     @property
     def current_partitions(self) -> int:
@@ -276,7 +287,7 @@ class PartitionStats:
     last_seq: int
 
 
-def _from_info(info: api.StreamInfo) -> PartitionedStream:
+def _from_info(info: api.StreamInfo, *, check_layout: bool = True) -> PartitionedStream:
     cfg = info.config
     meta = cfg.metadata or {}
     name = cfg.name or "?"
@@ -308,6 +319,8 @@ def _from_info(info: api.StreamInfo) -> PartitionedStream:
         ) from exc
     current = Layout(epoch, max(1, partitions), prefix)
     explicit = sorted(cfg.subjects or []) == sorted(current.subjects)
+    if check_layout:
+        _check_layout(name, prefix, cfg.subjects or [], current)
     return PartitionedStream(
         name=name,
         prefix=prefix,
@@ -328,9 +341,57 @@ def _from_info(info: api.StreamInfo) -> PartitionedStream:
     )
 
 
-async def describe(nc: NATS, name: str) -> PartitionedStream:
+def _check_layout(name: str, prefix: str, subjects: list[str], current: Layout) -> None:
+    """Refuse (:class:`LayoutMismatchError`) a stream whose partition subjects are not its
+    metadata's layout: one that takes a partition subject of another layout (another
+    count or epoch), or lacks one of its own. A stream on the wildcard ``<prefix>.p.*``
+    (created before the explicit list) and subjects that are no partition subjects at
+    all are left to :func:`provision` and the stray report."""
+    if f"{prefix}.p.*" in subjects:
+        return
+    taken = sorted(s for s in subjects if is_partition_subject(prefix, s))
+    if taken == sorted(current.subjects):
+        return
+    shape = subjects_layout(prefix, taken)
+    if not taken:
+        held = "none of its partition subjects"
+    elif shape is not None:
+        held = (
+            f"{Layout(shape[0], shape[1], prefix).subject(0)} to "
+            f"{Layout(shape[0], shape[1], prefix).subject(shape[1] - 1)} (the {shape[1]} "
+            f"partition subjects of layout epoch {shape[0]})"
+        )
+    else:
+        more = " ..." if len(taken) > 4 else ""
+        held = f"{len(taken)} partition subjects ({', '.join(taken[:4])}{more})"
+    if shape is None or shape[0] < current.epoch:
+        fix = (
+            "A repartition was interrupted, or the stream was edited by hand: complete it "
+            f"with `nats-ordered repartition --stream {name} --partitions "
+            f"{current.partitions}` (it sets the subjects to the metadata's layout and records "
+            "the switch point)"
+        )
+    else:  # the same epoch with another count: no repartition wrote this
+        fix = (
+            "The stream was edited by hand: set its subjects, or its metadata "
+            f"{META_PARTITIONS!r}, back to the layout its records were published by (`nats "
+            f"stream edit {name} ...`); change the count with `nats-ordered repartition`"
+        )
+    raise LayoutMismatchError(
+        f"stream {name}'s metadata says {current.partitions} partitions in layout epoch "
+        f"{current.epoch} ({current.subject(0)} to {current.subject(current.partitions - 1)}) "
+        f"but the stream takes {held}: its subjects and its metadata disagree, so publishers, "
+        "workers and `info` would each follow another layout, and nothing is published or "
+        f"processed until they agree. {fix}"
+    )
+
+
+async def describe(nc: NATS, name: str, *, check_layout: bool = True) -> PartitionedStream:
     """Read a partitioned stream's contract (P, prefix, hash) from the server. A name no
-    partitioned stream can have is refused (ConfigError) before asking the server."""
+    partitioned stream can have is refused (ConfigError) before asking the server; a stream
+    whose partition subjects are not its metadata's layout (:class:`LayoutMismatchError`,
+    naming the command that completes the change) unless ``check_layout`` is False (only
+    :mod:`.repartition` reads it so, to complete the change)."""
     check_stream_name(name)
     js = nc.jetstream()
     try:
@@ -340,7 +401,7 @@ async def describe(nc: NATS, name: str) -> PartitionedStream:
             f"stream {name} does not exist; create it with "
             f"`nats-ordered provision --stream {name} --partitions N`"
         ) from exc
-    return _from_info(info)
+    return _from_info(info, check_layout=check_layout)
 
 
 async def _overlapping_streams(nc: NATS, subject: str, exclude: str) -> list[str]:

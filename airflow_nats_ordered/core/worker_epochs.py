@@ -15,7 +15,14 @@ was handled and committed (murmur3 sends the keys of any old partition to any ne
 the barrier is over all old partitions, not partition by partition); the same holds from
 one epoch to the next when the stream was repartitioned twice before the group caught up.
 A member killed during the switch changes nothing: the barrier is read from commit
-records, and the CAS on ``epoch`` moves the group once.
+records, and the CAS on ``epoch`` moves the group once. The group does not move past a
+layout whose switch point is still pending (a repartition running or interrupted: the
+next ``repartition`` run completes it); the member says so in its problems meanwhile.
+
+A sink's applied position of partition ``n`` that belongs to an earlier layout (at or below
+the previous layout's switch point, or the sequence of a record on an earlier layout's
+subject) is not this epoch's partition ``n``'s: the new partition has applied nothing yet,
+so it is neither checked against the new subject nor taken for a floor.
 """
 
 from __future__ import annotations
@@ -31,9 +38,10 @@ from nats.aio.client import Client as NATS
 from nats.errors import Error as NatsError
 from nats.js.errors import KeyWrongLastSequenceError
 
+from .errors import NatsOrderedError
 from .group import GroupConfig, GroupStore
 from .kv import compact_json, latest_entry
-from .layout import GROUP_EPOCH_KEY, group_epoch_of
+from .layout import GROUP_EPOCH_KEY, group_epoch_of, partition_of
 from .message import AppliedPosition
 from .owned import OwnedPartition
 from .streams import PartitionedStream, describe, stream_contents
@@ -136,7 +144,18 @@ class EpochSwitch:
         assert self._sink_applied is not None
         r = self._sink_applied(p)
         pos = await r if inspect.isawaitable(r) else r
-        if pos is not None and self._epoch_start and int(pos[0]) <= self._epoch_start:
+        if pos is None or self.store.epoch == self.stream.oldest_epoch:
+            return pos
+        if self._epoch_start and int(pos[0]) <= self._epoch_start:
+            return None
+        # a switch point recorded too low (by an earlier version) or not at all: the
+        # record at the position says which layout it belongs to
+        found = await self.store.stored_at(int(pos[0]))
+        earlier = [lay for lay in self.stream.layouts if lay.epoch < self.store.epoch]
+        if found.subject is not None and any(
+            partition_of(self.stream.prefix, lay.epoch, lay.partitions, found.subject) is not None
+            for lay in earlier
+        ):
             return None
         return pos
 
@@ -151,6 +170,20 @@ class EpochSwitch:
                     continue
                 target = await read_group_epoch(self.nc, self.store, described)
                 if target == self.store.epoch:
+                    pending = described.pending_switch
+                    if pending is not None and pending.epoch >= self.store.epoch:
+                        self._report(
+                            "epoch",
+                            f"the repartition of stream {described.name} to "
+                            f"{described.current_partitions} partitions (epoch "
+                            f"{described.current_epoch}) has not recorded the switch point "
+                            f"of epoch {pending.epoch} yet; the group stays on epoch "
+                            f"{self.store.epoch} until it has. If no repartition is running "
+                            "(it was interrupted), complete it: `nats-ordered repartition "
+                            f"--stream {described.name} --partitions "
+                            f"{described.current_partitions}`",
+                        )
+                        continue
                     behind = await epoch_finished(self.nc, self.store, self.stream)
                     if behind:
                         self._report(
@@ -163,7 +196,7 @@ class EpochSwitch:
                     target = await advance_group_epoch(self.nc, self.store, described)
                 if target != self.store.epoch:
                     await self._switch_epoch(described, target)
-            except (TimeoutError, NatsError) as exc:
+            except (TimeoutError, NatsError, NatsOrderedError) as exc:
                 self._trouble("checking the layout epoch failed", exc)
 
     async def _switch_epoch(self, described: PartitionedStream, target: int) -> None:

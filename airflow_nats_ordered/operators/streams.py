@@ -9,7 +9,7 @@ from typing import Any, Literal
 from airflow.sdk import BaseOperator
 
 from ..arguments import refuse_unknown_operator_arguments
-from ..core.repartition import repartition
+from ..core.repartition import interrupted, repartition
 from ..core.streams import (
     DEFAULT_DUPLICATE_WINDOW,
     ProvisionResult,
@@ -152,8 +152,14 @@ class NatsRepartitionStreamOperator(BaseOperator):
             return NatsHook(self.nats_conn_id).run(self._repartition)
 
     async def _repartition(self, nc: Any) -> dict[str, Any]:
-        current = await describe(nc, self.stream)
-        if isinstance(self.partitions, int) and current.partitions == self.partitions:
+        # (read as it is: a repartition interrupted by a crash, or an earlier try of this
+        # task killed, is completed by repartition() below, never reported as unchanged)
+        current = await describe(nc, self.stream, check_layout=False)
+        if (
+            isinstance(self.partitions, int)
+            and current.partitions == self.partitions
+            and not interrupted(current)
+        ):
             self.log.info(
                 "stream %s already has %d partitions (epoch %d): nothing to do",
                 self.stream,
@@ -170,4 +176,4 @@ class NatsRepartitionStreamOperator(BaseOperator):
                 "subjects": current.subjects_text,
             }
         result = await repartition(nc, self.stream, self.partitions, progress=self.log.info)
-        return {"action": "repartitioned", **result.to_json()}
+        return result.to_json()  # action: repartitioned, or completed (an interrupted one)
