@@ -146,6 +146,7 @@ class _Lane:
     # -- the sender loop -------------------------------------------------------------------
     async def run(self) -> None:
         while True:
+            before = self._state()
             try:
                 if not await self._step():
                     return
@@ -164,13 +165,31 @@ class _Lane:
             except Exception as exc:  # never leave records unaccounted for
                 log.exception("partition %d: unexpected publisher error", self.p)
                 self._fail(f"unexpected error: {exc!r}")
+            if self._state() == before:
+                # a step that changed nothing (a wake-up without work, e.g. by a flush) may
+                # not have suspended either: give the loop a turn, so that no state this
+                # loop failed to foresee can keep every other task (and close()) from running
+                await asyncio.sleep(0)
+
+    def _state(self) -> tuple[object, ...]:
+        """What a step of :meth:`run` can change: a step that changes none of it waited."""
+        return (
+            len(self.queue),
+            len(self.inflight),
+            len(self.replies),
+            self.batch_id,
+            self.batch_seq,
+            self.acked_bseq,
+            self.broken,
+            self.error,
+        )
 
     async def _step(self) -> bool:
         self._drain_replies()
         if self.sender_error is not None:
             reason, self.sender_error = self.sender_error, None
             raise _Retry(reason)
-        if self.broken:
+        if self.broken:  # only ever of an open batch (_end_batch clears it)
             await self._await_reply(final=True)
             return True
         if self.batch_id is not None and self.batch_seq >= self.cfg.batch_size:
@@ -505,8 +524,11 @@ class _Lane:
         self.inflight.clear()
 
     def _end_batch(self) -> None:
-        """Forget the current batch and give its slot back."""
+        """Forget the current batch and give its slot back. ``broken`` is a state of the
+        open batch: a lane that kept it without a batch would wait for the end of none, and
+        return at once, for ever (issue 28 item 2: a refused commit spun at 100% CPU)."""
         self.batch_id = None
+        self.broken = False
         self._batch_error = None
         if self.slot:
             self.slot = False
