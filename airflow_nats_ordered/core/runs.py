@@ -36,6 +36,7 @@ Guarantees:
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import hashlib
 import json
@@ -67,6 +68,7 @@ from .errors import (
     RecordError,
     RecordTooLargeError,
 )
+from .keys import MAX_KEY_BYTES
 from .publisher import HDR_PRODUCER, HDR_SEQ, OrderedPublisher, PublisherConfig, PublishSummary
 from .run_layouts import passing_over_old_layout
 from .streams import PartitionedStream, describe
@@ -110,7 +112,9 @@ class RunRecord:
     #: partition -> records of this run acknowledged as stored (producer sequences 1..n)
     acked_per_partition: dict[int, int] = field(default_factory=dict)
     refused_reasons: dict[str, int] = field(default_factory=dict)
-    refused_examples: list[dict[str, str]] = field(default_factory=list)
+    #: a few refused records: ``where``, ``reason``, ``message`` and the key as
+    #: :func:`example_key` gives it (JSON-safe whatever the key was)
+    refused_examples: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None
     #: partition -> ``"<n>:<hex>"``, a digest of the msg-ids of the run's positions 1..n
     #: there, so a resume can tell that its input is still the one it started with (set by
@@ -276,8 +280,39 @@ class Refusals:
         self.counts[reason] += 1
         if len(self.examples) < REFUSED_EXAMPLES:
             self.examples.append(
-                {"where": rec.where, "reason": reason, "key": rec.key, "message": message}
+                {"where": rec.where, "reason": reason, **example_key(rec.key), "message": message}
             )
+
+
+def example_key(key: object) -> dict[str, Any]:
+    """A refused record's key as JSON-safe fields of its example (the run ledger, the
+    Spark commit, XCom and ``--json`` write them as JSON):
+
+    * ``key``: the key's text (a ``str``, or ``bytes`` that are UTF-8), None when keyless;
+    * ``key_b64`` instead, when the key is bytes that are not UTF-8 (what ``bad key``
+      refuses): the standard base64 of those bytes, and ``key`` is None;
+    * ``key_length``, only when the key is longer than :data:`~.keys.MAX_KEY_BYTES`: its
+      full length in bytes; ``key``/``key_b64`` then hold its first MAX_KEY_BYTES
+      characters (bytes), so that five examples always fit in one ledger record.
+
+    Any other type (a caller's int, say) is given as its ``repr``."""
+    if key is None:
+        return {"key": None}
+    if isinstance(key, str):
+        if len(key) <= MAX_KEY_BYTES:
+            return {"key": key}
+        return {"key": key[:MAX_KEY_BYTES], "key_length": len(key.encode("utf-8", "replace"))}
+    if isinstance(key, (bytes, bytearray, memoryview)):
+        raw = bytes(key)
+        out: dict[str, Any]
+        try:
+            out = {"key": raw.decode("utf-8")[:MAX_KEY_BYTES]}
+        except UnicodeDecodeError:
+            out = {"key": None, "key_b64": base64.b64encode(raw[:MAX_KEY_BYTES]).decode("ascii")}
+        if len(raw) > MAX_KEY_BYTES:
+            out["key_length"] = len(raw)
+        return out
+    return example_key(repr(key))
 
 
 _REASONS: tuple[tuple[type[RecordError], str], ...] = (
