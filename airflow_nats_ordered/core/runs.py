@@ -408,9 +408,52 @@ async def publish_run(
     interrupted one resumes after what it had stored. The result is recorded whatever
     happens; a run with failed records, or refused ones without ``allow_refused``, is
     recorded ``partial`` (the caller decides whether that fails its task).
+
+    A publisher refused by the server (the stream repartitioned or deleted meanwhile, a
+    record it will not store) ends: the run is recorded ``partial`` with the refusal as its
+    error, and publishing the same input as the same run again completes it (across a
+    repartition, the ledger passes over what the old layout stored: :mod:`.run_layouts`).
     """
     if not producer_id or not producer_id.strip():
         raise ConfigError("producer_id must name the run (e.g. '<dag>.<task>.<logical date>')")
+    for _ in range(_BEGINNINGS):
+        result = await _attempt(
+            nc,
+            stream,
+            records,
+            producer_id=producer_id,
+            config=config,
+            allow_refused=allow_refused,
+            msg_id_field=msg_id_field,
+            expected_partitions=expected_partitions,
+        )
+        if result is not None:
+            return result
+    raise NatsOrderedError(
+        f"stream {stream} was repartitioned each of the {_BEGINNINGS} times run "
+        f"{producer_id!r} began, before anything was sent; run it again once the stream's "
+        "partition count stays put (nothing of this attempt was sent)"
+    )
+
+
+#: how often :func:`publish_run` begins a run again when the stream was repartitioned
+#: between reading the ledger and starting the publisher (nothing was sent yet)
+_BEGINNINGS = 3
+
+
+async def _attempt(
+    nc: NATS,
+    stream: str,
+    records: Iterable[SourceRecord] | AsyncIterable[SourceRecord],
+    *,
+    producer_id: str,
+    config: PublisherConfig | None,
+    allow_refused: bool,
+    msg_id_field: str | None,
+    expected_partitions: int | None,
+) -> RunResult | None:
+    """One attempt of :func:`publish_run`; None, having sent nothing, when the publisher
+    found the stream on a newer layout than the ledger's record was begun for."""
     ledger = await RunLedger.open(nc, stream)
     previous = await ledger.get(producer_id)
     if previous is not None and previous.status == "complete":
@@ -446,7 +489,8 @@ async def publish_run(
     summary: PublishSummary | None = None
     progress: asyncio.Task[None] | None = None
     try:
-        await pub.start()
+        if not await _started_on(pub, ledger):
+            return None  # begin again: the positions to pass over are of another layout
         progress = asyncio.ensure_future(_record_progress(ledger, rec, pub))
         await publish_records(pub, records, refusals, msg_id_field=msg_id_field)
         summary = await pub.close(raise_on_failure=False)
@@ -476,6 +520,23 @@ async def publish_run(
         rec.error = unmarked_error(unmarked)
     await ledger.record(rec)
     return RunResult(rec, skipped=False, summary=summary)
+
+
+async def _started_on(pub: OrderedPublisher, ledger: RunLedger) -> bool:
+    """Start ``pub``; False, closed with nothing sent, when it read the stream on another
+    layout than ``ledger`` did (repartitioned in between): the run's record was begun, and
+    its positions to pass over computed, for the ledger's layout, and publishing them on
+    another one would pass over records never stored."""
+    try:
+        await pub.start()
+    except ConfigError:  # e.g. start_after names a partition the new layout lacks
+        if (await describe(pub.nc, ledger.stream.name)).epoch != ledger.stream.epoch:
+            return False
+        raise
+    if pub.stream.epoch == ledger.stream.epoch:
+        return True
+    await pub.close(raise_on_failure=False)
+    return False
 
 
 async def _carry_over(
