@@ -55,6 +55,9 @@ _ERR_FAST_BATCH_DISABLED = 10205  # the stream's allow_batched is off
 _ERR_TOO_MANY_BATCHES = 10211  # HTTP 429: the stream has 1,000 batches open; retry later
 _FLOW_MAX = 500  # the server never acknowledges less often than every 500 messages
 _MAX_BACKOFF = 1.0  # seconds between resends of a failing partition, at most
+# steps of a lane in a row that changed nothing before it yields to the event loop at each
+# (a flush wakes an idle lane for one such step; the spin of issue 28 item 2 made millions)
+_IDLE_STEPS_BEFORE_YIELD = 100
 _EMPTY_HDR = b"NATS/1.0\r\n\r\n"
 # a flow acknowledgement exactly as nats-server 2.14+ writes it: read without json.loads
 # (0.4 against 2.6 us, thousands per 100k records on 16 partitions); any other form of
@@ -143,7 +146,9 @@ class _Lane:
 
     # -- the sender loop -------------------------------------------------------------------
     async def run(self) -> None:
+        idle_steps = 0  # steps in a row that changed nothing
         while True:
+            before = self._state()
             try:
                 if not await self._step():
                     return
@@ -162,13 +167,38 @@ class _Lane:
             except Exception as exc:  # never leave records unaccounted for
                 log.exception("partition %d: unexpected publisher error", self.p)
                 self._fail(f"unexpected error: {exc!r}")
+            if self._state() != before:
+                idle_steps = 0
+                continue
+            # a step that changed nothing (a wake-up without work: a flush wakes every
+            # idle lane) may not have suspended either. Many in a row may be a state this
+            # loop did not foresee: from then on each gives the event loop a turn, so that
+            # no such state can keep every other task (and close()) from running. (Only
+            # from then on: yielding at every such step changed the timing of publishers
+            # cancelled mid-run, see test_spark_resume's aborted job.)
+            idle_steps += 1
+            if idle_steps >= _IDLE_STEPS_BEFORE_YIELD:
+                await asyncio.sleep(0)
+
+    def _state(self) -> tuple[object, ...]:
+        """What a step of :meth:`run` can change: a step that changes none of it waited."""
+        return (
+            len(self.queue),
+            len(self.inflight),
+            len(self.replies),
+            self.batch_id,
+            self.batch_seq,
+            self.acked_bseq,
+            self.broken,
+            self.error,
+        )
 
     async def _step(self) -> bool:
         self._drain_replies()
         if self.sender_error is not None:
             reason, self.sender_error = self.sender_error, None
             raise _Retry(reason)
-        if self.broken:
+        if self.broken:  # only ever of an open batch (_end_batch clears it)
             await self._await_reply(final=True)
             return True
         if self.batch_id is not None and self.batch_seq >= self.cfg.batch_size:
@@ -503,8 +533,11 @@ class _Lane:
         self.inflight.clear()
 
     def _end_batch(self) -> None:
-        """Forget the current batch and give its slot back."""
+        """Forget the current batch and give its slot back. ``broken`` is a state of the
+        open batch: a lane that kept it without a batch would wait for the end of none, and
+        return at once, for ever (issue 28 item 2: a refused commit spun at 100% CPU)."""
         self.batch_id = None
+        self.broken = False
         self._batch_error = None
         if self.slot:
             self.slot = False

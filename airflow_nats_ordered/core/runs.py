@@ -36,6 +36,7 @@ Guarantees:
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import hashlib
 import json
@@ -67,6 +68,7 @@ from .errors import (
     RecordError,
     RecordTooLargeError,
 )
+from .keys import MAX_KEY_BYTES
 from .publisher import HDR_PRODUCER, HDR_SEQ, OrderedPublisher, PublisherConfig, PublishSummary
 from .run_layouts import OldLayout
 from .streams import PartitionedStream, describe
@@ -110,7 +112,9 @@ class RunRecord:
     #: partition -> records of this run acknowledged as stored (producer sequences 1..n)
     acked_per_partition: dict[int, int] = field(default_factory=dict)
     refused_reasons: dict[str, int] = field(default_factory=dict)
-    refused_examples: list[dict[str, str]] = field(default_factory=list)
+    #: a few refused records: ``where``, ``reason``, ``message`` and the key as
+    #: :func:`example_key` gives it (JSON-safe whatever the key was)
+    refused_examples: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None
     #: partition -> ``"<n>:<hex>"``, a digest of the msg-ids of the run's positions 1..n
     #: there, so a resume can tell that its input is still the one it started with (set by
@@ -276,8 +280,39 @@ class Refusals:
         self.counts[reason] += 1
         if len(self.examples) < REFUSED_EXAMPLES:
             self.examples.append(
-                {"where": rec.where, "reason": reason, "key": rec.key, "message": message}
+                {"where": rec.where, "reason": reason, **example_key(rec.key), "message": message}
             )
+
+
+def example_key(key: object) -> dict[str, Any]:
+    """A refused record's key as JSON-safe fields of its example (the run ledger, the
+    Spark commit, XCom and ``--json`` write them as JSON):
+
+    * ``key``: the key's text (a ``str``, or ``bytes`` that are UTF-8), None when keyless;
+    * ``key_b64`` instead, when the key is bytes that are not UTF-8 (what ``bad key``
+      refuses): the standard base64 of those bytes, and ``key`` is None;
+    * ``key_length``, only when the key is longer than :data:`~.keys.MAX_KEY_BYTES`: its
+      full length in bytes; ``key``/``key_b64`` then hold its first MAX_KEY_BYTES
+      characters (bytes), so that five examples always fit in one ledger record.
+
+    Any other type (a caller's int, say) is given as its ``repr``."""
+    if key is None:
+        return {"key": None}
+    if isinstance(key, str):
+        if len(key) <= MAX_KEY_BYTES:
+            return {"key": key}
+        return {"key": key[:MAX_KEY_BYTES], "key_length": len(key.encode("utf-8", "replace"))}
+    if isinstance(key, (bytes, bytearray, memoryview)):
+        raw = bytes(key)
+        out: dict[str, Any]
+        try:
+            out = {"key": raw.decode("utf-8")[:MAX_KEY_BYTES]}
+        except UnicodeDecodeError:
+            out = {"key": None, "key_b64": base64.b64encode(raw[:MAX_KEY_BYTES]).decode("ascii")}
+        if len(raw) > MAX_KEY_BYTES:
+            out["key_length"] = len(raw)
+        return out
+    return example_key(repr(key))
 
 
 _REASONS: tuple[tuple[type[RecordError], str], ...] = (
@@ -373,9 +408,52 @@ async def publish_run(
     interrupted one resumes after what it had stored. The result is recorded whatever
     happens; a run with failed records, or refused ones without ``allow_refused``, is
     recorded ``partial`` (the caller decides whether that fails its task).
+
+    A publisher refused by the server (the stream repartitioned or deleted meanwhile, a
+    record it will not store) ends: the run is recorded ``partial`` with the refusal as its
+    error, and publishing the same input as the same run again completes it (across a
+    repartition, the ledger passes over what the old layout stored: :mod:`.run_layouts`).
     """
     if not producer_id or not producer_id.strip():
         raise ConfigError("producer_id must name the run (e.g. '<dag>.<task>.<logical date>')")
+    for _ in range(_BEGINNINGS):
+        result = await _attempt(
+            nc,
+            stream,
+            records,
+            producer_id=producer_id,
+            config=config,
+            allow_refused=allow_refused,
+            msg_id_field=msg_id_field,
+            expected_partitions=expected_partitions,
+        )
+        if result is not None:
+            return result
+    raise NatsOrderedError(
+        f"stream {stream} was repartitioned each of the {_BEGINNINGS} times run "
+        f"{producer_id!r} began, before anything was sent; run it again once the stream's "
+        "partition count stays put (nothing of this attempt was sent)"
+    )
+
+
+#: how often :func:`publish_run` begins a run again when the stream was repartitioned
+#: between reading the ledger and starting the publisher (nothing was sent yet)
+_BEGINNINGS = 3
+
+
+async def _attempt(
+    nc: NATS,
+    stream: str,
+    records: Iterable[SourceRecord] | AsyncIterable[SourceRecord],
+    *,
+    producer_id: str,
+    config: PublisherConfig | None,
+    allow_refused: bool,
+    msg_id_field: str | None,
+    expected_partitions: int | None,
+) -> RunResult | None:
+    """One attempt of :func:`publish_run`; None, having sent nothing, when the publisher
+    found the stream on a newer layout than the ledger's record was begun for."""
     ledger = await RunLedger.open(nc, stream)
     previous = await ledger.get(producer_id)
     if previous is not None and previous.status == "complete":
@@ -412,7 +490,8 @@ async def publish_run(
     summary: PublishSummary | None = None
     progress: asyncio.Task[None] | None = None
     try:
-        await pub.start()
+        if not await _started_on(pub, ledger):
+            return None  # begin again: the positions to pass over are of another layout
         progress = asyncio.ensure_future(_record_progress(ledger, rec, pub))
         await publish_records(pub, records, refusals, msg_id_field=msg_id_field)
         summary = await pub.close(raise_on_failure=False)
@@ -442,6 +521,23 @@ async def publish_run(
         rec.error = unmarked_error(unmarked)
     await ledger.record(rec)
     return RunResult(rec, skipped=False, summary=summary)
+
+
+async def _started_on(pub: OrderedPublisher, ledger: RunLedger) -> bool:
+    """Start ``pub``; False, closed with nothing sent, when it read the stream on another
+    layout than ``ledger`` did (repartitioned in between): the run's record was begun, and
+    its positions to pass over computed, for the ledger's layout, and publishing them on
+    another one would pass over records never stored."""
+    try:
+        await pub.start()
+    except ConfigError:  # e.g. start_after names a partition the new layout lacks
+        if (await describe(pub.nc, ledger.stream.name)).epoch != ledger.stream.epoch:
+            return False
+        raise
+    if pub.stream.epoch == ledger.stream.epoch:
+        return True
+    await pub.close(raise_on_failure=False)
+    return False
 
 
 async def _carry_over(

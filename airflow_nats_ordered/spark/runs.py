@@ -21,6 +21,7 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from nats.aio.client import Client as NATS
 
@@ -124,7 +125,7 @@ def absorb_reports(
     owner: dict[int, int] = {}
     shared: set[int] = set()
     refused: Counter[str] = Counter()
-    examples: list[dict[str, str]] = []
+    examples: list[dict[str, Any]] = []
     accepted = acked_unrouted = failed = duplicates = skipped = 0
     any_unrouted = False
     for r in reports:
