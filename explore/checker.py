@@ -150,21 +150,37 @@ def _originals(facts: Facts) -> list[StoredRecord]:
     return [s for s in facts.stored if not s.replay]
 
 
+def _epoch_of(subject: str) -> str:
+    """``e0`` for ``<prefix>.p.<n>``, ``e<k>`` for ``<prefix>.p.e<k>-<n>``."""
+    tail = subject.rsplit(".", 1)[-1]
+    return tail.split("-", 1)[0] if tail.startswith("e") else "e0"
+
+
 def _stored_once(facts: Facts, by_gid: dict[int, InputRecord]) -> list[str]:
-    seqs: dict[int, list[int]] = defaultdict(list)
-    for s in _originals(facts):
-        seqs[s.gid].append(s.seq)
+    copies: dict[int, list[StoredRecord]] = defaultdict(list)
     replays: dict[int, list[int]] = defaultdict(list)
     for s in facts.stored:
         if s.replay:
             replays[s.gid].append(s.seq)
-    out = []
-    for gid, ss in sorted(seqs.items()):
-        if len(ss) > 1:
+        else:
+            copies[s.gid].append(s)
+    twice: dict[str, list[tuple[int, list[StoredRecord]]]] = defaultdict(list)
+    for gid, cs in sorted(copies.items()):
+        if len(cs) > 1:
             r = by_gid.get(gid)
-            what = f"{r.producer} {r.key}#{r.n}" if r else f"gid {gid}"
-            subjects = [s.subject for s in facts.stored if s.gid == gid and not s.replay]
-            out.append(f"record {what} is stored {len(ss)} times: seqs {ss} on {subjects}")
+            twice[r.producer if r else "?"].append((gid, cs))
+    out = []
+    for producer, recs in sorted(twice.items()):
+        gid, cs = recs[0]
+        r = by_gid.get(gid)
+        what = f"{r.key}#{r.n}" if r else f"gid {gid}"
+        epochs = sorted({_epoch_of(c.subject) for _, cs2 in recs for c in cs2})
+        total = sum(1 for r2 in facts.inputs if r2.producer == producer)
+        out.append(
+            f"{producer}: {len(recs)} of its {total} records are stored more than once "
+            f"(layout epochs {'/'.join(epochs)}); e.g. {what} at seqs "
+            f"{[c.seq for c in cs]} on {[c.subject for c in cs]}"
+        )
     for gid, ss in sorted(replays.items()):
         if len(ss) > 1:
             out.append(f"dead letter gid {gid} was replayed and stored {len(ss)} times: {ss}")
@@ -175,10 +191,14 @@ def _stored_once(facts: Facts, by_gid: dict[int, InputRecord]) -> list[str]:
 
 
 def _per_key_stored(facts: Facts, by_gid: dict[int, InputRecord]) -> dict[tuple[str, str], list]:
+    """Each producer's stored records of each key, (index, seq) in stream order; a record
+    stored twice counts at its first copy (the copy is stored-once's to report)."""
     per: dict[tuple[str, str], list[tuple[int, int]]] = defaultdict(list)
+    seen: set[int] = set()
     for s in sorted(_originals(facts), key=lambda s: s.seq):
         r = by_gid.get(s.gid)
-        if r is not None and not r.poison:
+        if r is not None and not r.poison and s.gid not in seen:
+            seen.add(s.gid)
             per[(r.producer, r.key)].append((r.n, s.seq))
     return per
 
@@ -223,9 +243,11 @@ def _complete_stored(facts: Facts, by_gid: dict[int, InputRecord]) -> list[str]:
 
 def _sink_key_order(facts: Facts, by_gid: dict[int, InputRecord]) -> list[str]:
     per: dict[tuple[str, str], list[tuple[int, int]]] = defaultdict(list)
+    seen: set[int] = set()  # a record applied again is applied-once's to report
     for a in sorted(facts.applied, key=lambda a: a.event_id):
         r = by_gid.get(a.gid)
-        if r is not None and not r.poison:
+        if r is not None and not r.poison and a.gid not in seen:
+            seen.add(a.gid)
             per[(r.producer, r.key)].append((r.n, a.event_id))
     out = []
     for (producer, key), ns in sorted(per.items()):
@@ -248,15 +270,23 @@ def _applied_once(facts: Facts, by_gid: dict[int, InputRecord]) -> list[str]:
         if len(events) > 1:
             out.append(f"stream seq {seq} was applied {len(events)} times (events {events})")
     replay_seqs = {s.seq for s in facts.stored if s.replay}
-    by_gid_applied: dict[int, list[int]] = defaultdict(list)
+    by_gid_applied: dict[int, set[int]] = defaultdict(set)
     for a in facts.applied:
         if a.seq not in replay_seqs:
-            by_gid_applied[a.gid].append(a.seq)
+            by_gid_applied[a.gid].add(a.seq)
+    again: dict[str, list[tuple[int, list[int]]]] = defaultdict(list)
     for gid, seqs in sorted(by_gid_applied.items()):
-        if len(set(seqs)) > 1:
+        if len(seqs) > 1:
             r = by_gid.get(gid)
-            what = f"{r.producer} {r.key}#{r.n}" if r else f"gid {gid}"
-            out.append(f"record {what} was applied {len(set(seqs))} times (seqs {seqs})")
+            again[r.producer if r else "?"].append((gid, sorted(seqs)))
+    for producer, recs in sorted(again.items()):
+        gid, seqs = recs[0]
+        r = by_gid.get(gid)
+        what = f"{r.key}#{r.n}" if r else f"gid {gid}"
+        out.append(
+            f"{producer}: {len(recs)} of its records were applied more than once (from "
+            f"copies at different seqs); e.g. {what} from seqs {seqs}"
+        )
     return out
 
 
