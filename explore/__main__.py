@@ -11,6 +11,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from .generator import OPERATIONS
@@ -22,7 +23,7 @@ from .run import Explorer, Options, Result
 DEFAULT_SEEDS = (1, 2, 3)
 
 
-def _names(text: str, known: dict[str, object], what: str) -> frozenset[str]:
+def _names(text: str, known: Mapping[str, object], what: str) -> frozenset[str]:
     if text == "all":
         return frozenset(known)
     if text == "none":

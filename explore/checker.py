@@ -138,7 +138,7 @@ def check(facts: Facts, skip: frozenset[str] = frozenset(), limit: int = 8) -> l
     for name, fn in _CHECKS.items():
         if name not in skip:
             found[name].extend(fn(facts, by_gid))
-    out = []
+    out: list[Violation] = []
     for name, msgs in found.items():
         out.extend(Violation(name, m) for m in msgs[:limit])
         if len(msgs) > limit:
@@ -251,11 +251,11 @@ def _sink_key_order(facts: Facts, by_gid: dict[int, InputRecord]) -> list[str]:
             per[(r.producer, r.key)].append((r.n, a.event_id))
     out = []
     for (producer, key), ns in sorted(per.items()):
-        for (a, ea), (b, eb) in zip(ns, ns[1:], strict=False):
-            if b <= a:
+        for (n1, e1), (n2, e2) in zip(ns, ns[1:], strict=False):
+            if n2 <= n1:
                 out.append(
-                    f"{producer} key {key}: the sink applied #{b} (event {eb}) after "
-                    f"#{a} (event {ea})"
+                    f"{producer} key {key}: the sink applied #{n2} (event {e2}) after "
+                    f"#{n1} (event {e1})"
                 )
                 break
     return out
@@ -280,12 +280,12 @@ def _applied_once(facts: Facts, by_gid: dict[int, InputRecord]) -> list[str]:
             r = by_gid.get(gid)
             again[r.producer if r else "?"].append((gid, sorted(seqs)))
     for producer, recs in sorted(again.items()):
-        gid, seqs = recs[0]
+        gid, first = recs[0]
         r = by_gid.get(gid)
         what = f"{r.key}#{r.n}" if r else f"gid {gid}"
         out.append(
             f"{producer}: {len(recs)} of its records were applied more than once (from "
-            f"copies at different seqs); e.g. {what} from seqs {seqs}"
+            f"copies at different seqs); e.g. {what} from seqs {first}"
         )
     return out
 

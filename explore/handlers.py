@@ -13,14 +13,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from chaos_handlers import Recorder  # type: ignore[import-not-found]
+from chaos_handlers import Recorder
 
 
 class PoisonRefused(Exception):
     """A poison record, refused so that the worker dead-letters it."""
 
 
-class PoisonRecorder(Recorder):  # type: ignore[misc]
+class PoisonRecorder(Recorder):
     async def __call__(self, msg: Any) -> None:
         if json.loads(msg.data).get("poison") and "Nats-Ordered-Replay-Of" not in msg.headers:
             raise PoisonRefused(f"poison record on partition {msg.partition}")

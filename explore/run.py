@@ -263,14 +263,14 @@ class Explorer:
             self._ended(run)
         for p in problems:
             cid = int(p.split()[0][1:])
-            run = self.procs.running.get(cid)
-            tail = self.procs.log_tail(run, 1500) if run else ""
+            hit = self.procs.running.get(cid)
+            tail = self.procs.log_tail(hit, 1500) if hit else ""
             self.liveness.append(f"{p}\n    log tail: {tail!r}")
             self.history.note(f"LIVENESS {p}")
-            if run is not None and run.flagged_hung:
-                self.history.finish(run.cmd, "hung: killed by the explorer")
-                self.procs.signal_group(run, signal.SIGCONT)
-                self.procs.signal_group(run, signal.SIGKILL)
+            if hit is not None and hit.flagged_hung:
+                self.history.finish(hit.cmd, "hung: killed by the explorer")
+                self.procs.signal_group(hit, signal.SIGCONT)
+                self.procs.signal_group(hit, signal.SIGKILL)
 
     def _ended(self, run: Running) -> None:
         cmd = run.cmd
@@ -596,8 +596,8 @@ class Explorer:
         if any(r.cmd.op in SERVICES for r in self.procs.running.values()):
             return  # the leave deadline was reported as a liveness problem
         prod = self.world.new_input("cli", 60, 0.0, [self.rng.random() for _ in range(60)], "last")
-        run = self._start_sync(Action("publish", {"producer": prod.id}))
-        if run is None or run.cmd.exit_code != 0:
+        last = self._start_sync(Action("publish", {"producer": prod.id}))
+        if last is None or last.cmd.exit_code != 0:
             self.liveness.append("the last publish (no worker running) did not succeed")
             return
         status = self._sync(
