@@ -28,6 +28,7 @@ INVARIANTS = {
     "lag-exact": "the lag status and group list report, once quiescent, equals the stored but "
     "unapplied records",
     "counts": "every count a publish reported (acked, duplicates) equals what the server holds",
+    "member-exit": "a worker or pool ends only when told: SIGTERM (then it exits 0) or SIGKILL",
     "liveness": "every command ends within its deadline, nothing spins, the final drain ends",
 }
 
@@ -107,6 +108,19 @@ class LagClaim:
     drained_upto: int
 
 
+@dataclass(frozen=True)
+class MemberExit:
+    """How a worker or pool (command ``command``) ended: ``leaving`` (SIGTERM'd by the
+    explorer), ``killed`` (SIGKILLed by the nemesis), or on its own; ``tail`` of its log."""
+
+    command: int
+    op: str
+    exit_code: int | None
+    leaving: bool = False
+    killed: bool = False
+    tail: str = ""
+
+
 @dataclass
 class Facts:
     inputs: list[InputRecord]
@@ -120,6 +134,8 @@ class Facts:
     dead_letters: set[int] = field(default_factory=set)
     #: liveness problems seen while running (hung, spinning, final drain not ending)
     liveness: list[str] = field(default_factory=list)
+    #: how each worker and pool that ended before the end of the run ended
+    members: list[MemberExit] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -378,6 +394,18 @@ def _counts(facts: Facts, by_gid: dict[int, InputRecord]) -> list[str]:
     return out
 
 
+def _member_exit(facts: Facts, by_gid: dict[int, InputRecord]) -> list[str]:
+    out = []
+    for m in facts.members:
+        if m.killed:
+            continue
+        if m.leaving and m.exit_code == 0:
+            continue
+        why = "after SIGTERM" if m.leaving else "on its own"
+        out.append(f"#{m.command} {m.op} exited {m.exit_code} {why}: {m.tail!r}")
+    return out
+
+
 def _liveness(facts: Facts, by_gid: dict[int, InputRecord]) -> list[str]:
     return list(facts.liveness)
 
@@ -393,6 +421,7 @@ _CHECKS = {
     "dead-letter-kept": _dead_letter_kept,
     "lag-exact": _lag_exact,
     "counts": _counts,
+    "member-exit": _member_exit,
     "liveness": _liveness,
 }
 assert set(_CHECKS) == set(INVARIANTS)

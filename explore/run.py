@@ -40,6 +40,7 @@ from .checker import (
     DrainClaim,
     Facts,
     LagClaim,
+    MemberExit,
     PublishReport,
     StoredRecord,
     Violation,
@@ -737,6 +738,18 @@ class Explorer:
             purged=set(self.world.purged),
             dead_letters={int(json.loads(s.data)["i"]) for s in letters},
             liveness=self.liveness,
+            members=[
+                MemberExit(
+                    run.cmd.id,
+                    run.cmd.op,
+                    run.cmd.exit_code,
+                    leaving=bool(run.cmd.info.get("leaving")),
+                    killed=bool(run.cmd.info.get("killed")),
+                    tail=self.procs.log_tail(run, 800),
+                )
+                for run in self.procs.done.values()
+                if run.cmd.op in SERVICES and run.cmd.outcome != "killed at the end"
+            ],
         )
 
     def _teardown(self) -> None:

@@ -17,6 +17,7 @@ from explore.checker import (  # noqa: E402
     Facts,
     InputRecord,
     LagClaim,
+    MemberExit,
     PublishReport,
     StoredRecord,
     check,
@@ -164,6 +165,22 @@ def test_a_hung_command_breaks_liveness():
     assert names(f) == {"liveness"}
 
 
+def test_a_member_that_exits_on_its_own_breaks_member_exit():
+    f = clean()
+    f.members = [
+        MemberExit(3, "worker-join", -9, killed=True),  # the nemesis
+        MemberExit(4, "worker-join", 0, leaving=True),  # SIGTERM, left
+        MemberExit(5, "pool-join", 0, leaving=True),
+    ]
+    assert check(f) == []
+    f.members.append(MemberExit(6, "worker-join", 3, tail="stopped on an error"))
+    f.members.append(MemberExit(7, "pool-join", 1, leaving=True))
+    found = check(f)
+    assert [v.invariant for v in found] == ["member-exit", "member-exit"]
+    assert "#6 worker-join exited 3 on its own" in found[0].message
+    assert "#7 pool-join exited 1 after SIGTERM" in found[1].message
+
+
 def test_every_invariant_is_shown_failing_above():
     tested = {
         "stored-once",
@@ -176,6 +193,7 @@ def test_every_invariant_is_shown_failing_above():
         "dead-letter-kept",
         "lag-exact",
         "counts",
+        "member-exit",
         "liveness",
     }
     assert tested == set(INVARIANTS)
