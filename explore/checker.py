@@ -29,6 +29,8 @@ INVARIANTS = {
     "unapplied records",
     "counts": "every count a publish reported (acked, duplicates) equals what the server holds",
     "member-exit": "a worker or pool ends only when told: SIGTERM (then it exits 0) or SIGKILL",
+    "member-startup-exit": "a worker SIGTERM'd while starting exits 0 too (and so does a pool "
+    "SIGTERM'd while a member starts)",
     "liveness": "every command ends within its deadline, nothing spins, the final drain ends",
 }
 
@@ -119,6 +121,9 @@ class MemberExit:
     leaving: bool = False
     killed: bool = False
     tail: str = ""
+    #: SIGTERM'd before it joined: a worker dead by SIGTERM with nothing logged, or a pool
+    #: whose only members that did not leave gracefully were killed by SIGTERM
+    starting: bool = False
 
 
 @dataclass
@@ -395,9 +400,17 @@ def _counts(facts: Facts, by_gid: dict[int, InputRecord]) -> list[str]:
 
 
 def _member_exit(facts: Facts, by_gid: dict[int, InputRecord]) -> list[str]:
+    return _member_exits(facts, starting=False)
+
+
+def _member_startup_exit(facts: Facts, by_gid: dict[int, InputRecord]) -> list[str]:
+    return _member_exits(facts, starting=True)
+
+
+def _member_exits(facts: Facts, *, starting: bool) -> list[str]:
     out = []
     for m in facts.members:
-        if m.killed:
+        if m.killed or (m.leaving and m.starting) != starting:
             continue
         if m.leaving and m.exit_code == 0:
             continue
@@ -422,6 +435,7 @@ _CHECKS = {
     "lag-exact": _lag_exact,
     "counts": _counts,
     "member-exit": _member_exit,
+    "member-startup-exit": _member_startup_exit,
     "liveness": _liveness,
 }
 assert set(_CHECKS) == set(INVARIANTS)

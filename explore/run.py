@@ -746,6 +746,7 @@ class Explorer:
                     leaving=bool(run.cmd.info.get("leaving")),
                     killed=bool(run.cmd.info.get("killed")),
                     tail=self.procs.log_tail(run, 800),
+                    starting=_sigterm_while_starting(run.cmd.exit_code, self.procs.log_tail(run)),
                 )
                 for run in self.procs.done.values()
                 if run.cmd.op in SERVICES and run.cmd.outcome != "killed at the end"
@@ -768,6 +769,18 @@ async def _read_or_empty(nc: Any, stream: str) -> list[Any]:
         return await read_stream(nc, stream, patience=30.0)
     except NotFoundError:
         return []
+
+
+def _sigterm_while_starting(code: int | None, log: str) -> bool:
+    """A worker dead by SIGTERM before it logged anything, or a pool whose members that did
+    not leave gracefully were all killed by SIGTERM (see MemberExit.starting)."""
+    if code == -signal.SIGTERM:
+        return not log.strip()
+    marker = "not every member left gracefully: "
+    if code != 1 or marker not in log:
+        return False
+    failed = log.rsplit(marker, 1)[1].splitlines()[0].split(", ")
+    return all(f.endswith("(killed by SIGTERM)") for f in failed)
 
 
 def _is_python(pid: int) -> bool:

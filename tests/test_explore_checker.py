@@ -179,6 +179,11 @@ def test_a_member_that_exits_on_its_own_breaks_member_exit():
     assert [v.invariant for v in found] == ["member-exit", "member-exit"]
     assert "#6 worker-join exited 3 on its own" in found[0].message
     assert "#7 pool-join exited 1 after SIGTERM" in found[1].message
+    # SIGTERM'd while starting: its own invariant, which the known defect's name skips
+    f.members[3:] = [MemberExit(8, "worker-join", -15, leaving=True, starting=True)]
+    assert names(f) == {"member-startup-exit"}
+    skip = frozenset(SKIPPED_INVARIANTS[n] for n in parse_skip("sigterm-at-startup"))
+    assert check(f, skip=skip) == []
 
 
 def test_every_invariant_is_shown_failing_above():
@@ -194,6 +199,7 @@ def test_every_invariant_is_shown_failing_above():
         "lag-exact",
         "counts",
         "member-exit",
+        "member-startup-exit",
         "liveness",
     }
     assert tested == set(INVARIANTS)
@@ -211,3 +217,16 @@ def dataclass_replace(p: PublishReport, **kw: object) -> PublishReport:
     from dataclasses import replace
 
     return replace(p, **kw)  # type: ignore[arg-type]
+
+
+def test_a_sigterm_while_starting_is_told_from_other_exits():
+    from explore.run import _sigterm_while_starting
+
+    assert _sigterm_while_starting(-15, "")  # a worker dead by SIGTERM before any log line
+    assert not _sigterm_while_starting(-15, "member w-1 joined group g of S\n")
+    assert not _sigterm_while_starting(0, "")
+    pool = (
+        "pool: not every member left gracefully: p-1 (killed by SIGTERM), p-2 (killed by SIGTERM)\n"
+    )
+    assert _sigterm_while_starting(1, pool)
+    assert not _sigterm_while_starting(1, pool.replace("p-2 (killed by SIGTERM)", "p-2 (exit 3)"))
