@@ -103,7 +103,10 @@ class Generator:
             "worker-leave": workers >= 1 and workers + pools >= 2,
             "pool-join": pools < MAX_POOLS,
             "pool-leave": pools >= 1 and workers >= 1,
-            "repartition": not rep and not (spin and runs),
+            # a rerun crossing a repartition re-sends what the old layout stored
+            "repartition": not rep
+            and not (spin and runs)
+            and not ("repartition-dup" in self.skip and running.get("publish-again", 0)),
             "group-reset": not running.get("group-reset", 0),
             "group-rebalance": workers + pools >= 1 and not running.get("group-rebalance", 0),
             "dead-letters-replay": self.poison and not running.get("dead-letters-replay", 0),
