@@ -1,7 +1,8 @@
 """The nemesis: faults at random instants, from the same seeded generator of choices.
 
 * ``kill``: SIGKILL a running command (a publisher, publish_run, a worker, a pool or one of
-  its members, a repartition, a group or dead-letter command);
+  its members, a repartition, a group or dead-letter command); a third of the repartitions
+  are also aimed at, at a random instant of their run;
 * ``pause``: SIGSTOP it (its whole process group) for a while, then SIGCONT: a stopped
   worker's leases expire meanwhile and it wakes up a zombie;
 * ``server-restart``: restart the nats-server (single-server mode), gracefully or by SIGKILL;
@@ -82,3 +83,13 @@ class Nemesis:
         if kind == "server-restart":
             return Fault("server-restart", hard=r.random() < 0.5)
         return Fault("leader-kill", duration=r.choice((1.0, 3.0, 8.0)))
+
+    def aim_at_repartition(self) -> float | None:
+        """A repartition just started: seconds after which to SIGKILL it (a random instant
+        of its run, so that some land between its steps), or None. A repartition takes a
+        few seconds, too short for the random faults to hit it often."""
+        if "kill" not in self.enabled or "repartition-interrupted" in self.skip:
+            return None
+        if self.rng.random() >= 0.35:
+            return None
+        return self.rng.uniform(0.5, 6.0)

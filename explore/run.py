@@ -147,6 +147,8 @@ class Explorer:
         self.resumes: list[tuple[float, Running]] = []
         self.down: list[tuple[float, int]] = []  # cluster nodes to start again (when, index)
         self.busy: dict[int, str] = {}  # command id -> producer id it publishes
+        self.aimed: list[tuple[float, Running]] = []  # repartitions to SIGKILL (when)
+        self.final = False
 
     # ------------------------------------------------------------------ the run
     def run(self) -> Result:
@@ -251,6 +253,13 @@ class Explorer:
                 self.procs.signal_group(run, signal.SIGCONT)
                 run.stopped = False
                 self.history.fault(f"SIGCONT {run.cmd.op} #{run.cmd.id}", run.cmd)
+        for due, run in list(self.aimed):
+            if due <= now:
+                self.aimed.remove((due, run))
+                if run.cmd.id in self.procs.running and not self.final:
+                    run.cmd.info["killed"] = True
+                    self.procs.signal_group(run, signal.SIGKILL)
+                    self.history.fault(f"SIGKILL {run.cmd.op} #{run.cmd.id} (aimed)", run.cmd)
         for due, i in list(self.down):
             if due <= now and self.cluster is not None:
                 self.down.remove((due, i))
@@ -390,7 +399,11 @@ class Explorer:
             argv = self._cli(
                 "repartition", "--stream", STREAM, "--partitions", str(p["partitions"]), "--json"
             )
-            return self.procs.start(op, argv, budget=BUDGET[op], partitions=p["partitions"])
+            run = self.procs.start(op, argv, budget=BUDGET[op], partitions=p["partitions"])
+            delay = self.nemesis.aim_at_repartition() if not self.final else None
+            if delay is not None:
+                self.aimed.append((time.monotonic() + delay, run))
+            return run
         if op == "group-reset":
             extra = ["--partitions", p["partitions"]] if p.get("partitions") else []
             argv = self._cli(
@@ -542,6 +555,8 @@ class Explorer:
     # ------------------------------------------------------------------ final phase
     def _final(self) -> None:
         self.history.note("final: no more faults; let commands end", "phase")
+        self.final = True
+        self.aimed.clear()
         for _, run in list(self.resumes):
             self.procs.signal_group(run, signal.SIGCONT)
             run.stopped = False

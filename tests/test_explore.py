@@ -14,7 +14,7 @@ from explore.known import KNOWN_DEFECTS  # noqa: E402
 from explore.run import Explorer, Options  # noqa: E402
 
 SEED = 7
-SECONDS = 40.0
+SECONDS = 30.0
 
 
 def test_a_fixed_seed_sample_breaks_no_invariant(tmp_path):
