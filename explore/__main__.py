@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -33,6 +34,14 @@ def _names(text: str, known: Mapping[str, object], what: str) -> frozenset[str]:
     if unknown:
         raise SystemExit(f"unknown {what} {', '.join(unknown)}; known: {', '.join(known)}")
     return names
+
+
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM: stop exploring (the run's clean-up still runs)."""
+
+
+def _interrupt(sig: int, _frame: object) -> None:
+    raise Interrupted(f"interrupted by {signal.Signals(sig).name}")
 
 
 def replay_command(r: Result, opts: Options, argv_extra: list[str]) -> str:
@@ -86,6 +95,11 @@ def main(argv: list[str] | None = None) -> int:
         extra.append(f"--faults {args.faults}")
     if args.fault_rate != 0.12:
         extra.append(f"--fault-rate {args.fault_rate}")
+    # SIGTERM/SIGINT stop the run through its clean-up (every process it started is killed):
+    # an exception raised here, not Python's or asyncio's default handling (asyncio.run
+    # turns a SIGINT into a cancellation that a read in flight may absorb)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _interrupt)
     base = args.workdir or Path(tempfile.mkdtemp(prefix="nats-ordered-explore-"))
     failed = 0
     total = time.monotonic()
@@ -101,7 +115,11 @@ def main(argv: list[str] | None = None) -> int:
             fault_rate=args.fault_rate,
         )
         print(f"explore: seed {seed}, {args.minutes:g} min ...", flush=True)
-        result = Explorer(opts).run()
+        try:
+            result = Explorer(opts).run()
+        except Interrupted as exc:
+            print(f"explore: seed {seed} {exc}; every process it started was stopped")
+            return 130
         ops = ", ".join(f"{k} {v}" for k, v in sorted(result.counts.items()))
         if result.violations:
             failed += 1

@@ -130,8 +130,8 @@ class Generator:
     def _params(self, op: str, running: Mapping[str, int], busy: set[str]) -> dict[str, Any]:
         r = self.rng
         if op in ("publish", "run"):
-            # now and then a long one, still publishing when a repartition switches
-            size = r.choice((20, 50, 120, 300, 300, 3000))
+            # now and then a long run, still publishing when a repartition switches
+            size = r.choice((20, 50, 120, 300) + ((1500,) if op == "run" else ()))
             share = 0.04 if self.poison else 0.0
             kind = "cli" if op == "publish" else "run"
             prod = self.world.new_input(
