@@ -403,6 +403,7 @@ class Explorer:
             delay = self.nemesis.aim_at_repartition() if not self.final else None
             if delay is not None:
                 self.aimed.append((time.monotonic() + delay, run))
+                self.history.note(f"nemesis aims at repartition #{run.cmd.id}: +{delay:.1f}s")
             return run
         if op == "group-reset":
             extra = ["--partitions", p["partitions"]] if p.get("partitions") else []
