@@ -73,6 +73,16 @@ def test_a_record_stored_twice_breaks_stored_once():
     )
 
 
+def test_a_dead_letter_replayed_twice_breaks_stored_once():
+    f = clean()
+    f.stored.append(StoredRecord(7, "explore.p.0", 5, replay=True))
+    f.lags = []
+    found = check(f)
+    assert [v.message for v in found] == [
+        "dead letter gid 5 was replayed and stored 2 times: [6, 7]"
+    ]
+
+
 def test_a_per_key_inversion_in_the_stream_breaks_stream_key_order():
     f = clean()
     f.stored[0], f.stored[1] = StoredRecord(1, "explore.p.0", 2), StoredRecord(2, "explore.p.0", 1)
