@@ -28,7 +28,8 @@ INVARIANTS = {
     "lag-exact": "the lag status and group list report, once quiescent, equals the stored but "
     "unapplied records",
     "counts": "every count a publish reported (acked, duplicates) equals what the server holds",
-    "member-exit": "a worker or pool ends only when told: SIGTERM (then it exits 0) or SIGKILL",
+    "member-exit": "a worker or pool ends only when told: SIGTERM (then it exits 0) or SIGKILL "
+    "(or exits 2 before it joined: its documented refusal to start)",
     "member-startup-exit": "a worker SIGTERM'd while starting exits 0 too (and so does a pool "
     "SIGTERM'd while a member starts)",
     "liveness": "every command ends within its deadline, nothing spins, the final drain ends",
@@ -124,6 +125,9 @@ class MemberExit:
     #: SIGTERM'd before it joined: a worker dead by SIGTERM with nothing logged, or a pool
     #: whose only members that did not leave gracefully were killed by SIGTERM
     starting: bool = False
+    #: it logged that it joined the group (exit 2 before that is the documented refusal to
+    #: start, e.g. while a cluster elects its leaders: a pool starts it again)
+    joined: bool = True
 
 
 @dataclass
@@ -413,6 +417,8 @@ def _member_exits(facts: Facts, *, starting: bool) -> list[str]:
         if m.killed or (m.leaving and m.starting) != starting:
             continue
         if m.leaving and m.exit_code == 0:
+            continue
+        if m.exit_code == 2 and not m.joined:
             continue
         why = "after SIGTERM" if m.leaving else "on its own"
         out.append(f"#{m.command} {m.op} exited {m.exit_code} {why}: {m.tail!r}")

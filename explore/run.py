@@ -763,6 +763,7 @@ class Explorer:
                     killed=bool(run.cmd.info.get("killed")),
                     tail=self.procs.log_tail(run, 800),
                     starting=_sigterm_while_starting(run.cmd.exit_code, self.procs.log_tail(run)),
+                    joined="joined group" in self.procs.log_tail(run, 10**7),
                 )
                 for run in self.procs.done.values()
                 if run.cmd.op in SERVICES and run.cmd.outcome != "killed at the end"
