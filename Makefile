@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 # JVM). PYTEST_WORKERS=0 runs them in one process.
 PYTEST_WORKERS ?= 3
 
-.PHONY: venv test demo bench bench-growth lint format clean
+.PHONY: venv test demo bench bench-growth lint format clean explore
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "error: Python >= 3.11 is needed (found %s); set PYTHON=python3.11" % sys.version.split()[0])'
@@ -43,7 +43,16 @@ bench: venv
 bench-growth: venv
 	$(BIN)/python bench/growth_bench.py
 
-CODE_DIRS := $(wildcard airflow_nats_ordered pyspark_nats_ordered dags spark_apps bench tests)
+# the explorer (docs/explore.md): seeded random operations and faults over real processes,
+# then the whole history checked. Without SEED: a few fixed seeds, briefly; with SEED: that
+# seed for MINUTES. EXPLORE_ARGS passes more flags (--cluster, --skip-known none, ...).
+SEED ?=
+MINUTES ?=
+EXPLORE_ARGS ?=
+explore: venv
+	$(BIN)/python -m explore $(if $(SEED),--seed $(SEED),--seeds 1,2,3) --minutes $(or $(MINUTES),$(if $(SEED),10,0.5)) $(EXPLORE_ARGS)
+
+CODE_DIRS := $(wildcard airflow_nats_ordered pyspark_nats_ordered dags spark_apps bench tests explore)
 
 # ruff over all the code; mypy over the package (its settings: [tool.mypy] in pyproject.toml)
 lint: venv

@@ -1,0 +1,53 @@
+"""``publish_run`` in a process of its own, so that the nemesis can kill it.
+
+``python -m explore.publish_run_child SERVERS STREAM PRODUCER_ID FILE``: publishes the JSON
+lines of FILE (key field ``k``) as the run PRODUCER_ID and prints the run's record (JSON).
+Exit 0 when the run is complete, 1 when partial, 3 on an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from dataclasses import dataclass
+
+import nats
+
+from airflow_nats_ordered.core.publisher_config import PublisherConfig
+from airflow_nats_ordered.core.runs import publish_run
+
+
+@dataclass
+class Row:
+    key: str
+    payload: bytes
+    where: str
+    msg_id: str | None = None
+
+
+async def main(servers: str, stream: str, producer_id: str, path: str) -> int:
+    rows = []
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            if line.strip():
+                d = json.loads(line)
+                body = json.dumps(d, separators=(",", ":")).encode()
+                rows.append(Row(d["k"], body, f"{path}:{n}"))
+    nc = await nats.connect(servers=servers.split(","), max_reconnect_attempts=-1)
+    try:
+        result = await publish_run(
+            nc,
+            stream,
+            rows,
+            producer_id=producer_id,
+            config=PublisherConfig(ack_timeout=2.0, delivery_timeout=30.0),
+        )
+    finally:
+        await nc.close()
+    print(json.dumps(result.to_dict()))
+    return 0 if result.record.status == "complete" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main(*sys.argv[1:5])))
