@@ -23,7 +23,7 @@ from .errors import StreamNotFoundError
 from .global_position import POSITION_KEY, READER_KEY, GlobalPosition
 from .group_stream import GroupStreamIdentity
 from .kv import bucket_keys
-from .layout import key_partition, state_key
+from .layout import key_partition, pending_switch_problem, state_key
 from .streams import describe
 
 
@@ -48,6 +48,9 @@ class GroupState:
     epoch: int = 0
     stream_epoch: int = 0
     switch_seq: int = 0
+    #: the epoch of a layout whose switch point is not recorded yet (a repartition running
+    #: or interrupted; see .layout), else None
+    pending_switch: int | None = None
     #: what needs an operator: blocked partitions, deleted commit records, a deleted or
     #: re-created stream, and each member's own ``problems`` (from its heartbeat) prefixed
     #: with the member id
@@ -122,6 +125,7 @@ class GroupSnapshot(GroupStreamIdentity):
             )
         # a member holding a partition reports the reason its marker holds: said once above
         said = {f"partition {p}: {reason}" for p, reason in snap.blocked.items()}
+        said.update(snap.problems)  # a member's pending-switch report: said once above
         for m, info in sorted(snap.members.items()):
             snap.problems += [f"{m}: {p}" for p in info.get("problems") or [] if p not in said]
         return snap
@@ -140,6 +144,16 @@ class GroupSnapshot(GroupStreamIdentity):
         snap.switch_seq = max((lay.switch_seq for lay in live.layouts), default=0)
         if recorded and live.created and recorded != live.created:
             return [self._recreated_message(recorded, live.created)]
+        pending = live.pending_switch
+        if pending is not None:
+            # its records may not all be stored, and no group moves past it: the operator
+            # completes the repartition (members waiting on it say the same, said once)
+            snap.pending_switch = pending.epoch
+            return [
+                pending_switch_problem(
+                    live.name, live.current_partitions, live.current_epoch, pending.epoch
+                )
+            ]
         return []
 
     async def _deleted_commit_problems(self, commits: dict[int, CommitRecord]) -> list[str]:
