@@ -3,8 +3,9 @@ must act on.
 
 Guarantees: the snapshot is read with plain gets and is never used to decide ownership;
 ``problems`` names every blocked partition (its blocked marker, with the reason), every
-deleted commit record, a deleted or re-created stream, and each member's own reported
-problems, and a stopped global-order reader's error (from its position), each with the
+deleted commit record, a deleted or re-created stream, a repartition whose switch point
+is not recorded yet (once, with the command that completes it), and each member's own
+reported problems, and a stopped global-order reader's error (from its position), each with the
 action that fixes it.
 :class:`GroupSnapshot` holds this verb of :class:`~.group.GroupStore`.
 """
