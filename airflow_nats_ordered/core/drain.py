@@ -48,7 +48,13 @@ from .lag import PartitionLag as PartitionLag
 from .lag import group_lag as group_lag
 from .lag import later_messages as later_messages
 from .lag import read_group_lag
-from .layout import GROUP_EPOCH_KEY, group_epoch_of, key_partition, pending_switch_problem
+from .layout import (
+    GROUP_EPOCH_KEY,
+    Layout,
+    group_epoch_of,
+    key_partition,
+    pending_switch_problem,
+)
 from .streams import PartitionedStream, Strays, describe, stray_messages, stream_contents
 
 #: seconds between checks of what the server does not push: live members, the stream
@@ -270,7 +276,6 @@ async def wait_drained(
     # (nor whether all its records are stored): the marks wait until it is recorded
     need_epoch = described.current_epoch
     unfinished = described.pending_switch
-    pending_since = t0
     marks = {}
     if unfinished is None:
         marks = marks_to_wait(
@@ -380,9 +385,7 @@ async def wait_drained(
                             switch_seq=recorded_switch(now_described),
                             stream=stream,
                         )
-                    elif (
-                        no_members_timeout is not None and now - pending_since > no_members_timeout
-                    ):
+                    elif no_members_timeout is not None and now - t0 > no_members_timeout:
                         raise RepartitionUnfinishedError(
                             f"group {group} of stream {stream} cannot drain: "
                             + pending_switch_problem(
@@ -546,13 +549,12 @@ def no_members_error(
     )
 
 
-def _unfinished_problem(described: PartitionedStream, unfinished: object) -> str | None:
+def _unfinished_problem(described: PartitionedStream, unfinished: Layout | None) -> str | None:
+    """What a wait says while ``unfinished`` (a layout of ``described``) is pending."""
     if unfinished is None:
         return None
-    pending = described.pending_switch
-    epoch = pending.epoch if pending is not None else described.oldest_epoch
     return pending_switch_problem(
-        described.name, described.current_partitions, described.current_epoch, epoch
+        described.name, described.current_partitions, described.current_epoch, unfinished.epoch
     )
 
 
