@@ -31,11 +31,13 @@ from airflow_dags import nats_connection
 
 from airflow_nats_ordered import cli
 from airflow_nats_ordered.core.drain import (
+    DrainProgress,
     DrainTimeoutError,
     RepartitionUnfinishedError,
     read_lag,
     wait_drained,
 )
+from airflow_nats_ordered.core.lag import GroupLag, PartitionLag
 from airflow_nats_ordered.core.publisher import OrderedPublisher
 from airflow_nats_ordered.core.streams import StreamSpec, describe, provision
 from airflow_nats_ordered.core.worker import Worker, WorkerConfig
@@ -208,3 +210,17 @@ def test_drain_lag_and_status_while_a_switch_point_is_pending_then_after_the_rer
             await nc.close()
 
     asyncio.run(main())
+
+
+def test_a_group_is_not_drained_while_a_layout_it_has_not_passed_is_pending():
+    caught_up = (PartitionLag(0, 10, 10, 10, 0),)
+    on_old = {"epoch": 0, "stream_epoch": 1, "stats_epoch": 0}
+    assert GroupLag("S", "g", caught_up, **on_old).drained  # switch recorded, nothing new
+    assert not GroupLag("S", "g", caught_up, **on_old, pending_switch=0).drained
+    # an earlier version let the group past an entry it recorded as 0 (an empty layout),
+    # which now reads as pending: the group's own layout is not in doubt
+    passed = {"epoch": 1, "stream_epoch": 1, "stats_epoch": 1, "pending_switch": 0}
+    assert GroupLag("S", "g", caught_up, **passed).drained
+    # a wait is not done while the switch point is pending, even with no mark to compare
+    assert DrainProgress({}, {}, 0.0).done
+    assert not DrainProgress({}, {}, 0.0, pending_switch=0).done
