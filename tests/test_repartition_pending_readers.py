@@ -37,6 +37,7 @@ from airflow_nats_ordered.core.drain import (
     read_lag,
     wait_drained,
 )
+from airflow_nats_ordered.core.group_listing import GroupRef, summarize_group
 from airflow_nats_ordered.core.lag import GroupLag, PartitionLag
 from airflow_nats_ordered.core.publisher import OrderedPublisher
 from airflow_nats_ordered.core.streams import StreamSpec, describe, provision
@@ -150,6 +151,8 @@ def test_drain_lag_and_status_while_a_switch_point_is_pending_then_after_the_rer
             said = [p for p in status["problems"] if command in p]
             assert said and not said[0].startswith(("w1:", "w2:")), status["problems"]
             assert not [p for p in status["problems"] if p.startswith(("w1:", "w2:"))]
+            listed = await summarize_group(nc, GroupRef(stream, GROUP))  # group list
+            assert not listed.drained and [p for p in listed.problems if command in p]
             # info reports it too, to a script as well (exit 0: a report, like status)
             code, info = await asyncio.to_thread(_cli_json, url, "info", "--stream", stream)
             assert code == 0 and [p for p in info["problems"] if command in p], info
