@@ -53,9 +53,10 @@ EXIT_SIGTERM = 143
 EXIT_CODES_HELP = """exit codes:
   0    success (a worker or pool that left gracefully on SIGTERM/SIGINT exits 0 too)
   1    not everything done: records refused or not stored (publish), not drained
-       before --timeout or no live member for --no-members-timeout (status
-       --wait-drained), live members (group delete), members that did not leave
-       gracefully after the signal (pool)
+       before --timeout, or no live member (or the stream's repartition still
+       unfinished) for --no-members-timeout (status --wait-drained), live
+       members (group delete), members that did not leave gracefully after the
+       signal (pool)
   2    usage, configuration, input or connection error (the message says what to fix)
   3    runtime failure: a worker stopped on an error, a partition blocked on a poison
        message (status --wait-drained), or an unexpected error

@@ -1,11 +1,16 @@
 """``nats-ordered info``: a partitioned stream's per-partition message counts and last
-sequences, and every stray message (stored on a subject that is not a partition subject)."""
+sequences, and every stray message (stored on a subject that is not a partition subject).
+
+Like ``status``, it is a report: it exits 0 whatever it finds, and lists what an operator
+must act on under ``problems`` (``--json``: a list of strings, empty when there is none):
+stray messages, and a repartition that has not recorded its switch point."""
 
 from __future__ import annotations
 
 import argparse
 
 from ..core.connection import ConnectionOptions
+from ..core.layout import pending_switch_problem
 from ..core.streams import describe, partition_stats, stream_contents, subjects_text
 from .common import (
     EXIT_OK,
@@ -41,6 +46,14 @@ async def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
     total = contents.messages + sum(s.messages for _, ss in earlier for s in ss)
     last = max((s.last_seq for _, ss in earlier for s in ss), default=0)
     last = max([last, *(s.last_seq for s in stats)])
+    problems = []
+    pending = stream.pending_switch
+    if pending is not None:
+        problems.append(
+            pending_switch_problem(stream.name, stream.partitions, stream.epoch, pending.epoch)
+        )
+    if strays:
+        problems.append(strays.problem())
     if args.json:
         print_json(
             {
@@ -91,6 +104,7 @@ async def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
                     "problem": strays.problem() or None,
                     "purge": strays.purge_commands() if strays else [],
                 },
+                "problems": problems,
             }
         )
         return EXIT_OK
@@ -134,14 +148,6 @@ async def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
             f"layout epoch {stream.epoch} ({stream.subjects_text}), repartitioned; earlier "
             f"layouts ({listed}) are read by each group before this one"
         )
-    pending = stream.pending_switch
-    if pending is not None:
-        print(
-            f"problem: the repartition to epoch {stream.epoch} has not recorded the switch point "
-            f"of epoch {pending.epoch}; groups stay on epoch {pending.epoch} until it has. If "
-            "no repartition is running (it was interrupted), complete it: `nats-ordered "
-            f"repartition --stream {stream.name} --partitions {stream.partitions}`"
-        )
     if not stream.explicit_subjects:
         print(
             f"subjects {stream.subjects_text}: the stream also stores publishes to subjects "
@@ -149,8 +155,8 @@ async def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
             f"{stream.name} --partitions {stream.partitions}` narrows it to "
             f"{subjects_text(stream.prefix, stream.partitions)}"
         )
-    if strays:
-        print(f"problem: {strays.problem()}")
+    for problem in problems:
+        print(f"problem: {problem}")
     return EXIT_OK
 
 

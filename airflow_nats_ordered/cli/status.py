@@ -3,7 +3,9 @@ with ``--wait-drained``, wait until the group has processed everything published
 
 A wait never hangs on a group nobody consumes: with no live member for
 ``--no-members-timeout`` (default 60s) it exits 1, and a group that has no state yet (the
-workers are starting) is waited for within the same bound."""
+workers are starting), or a stream whose repartition has not recorded its switch point
+(running, or interrupted: the message names the command that completes it), is waited for
+within the same bound."""
 
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from ..core.drain import (
     DrainTimeoutError,
     NoMembersError,
     PartitionBlockedError,
+    RepartitionUnfinishedError,
     StrayMessagesError,
     group_exists,
     wait_drained,
@@ -71,7 +74,8 @@ def configure(p: argparse.ArgumentParser) -> None:
         help="first wait until every partition's committed position reaches its last "
         "sequence as of now (progress on stderr), then show the status. A group with no "
         "state yet (workers still starting) is waited for. Exit 1 on --timeout or when no "
-        "member is alive for --no-members-timeout (nobody consumes the group), 3 as soon "
+        "member is alive for --no-members-timeout (nobody consumes the group) or the "
+        "stream's repartition stays unfinished that long, 3 as soon "
         "as a partition is blocked on a poison message or when the stream holds stray "
         "messages (on subjects no worker reads)",
     )
@@ -98,7 +102,8 @@ def configure(p: argparse.ArgumentParser) -> None:
         type=parse_duration,
         metavar="DURATION",
         help="with --wait-drained: exit 1 once no member of the group has been alive (or, "
-        "for a group with no state yet, none has joined) for this long since the command "
+        "for a group with no state yet, none has joined; or the stream's repartition has "
+        "not recorded its switch point) for this long since the command "
         f"started; 0 waits anyway (default {DEFAULT_NO_MEMBERS_TIMEOUT:g}s: a pool restarts "
         "a crashed member well within it)",
     )
@@ -306,6 +311,16 @@ class _DrainProgressLine:
                 False,
             )
             return
+        if progress.pending_switch is not None and not progress.done:
+            self._write(
+                f"waiting for group {self.group} to drain: the stream's repartition has not "
+                f"recorded the switch point of layout epoch {progress.pending_switch} yet (a "
+                "repartition running, or interrupted: `nats-ordered repartition` with the "
+                "same count completes it) "
+                f"({format_duration(round(progress.elapsed))})",
+                False,
+            )
+            return
         behind = progress.behind
         at_mark = len(progress.marks) - len(behind)
         text = (
@@ -431,6 +446,9 @@ async def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
             except NoMembersError as exc:
                 code = EXIT_INCOMPLETE
                 failure = f"{exc} (or raise --no-members-timeout; 0 waits for them without limit)"
+            except RepartitionUnfinishedError as exc:
+                code = EXIT_INCOMPLETE
+                failure = f"{exc}; or raise --no-members-timeout (0 waits for it without limit)"
             except StrayMessagesError as exc:
                 code = EXIT_FAILED
                 failure = str(exc)

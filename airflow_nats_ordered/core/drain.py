@@ -48,7 +48,13 @@ from .lag import PartitionLag as PartitionLag
 from .lag import group_lag as group_lag
 from .lag import later_messages as later_messages
 from .lag import read_group_lag
-from .layout import GROUP_EPOCH_KEY, group_epoch_of, key_partition
+from .layout import (
+    GROUP_EPOCH_KEY,
+    Layout,
+    group_epoch_of,
+    key_partition,
+    pending_switch_problem,
+)
 from .streams import PartitionedStream, Strays, describe, stray_messages, stream_contents
 
 #: seconds between checks of what the server does not push: live members, the stream
@@ -103,6 +109,17 @@ class StrayMessagesError(NatsOrderedError):
         self.strays = strays
 
 
+class RepartitionUnfinishedError(NatsOrderedError):
+    """The stream's repartition has not recorded its switch point for the allowed time: no
+    group moves past the closed layout and whether all its records are stored is not known,
+    so waiting longer cannot help until the repartition is completed (the message names the
+    command). ``epoch`` is the closed layout's."""
+
+    def __init__(self, message: str, epoch: int) -> None:
+        super().__init__(message)
+        self.epoch = epoch
+
+
 class PartitionBlockedError(NatsOrderedError):
     """A partition is blocked on a poison message before reaching its mark: it will not
     drain until the handler is fixed (or the message is dealt with)."""
@@ -148,6 +165,9 @@ class DrainProgress:
     #: the stream's layout epoch while the group still processes an earlier one (it was
     #: repartitioned and the group has not finished the old partitions); None once reached
     waiting_epoch: int | None = None
+    #: the epoch of a layout whose switch point is not recorded yet (a repartition running
+    #: or interrupted): the marks are compared once it is (``marks`` is empty meanwhile)
+    pending_switch: int | None = None
 
     @property
     def behind(self) -> dict[int, tuple[int, int]]:
@@ -160,7 +180,7 @@ class DrainProgress:
 
     @property
     def done(self) -> bool:
-        return not self.behind and self.waiting_epoch is None
+        return not self.behind and self.waiting_epoch is None and self.pending_switch is None
 
 
 def marks_to_wait(
@@ -190,6 +210,12 @@ def marks_to_wait(
             f"{partitions - 1}; pass the marks the publisher reported for it"
         )
     return pending
+
+
+def recorded_switch(described: PartitionedStream) -> int:
+    """The last recorded switch point of ``described`` (0 if never repartitioned); a
+    pending layout's 0 is no switch point."""
+    return max((lay.switch_seq for lay in described.layouts if not lay.pending), default=0)
 
 
 async def wait_drained(
@@ -228,27 +254,52 @@ async def wait_drained(
     ``StreamRecreated`` when the stream was deleted and created again (the group's positions
     no longer mean anything), and :class:`~.errors.StreamNotFoundError` if the stream does
     not exist.
+
+    While the stream's repartition has not recorded its switch point (running, or
+    interrupted), it never returns: no group moves past the closed layout, and which marks
+    are of it, or whether all its records are stored, is not known yet. The marks are
+    compared once the switch point is recorded (the stream is read every
+    :data:`CHECK_EVERY` seconds meanwhile); it raises :class:`RepartitionUnfinishedError`,
+    naming the command that completes the repartition, when that has not happened within
+    ``no_members_timeout`` seconds of the call, and the :class:`DrainTimeoutError` at
+    ``timeout`` says the same.
     """
     t0 = time.monotonic()
     described = await describe(nc, stream)
     contents = await stream_contents(nc, described)
     if contents.strays:
         raise StrayMessagesError(contents.strays)
-    if marks is None:
-        marks = {s.partition: s.last_seq for s in contents.partitions}
+    given = marks if marks is not None else {s.partition: s.last_seq for s in contents.partitions}
     # a repartitioned stream: the group must also have finished every earlier layout, whose
-    # records are all at or below the last switch point (a mark there is covered by that)
+    # records are all at or below the last switch point (a mark there is covered by that).
+    # While a switch point is pending, which marks are of the closed layout is not known
+    # (nor whether all its records are stored): the marks wait until it is recorded
     need_epoch = described.current_epoch
-    switch = max((lay.switch_seq for lay in described.layouts), default=0)
-    marks = marks_to_wait(marks, partitions=described.partitions, switch_seq=switch, stream=stream)
+    unfinished = described.pending_switch
+    marks = {}
+    if unfinished is None:
+        marks = marks_to_wait(
+            given,
+            partitions=described.partitions,
+            switch_seq=recorded_switch(described),
+            stream=stream,
+        )
     group_epoch = described.oldest_epoch
 
     def waiting() -> int | None:
         return need_epoch if group_epoch < need_epoch else None
 
+    def pending() -> int | None:
+        return None if unfinished is None else unfinished.epoch
+
     if not await group_exists(nc, stream, group):
         nothing = DrainProgress(
-            marks, {}, time.monotonic() - t0, group_missing=True, waiting_epoch=waiting()
+            marks,
+            {},
+            time.monotonic() - t0,
+            group_missing=True,
+            waiting_epoch=waiting(),
+            pending_switch=pending(),
         )
         if nothing.done:
             if on_progress is not None:
@@ -274,7 +325,7 @@ async def wait_drained(
 
     def take_global(value: bytes | None) -> None:
         seqs = GlobalPosition.from_json(value).seqs if value else {}
-        for p in set(marks) | set(seqs):
+        for p in set(marks or ()) | set(seqs):
             if p not in commit_rev:
                 committed[p] = seqs.get(p, 0)
 
@@ -282,7 +333,11 @@ async def wait_drained(
         while True:
             if caught_up:
                 progress = DrainProgress(
-                    marks, dict(committed), time.monotonic() - t0, waiting_epoch=waiting()
+                    marks,
+                    dict(committed),
+                    time.monotonic() - t0,
+                    waiting_epoch=waiting(),
+                    pending_switch=pending(),
                 )
                 behind = progress.behind
                 # a marker counts while no commit record came after it: a newer grant or the
@@ -309,11 +364,39 @@ async def wait_drained(
             wait = None if timeout is None else timeout - (now - t0)
             if wait is not None and wait <= 0:
                 raise _timeout_error(
-                    stream, group, timeout or 0.0, marks, committed, waiting_epoch=waiting()
+                    stream,
+                    group,
+                    timeout or 0.0,
+                    marks,
+                    committed,
+                    waiting_epoch=waiting(),
+                    unfinished=_unfinished_problem(described, unfinished),
                 )
             if now >= next_check:
                 next_check = now + CHECK_EVERY
                 await store.check_stream()
+                if unfinished is not None:  # recorded since? then the marks are known
+                    now_described = await describe(nc, stream)
+                    unfinished = now_described.pending_switch
+                    if unfinished is None:
+                        marks = marks_to_wait(
+                            given,
+                            partitions=now_described.at_epoch(need_epoch).partitions,
+                            switch_seq=recorded_switch(now_described),
+                            stream=stream,
+                        )
+                    elif no_members_timeout is not None and now - t0 > no_members_timeout:
+                        raise RepartitionUnfinishedError(
+                            f"group {group} of stream {stream} cannot drain: "
+                            + pending_switch_problem(
+                                stream,
+                                now_described.current_partitions,
+                                now_described.current_epoch,
+                                unfinished.epoch,
+                            )
+                            + f" (still so after {no_members_timeout:g}s of this wait)",
+                            unfinished.epoch,
+                        )
                 if not described.explicit_subjects:  # a wildcard stream may take new strays
                     strays = await stray_messages(nc, described)
                     if strays:
@@ -466,6 +549,15 @@ def no_members_error(
     )
 
 
+def _unfinished_problem(described: PartitionedStream, unfinished: Layout | None) -> str | None:
+    """What a wait says while ``unfinished`` (a layout of ``described``) is pending."""
+    if unfinished is None:
+        return None
+    return pending_switch_problem(
+        described.name, described.current_partitions, described.current_epoch, unfinished.epoch
+    )
+
+
 def _timeout_error(
     stream: str,
     group: str,
@@ -474,12 +566,15 @@ def _timeout_error(
     committed: Mapping[int, int],
     group_missing: bool = False,
     waiting_epoch: int | None = None,
+    unfinished: str | None = None,
 ) -> DrainTimeoutError:
     behind = DrainProgress(marks, committed, timeout).behind
     shown = ", ".join(f"{p} at {c} of {m}" for p, (c, m) in list(behind.items())[:5])
     more = f" and {len(behind) - 5} more" if len(behind) > 5 else ""
     missing = " (the group has no state yet: no worker has joined it)" if group_missing else ""
-    if waiting_epoch is not None:
+    if unfinished is not None:
+        missing += f" ({unfinished})"
+    elif waiting_epoch is not None:
         missing += (
             f" (the stream was repartitioned: the group has not yet finished the partitions "
             f"of its earlier layout, so it has not reached layout epoch {waiting_epoch})"

@@ -3,8 +3,9 @@ must act on.
 
 Guarantees: the snapshot is read with plain gets and is never used to decide ownership;
 ``problems`` names every blocked partition (its blocked marker, with the reason), every
-deleted commit record, a deleted or re-created stream, and each member's own reported
-problems, and a stopped global-order reader's error (from its position), each with the
+deleted commit record, a deleted or re-created stream, a repartition whose switch point
+is not recorded yet (once, with the command that completes it), and each member's own
+reported problems, and a stopped global-order reader's error (from its position), each with the
 action that fixes it.
 :class:`GroupSnapshot` holds this verb of :class:`~.group.GroupStore`.
 """
@@ -23,7 +24,7 @@ from .errors import StreamNotFoundError
 from .global_position import POSITION_KEY, READER_KEY, GlobalPosition
 from .group_stream import GroupStreamIdentity
 from .kv import bucket_keys
-from .layout import key_partition, state_key
+from .layout import key_partition, pending_switch_problem, state_key
 from .streams import describe
 
 
@@ -48,6 +49,9 @@ class GroupState:
     epoch: int = 0
     stream_epoch: int = 0
     switch_seq: int = 0
+    #: the epoch of a layout whose switch point is not recorded yet (a repartition running
+    #: or interrupted; see .layout), else None
+    pending_switch: int | None = None
     #: what needs an operator: blocked partitions, deleted commit records, a deleted or
     #: re-created stream, and each member's own ``problems`` (from its heartbeat) prefixed
     #: with the member id
@@ -122,6 +126,7 @@ class GroupSnapshot(GroupStreamIdentity):
             )
         # a member holding a partition reports the reason its marker holds: said once above
         said = {f"partition {p}: {reason}" for p, reason in snap.blocked.items()}
+        said.update(snap.problems)  # a member's pending-switch report: said once above
         for m, info in sorted(snap.members.items()):
             snap.problems += [f"{m}: {p}" for p in info.get("problems") or [] if p not in said]
         return snap
@@ -140,6 +145,16 @@ class GroupSnapshot(GroupStreamIdentity):
         snap.switch_seq = max((lay.switch_seq for lay in live.layouts), default=0)
         if recorded and live.created and recorded != live.created:
             return [self._recreated_message(recorded, live.created)]
+        pending = live.pending_switch
+        if pending is not None:
+            # its records may not all be stored, and no group moves past it: the operator
+            # completes the repartition (members waiting on it say the same, said once)
+            snap.pending_switch = pending.epoch
+            return [
+                pending_switch_problem(
+                    live.name, live.current_partitions, live.current_epoch, pending.epoch
+                )
+            ]
         return []
 
     async def _deleted_commit_problems(self, commits: dict[int, CommitRecord]) -> list[str]:

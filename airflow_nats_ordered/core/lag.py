@@ -96,6 +96,14 @@ class GroupLag:
     later: int = 0
     stats_epoch: int = 0
     switch_seq: int = 0
+    #: the epoch of a layout whose switch point is not recorded yet (a repartition running
+    #: or interrupted), else None: see :attr:`drained`
+    pending_switch: int | None = None
+
+    @property
+    def switch_unfinished(self) -> bool:
+        """A layout the group has not passed has no recorded switch point yet."""
+        return self.pending_switch is not None and self.pending_switch >= self.epoch
 
     @property
     def total_lag(self) -> int:
@@ -105,8 +113,12 @@ class GroupLag:
 
     @property
     def drained(self) -> bool:
+        """Nothing left to process, and nothing can still arrive on a layout the group has
+        not finished: never while the switch point of the group's layout (or a later one)
+        is pending, since records of it may still be stored and the group cannot move on."""
         return (
             not self.strays
+            and not self.switch_unfinished
             and not self.later
             and self.stats_epoch == self.epoch
             and all(p.committed >= p.last for p in self.partitions)
@@ -194,6 +206,7 @@ def group_lag(
         stream_epoch=state.stream_epoch,
         stats_epoch=stats_epoch,
         switch_seq=state.switch_seq,
+        pending_switch=state.pending_switch,
     )
 
 
@@ -242,4 +255,5 @@ async def read_group_lag(
         layout_epoch=store.epoch,
         after=await count_after(nc, mine, wanted),
     )
-    return replace(found, later=later)
+    pending = described.pending_switch
+    return replace(found, later=later, pending_switch=None if pending is None else pending.epoch)

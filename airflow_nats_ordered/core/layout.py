@@ -170,3 +170,16 @@ def repartitioned_message(stream: str, partitions: int, epoch: int) -> str:
         "a new publisher reads the new layout (records the stream already acknowledged are "
         "kept, and a rerun with the same run id / msg-ids stores nothing twice)"
     )
+
+
+def pending_switch_problem(stream: str, partitions: int, epoch: int, pending_epoch: int) -> str:
+    """What every reader says while layout ``pending_epoch`` of ``stream`` (now at ``epoch``
+    with ``partitions`` partitions) has no recorded switch point: no group moves past it,
+    and whether its records are all stored is not known, so no group is drained."""
+    return (
+        f"the repartition of stream {stream} to {partitions} partitions (epoch {epoch}) has "
+        f"not recorded the switch point of epoch {pending_epoch} yet: groups stay on epoch "
+        f"{pending_epoch} (or earlier) and none is drained until it has. If no repartition "
+        "is running (it was interrupted), complete it: `nats-ordered repartition --stream "
+        f"{stream} --partitions {partitions}`"
+    )

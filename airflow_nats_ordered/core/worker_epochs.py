@@ -41,7 +41,7 @@ from nats.js.errors import KeyWrongLastSequenceError
 from .errors import NatsOrderedError
 from .group import GroupConfig, GroupStore
 from .kv import compact_json, latest_entry
-from .layout import GROUP_EPOCH_KEY, group_epoch_of, partition_of
+from .layout import GROUP_EPOCH_KEY, group_epoch_of, partition_of, pending_switch_problem
 from .message import AppliedPosition
 from .owned import OwnedPartition
 from .streams import PartitionedStream, describe, stream_contents
@@ -174,14 +174,12 @@ class EpochSwitch:
                     if pending is not None and pending.epoch >= self.store.epoch:
                         self._report(
                             "epoch",
-                            f"the repartition of stream {described.name} to "
-                            f"{described.current_partitions} partitions (epoch "
-                            f"{described.current_epoch}) has not recorded the switch point "
-                            f"of epoch {pending.epoch} yet; the group stays on epoch "
-                            f"{self.store.epoch} until it has. If no repartition is running "
-                            "(it was interrupted), complete it: `nats-ordered repartition "
-                            f"--stream {described.name} --partitions "
-                            f"{described.current_partitions}`",
+                            pending_switch_problem(
+                                described.name,
+                                described.current_partitions,
+                                described.current_epoch,
+                                pending.epoch,
+                            ),
                         )
                         continue
                     behind = await epoch_finished(self.nc, self.store, self.stream)

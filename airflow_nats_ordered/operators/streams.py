@@ -118,13 +118,18 @@ class NatsRepartitionStreamOperator(BaseOperator):
     """Change a stream's partition count without breaking any key's order (the operator
     form of ``nats-ordered repartition``; see :func:`..core.repartition.repartition`).
 
-    One stream update switches publishers to the new layout at a recorded point: the server
-    refuses every publish still routed by the old one (a publish task that started before
-    fails, and its retry reads the new layout, storing nothing twice). Each consumer group
-    finishes every old partition before any record of the new layout is handed out.
+    Two stream updates: the first switches publishers to the new layout (the server refuses
+    every publish still routed by the old one: a publish task that started before fails,
+    and its retry reads the new layout, storing nothing twice) and marks the old layout's
+    switch point pending; the second records it, exactly (the sequence of the old layout's
+    last record). Each consumer group finishes every old partition before any record of the
+    new layout is handed out, and moves on only once the switch point is recorded; drain
+    sensors, ``status`` and lag say so meanwhile.
 
-    Idempotent for Airflow retries: a stream that already has ``partitions`` partitions is
-    left as it is (``action`` ``unchanged``). An unknown stream or a count outside 1..4096
+    Idempotent for Airflow retries: a try killed between the updates (or before) is
+    completed by the next try (``action`` ``completed``); a stream that already has
+    ``partitions`` partitions, its switch recorded, is left as it is (``action``
+    ``unchanged``). An unknown stream or a count outside 1..4096
     fails the task at once; another repartition of the stream still running is retried.
     Returns the result (XCom): ``action``, ``stream``, ``previous_partitions``,
     ``partitions``, ``epoch``, ``switch_seq``, ``subjects``.

@@ -21,6 +21,7 @@ from ..core.drain import (
     read_lag,
 )
 from ..core.group_admin import live_members
+from ..core.layout import pending_switch_problem
 from ..core.runs import RunLedger
 from ..core.streams import describe, stream_contents
 from ..hooks.nats import NatsHook
@@ -312,6 +313,8 @@ class NatsGroupDrainSensor(BaseSensorOperator):
         hook = NatsHook(self.nats_conn_id)
         marks = self._resolve(hook, context or {})
 
+        waiting: list[str] = []  # why the group cannot be drained whatever the marks say
+
         async def check(nc: Any) -> dict[int, tuple[int, int]]:
             if not await group_exists(nc, self.stream, self.group):
                 # no worker has joined yet (they may be starting): nothing is committed
@@ -330,7 +333,21 @@ class NatsGroupDrainSensor(BaseSensorOperator):
             lag = await read_lag(nc, self.stream, self.group)
             if lag.strays:  # no worker reads them: waiting cannot drain them
                 raise AirflowFailException(lag.strays.problem())
+            if lag.switch_unfinished:
+                # the closed layout may still receive records, and the group stays on it:
+                # not drained, whatever the marks (a run's marks may be of either layout)
+                described = await describe(nc, self.stream)
+                waiting.append(
+                    pending_switch_problem(
+                        self.stream,
+                        described.current_partitions,
+                        described.current_epoch,
+                        lag.pending_switch if lag.pending_switch is not None else lag.epoch,
+                    )
+                )
+                return {int(p): (0, m) for p, m in marks.items() if m > 0}
             if lag.epoch != lag.stream_epoch:
+                waiting.append(f"group still on layout epoch {lag.epoch}")
                 self.log.info(
                     "group %s of %s is still applying layout epoch %d (the stream is at "
                     "epoch %d): it moves once every earlier partition is applied",
@@ -363,7 +380,9 @@ class NatsGroupDrainSensor(BaseSensorOperator):
             return behind
 
         behind = hook.run(check)
-        if behind:
+        if waiting:
+            self.log.info("group %s of %s is not drained: %s", self.group, self.stream, waiting[0])
+        if behind or waiting:
             self.log.info("group %s: %d partition(s) behind: %s", self.group, len(behind), behind)
             self._check_members(hook, context or {}, behind)
             return False

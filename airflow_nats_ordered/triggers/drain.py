@@ -94,6 +94,18 @@ class NatsGroupDrainTrigger(BaseTrigger):
                 self.stream,
             )
             return
+        if progress.pending_switch is not None and not progress.done:
+            self.log.info(
+                "group %s of %s: the stream's repartition has not recorded the switch point "
+                "of layout epoch %d yet (running, or interrupted: `nats-ordered repartition "
+                "--stream %s --partitions N` with its count completes it); the marks are "
+                "compared once it has",
+                self.group,
+                self.stream,
+                progress.pending_switch,
+                self.stream,
+            )
+            return
         behind = progress.behind
         if not behind:
             self.log.info(
