@@ -29,7 +29,12 @@ when the event was queued after the shared stream had stopped (nothing gates it 
 So the filter also records each hand-over that reached Airflow's persistence gate
 (:class:`Delivery`), and a message is acked only if every subscriber Airflow counts as
 having accepted it handed it over that way; otherwise it is nak'ed and redelivered (a
-duplicate at worst, never a loss).
+duplicate at worst, never a loss). Nor does "persisted" mean stored for a trigger that
+Airflow is removing (its row deleted or left without assets when the DAG was paused or
+changed and parsed again: ``Trigger.submit_event`` then writes nothing); such a trigger
+is cancelled in the same state sync that confirms those events, so a message handed over
+by a trigger that is cancelled or due to be (:func:`trigger_removal_pending`) is nak'ed
+too.
 
 The durable consumer is the cursor: it survives triggerer restarts and is created on
 first use (``deliver_policy`` decides where a *new* consumer starts). Messages handed
@@ -502,9 +507,15 @@ class NatsMessageProducer(SharedStreamProducer):
         accepted the message handed its event over to the persistence gate; a clean
         outcome without that (the trigger stopped between yielding the event and the
         triggerer queueing it, or the stream had stopped) is nak'ed: Airflow never
-        stored the event. Raises if an ack is not confirmed: Airflow then ends the
-        shared stream and the message is redelivered (a duplicate, never a loss)."""
-        clean, rejected, failed, unstored, removed = [], [], [], [], []
+        stored the event. So is a clean one handed over by a trigger that is cancelled
+        or due to be (Airflow may have stored nothing for a trigger it is removing).
+        Raises if an ack is not confirmed: Airflow then ends the shared stream and the
+        message is redelivered (a duplicate, never a loss)."""
+        clean: list[Any] = []
+        rejected: list[Any] = []
+        failed: list[Any] = []
+        unstored: list[Any] = []
+        removed: list[Any] = []
         for item in batch:
             msg = item.broker_payload
             delivery = self._outstanding.pop(id(msg), None)
