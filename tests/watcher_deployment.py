@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -157,34 +156,3 @@ class WatcherDeployment:
     def fired(t: Triggerer) -> set[int]:
         """The stream sequences whose events triggerer ``t`` logged as fired."""
         return {int(s) for s in FIRED.findall(t.log())} if t.log_path.exists() else set()
-
-
-def runner_pid(t: Triggerer) -> int:
-    """The trigger runner: the ``airflow triggerer`` process's child."""
-    assert t.proc is not None
-    children = [pid for pid in t.group_pids() if pid != t.proc.pid]
-    assert len(children) == 1, f"expected one trigger runner, found {children}"
-    return children[0]
-
-
-def waiting_in_select(pid: int) -> bool:
-    """Whether process ``pid`` is blocked waiting for I/O (the triggerer's supervisor
-    between two rounds of database work, serving its runner)."""
-    return Path(f"/proc/{pid}/wchan").read_text().strip() in ("do_epoll_wait", "ep_poll")
-
-
-def requests_queued(t: Triggerer) -> int:
-    """Bytes the trigger runner has sent its supervisor that the supervisor has not read
-    (its state syncs: the events it fired, waiting to be stored). Read with ``ss``."""
-    assert t.proc is not None
-    link = Path(f"/proc/{runner_pid(t)}/fd/0").readlink().name  # socket:[inode]
-    runner_inode = link.partition("[")[2].rstrip("]")
-    out = subprocess.run(
-        ["ss", "-xpn"], capture_output=True, text=True, check=True, timeout=30
-    ).stdout
-    for line in out.splitlines():
-        fields = line.split()
-        # u_str ESTAB Recv-Q Send-Q * <inode> * <peer inode> users:((..,pid=N,..))
-        if len(fields) >= 8 and fields[7] == runner_inode and f"pid={t.proc.pid}," in line:
-            return int(fields[2])
-    raise AssertionError(f"the supervisor's end of the runner's socket {link} is not in ss")
