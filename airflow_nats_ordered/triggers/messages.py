@@ -29,7 +29,12 @@ when the event was queued after the shared stream had stopped (nothing gates it 
 So the filter also records each hand-over that reached Airflow's persistence gate
 (:class:`Delivery`), and a message is acked only if every subscriber Airflow counts as
 having accepted it handed it over that way; otherwise it is nak'ed and redelivered (a
-duplicate at worst, never a loss).
+duplicate at worst, never a loss). Nor does "persisted" mean stored for a trigger that
+Airflow is removing (its row deleted or left without assets when the DAG was paused or
+changed and parsed again: ``Trigger.submit_event`` then writes nothing); such a trigger
+is cancelled in the same state sync that confirms those events, so a message handed over
+by a trigger that is cancelled or due to be (:func:`trigger_removal_pending`) is nak'ed
+too.
 
 The durable consumer is the cursor: it survives triggerer restarts and is created on
 first use (``deliver_policy`` decides where a *new* consumer starts). Messages handed
@@ -288,20 +293,56 @@ class NatsMessageTrigger(BaseEventTrigger):
 
 class Delivery(dict[str, Any]):
     """One delivery of a message as the producer hands it to the triggerer: its
-    :func:`message_payload` (a ``dict``), plus how many subscribers' filters handed its
+    :func:`message_payload` (a ``dict``), plus the trigger tasks whose filters handed its
     event over to Airflow's persistence gate (:meth:`handed_over`)."""
 
-    __slots__ = ("msg", "handovers")
+    __slots__ = ("msg", "holders")
 
     def __init__(self, msg: Any) -> None:
         super().__init__(message_payload(msg))
         self.msg = msg
-        self.handovers = 0
+        self.holders: list[asyncio.Task | None] = []
+
+    @property
+    def handovers(self) -> int:
+        """How many subscribers handed this delivery's event over to the persistence gate."""
+        return len(self.holders)
 
     def handed_over(self) -> None:
-        """Record that one subscriber's event for this delivery awaits Airflow's
+        """Record that the calling trigger task's event for this delivery awaits Airflow's
         persistence confirmation (called by the filter once the triggerer took it)."""
-        self.handovers += 1
+        self.holders.append(asyncio.current_task())
+
+    def holder_removed(self) -> bool:
+        """Whether a trigger that handed this event over is cancelled, being cancelled or
+        due to be (see :func:`trigger_removal_pending`)."""
+        return any(task is not None and trigger_removal_pending(task) for task in self.holders)
+
+
+def trigger_removal_pending(task: asyncio.Task) -> bool:
+    """Whether the triggerer has stopped, is stopping, or has been told to stop the trigger
+    running as ``task`` (its ``run_trigger`` task).
+
+    Why it matters: Airflow's ``Trigger.submit_event`` stores an asset event for each
+    asset the trigger row has *when the event is stored*; for a row deleted or left
+    without assets (its DAG paused or changed, then parsed again) it stores nothing and
+    the event is confirmed as persisted all the same. The triggerer deletes such a row
+    in the round that "stored" the events and cancels the trigger in the state sync that
+    confirms them: it queues the cancel (``TriggerRunner.to_cancel``) before it records
+    the confirmations, so by the time a confirmation resolves a message the cancel is
+    visible here. Reads the runner's ``to_cancel`` through the task's ``run_trigger``
+    frame (Airflow 3.3 internals); without it only the task's own state counts."""
+    if task.done() or task.cancelling():
+        return True
+    frame = getattr(task.get_coro(), "cr_frame", None)
+    if frame is None:
+        return False
+    local = frame.f_locals
+    to_cancel = getattr(local.get("self"), "to_cancel", None)
+    try:
+        return to_cancel is not None and local.get("trigger_id") in to_cancel
+    except TypeError:  # pragma: no cover - another Airflow's internals
+        return False
 
 
 def persistence_gated() -> bool:
@@ -466,15 +507,22 @@ class NatsMessageProducer(SharedStreamProducer):
         accepted the message handed its event over to the persistence gate; a clean
         outcome without that (the trigger stopped between yielding the event and the
         triggerer queueing it, or the stream had stopped) is nak'ed: Airflow never
-        stored the event. Raises if an ack is not confirmed: Airflow then ends the
-        shared stream and the message is redelivered (a duplicate, never a loss)."""
-        clean, rejected, failed, unstored = [], [], [], []
+        stored the event. So is a clean one handed over by a trigger that is cancelled
+        or due to be (Airflow may have stored nothing for a trigger it is removing).
+        Raises if an ack is not confirmed: Airflow then ends the shared stream and the
+        message is redelivered (a duplicate, never a loss)."""
+        clean: list[Any] = []
+        rejected: list[Any] = []
+        failed: list[Any] = []
+        unstored: list[Any] = []
+        removed: list[Any] = []
         for item in batch:
             msg = item.broker_payload
             delivery = self._outstanding.pop(id(msg), None)
             handovers = delivery.handovers if delivery is not None else 0
             if item.outcome.is_clean and handovers >= item.outcome.acked:
-                clean.append(msg)
+                gone = delivery is not None and delivery.holder_removed()
+                (removed if gone else clean).append(msg)
             elif item.outcome.is_clean:
                 unstored.append(msg)
             elif item.outcome.rejected:
@@ -491,6 +539,17 @@ class NatsMessageProducer(SharedStreamProducer):
                 [m.metadata.sequence.stream for m in unstored],
             )
             failed.extend(unstored)
+        if removed:
+            log.warning(
+                "NatsMessageTrigger %s/%s: Airflow confirmed stream sequence(s) %s as stored "
+                "while it was removing the trigger (its row deleted or left without assets: "
+                "the DAG paused or changed, or the trigger moved); Airflow stores no asset "
+                "event for a removed trigger, so they are nak'ed for redelivery",
+                self.t.stream,
+                self.t.consumer_name,
+                [m.metadata.sequence.stream for m in removed],
+            )
+            failed.extend(removed)
         if len(self._outstanding) < self.t.max_in_flight:
             self._room.set()
         await asyncio.gather(*(m.term() for m in rejected), *(m.nak() for m in failed))
