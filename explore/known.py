@@ -24,13 +24,6 @@ KNOWN_DEFECTS: dict[str, tuple[str, str]] = {
         "the nemesis never kills or stops a repartition command, nor restarts a server while "
         "one runs",
     ),
-    "sigterm-at-startup": (
-        "a worker SIGTERM'd before it installed its signal handlers (while importing, "
-        "connecting) dies by SIGTERM instead of exiting 0, and a pool SIGTERM'd while a member "
-        "starts exits 1 ('killed by SIGTERM'); found by the explorer, "
-        "tests/test_member_sigterm_at_startup.py",
-        "the member-startup-exit invariant is not checked",
-    ),
     "lag-exact": (
         "lag is overstated: computed from stream sequences, not the partition's own records",
         "the lag-exact invariant is not checked",
@@ -38,7 +31,7 @@ KNOWN_DEFECTS: dict[str, tuple[str, str]] = {
 }
 
 #: invariants a known defect's name turns off
-SKIPPED_INVARIANTS = {"lag-exact": "lag-exact", "sigterm-at-startup": "member-startup-exit"}
+SKIPPED_INVARIANTS = {"lag-exact": "lag-exact"}
 
 
 def parse_skip(text: str) -> frozenset[str]:
