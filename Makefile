@@ -45,7 +45,7 @@ bench-growth: venv
 
 # the explorer (docs/explore.md): seeded random operations and faults over real processes,
 # then the whole history checked. Without SEED: a few fixed seeds, briefly; with SEED: that
-# seed for MINUTES. EXPLORE_ARGS passes more flags (--cluster, --skip-known none, ...).
+# seed for MINUTES. EXPLORE_ARGS passes more flags (--cluster, --ops ..., ...).
 SEED ?=
 MINUTES ?=
 EXPLORE_ARGS ?=

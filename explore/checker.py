@@ -32,6 +32,8 @@ INVARIANTS = {
     "(or exits 2 before it joined: its documented refusal to start)",
     "member-startup-exit": "a worker SIGTERM'd while starting exits 0 too (and so does a pool "
     "SIGTERM'd while a member starts)",
+    "layout-complete": "after the final phase no repartition is left interrupted: no pending "
+    "switch point, the stream's subjects are its metadata's layout",
     "liveness": "every command ends within its deadline, nothing spins, the final drain ends",
 }
 
@@ -145,6 +147,8 @@ class Facts:
     liveness: list[str] = field(default_factory=list)
     #: how each worker and pool that ended before the end of the run ended
     members: list[MemberExit] = field(default_factory=list)
+    #: what is left of an interrupted repartition at the end (None: the layout is complete)
+    layout_pending: str | None = None
 
 
 @dataclass(frozen=True)
@@ -425,6 +429,10 @@ def _member_exits(facts: Facts, *, starting: bool) -> list[str]:
     return out
 
 
+def _layout_complete(facts: Facts, by_gid: dict[int, InputRecord]) -> list[str]:
+    return [] if facts.layout_pending is None else [facts.layout_pending]
+
+
 def _liveness(facts: Facts, by_gid: dict[int, InputRecord]) -> list[str]:
     return list(facts.liveness)
 
@@ -442,6 +450,7 @@ _CHECKS = {
     "counts": _counts,
     "member-exit": _member_exit,
     "member-startup-exit": _member_startup_exit,
+    "layout-complete": _layout_complete,
     "liveness": _liveness,
 }
 assert set(_CHECKS) == set(INVARIANTS)

@@ -74,15 +74,6 @@ class Generator:
         for p in self.world.producers.values():
             if p.kind != kind or p.id in busy:
                 continue
-            if (
-                kind == "cli"
-                and "repartition-dup" in self.skip
-                and (
-                    self.world.repartitions_started != p.repartitions_at_first
-                    or running.get("repartition", 0)
-                )
-            ):
-                continue
             out.append(p.id)
         return sorted(out)
 
@@ -90,23 +81,18 @@ class Generator:
         """The operations that may start now, with their weights. ``running``: how many
         commands of each op run; ``busy``: producer ids being published."""
         rep = running.get("repartition", 0)
-        runs = running.get("run", 0) + running.get("run-again", 0)
         workers = running.get("worker-join", 0)
         pools = running.get("pool-join", 0)
-        spin = "run-spin" in self.skip
         ok = {
             "publish": True,
             "publish-again": bool(self.reusable("cli", running, busy)),
-            "run": not (spin and rep),
-            "run-again": bool(self.reusable("run", running, busy)) and not (spin and rep),
+            "run": True,
+            "run-again": bool(self.reusable("run", running, busy)),
             "worker-join": workers < MAX_WORKERS,
             "worker-leave": workers >= 1 and workers + pools >= 2,
             "pool-join": pools < MAX_POOLS,
             "pool-leave": pools >= 1 and workers >= 1,
-            # a rerun crossing a repartition re-sends what the old layout stored
-            "repartition": not rep
-            and not (spin and runs)
-            and not ("repartition-dup" in self.skip and running.get("publish-again", 0)),
+            "repartition": not rep,
             "group-reset": not running.get("group-reset", 0),
             "group-rebalance": workers + pools >= 1 and not running.get("group-rebalance", 0),
             "dead-letters-replay": self.poison and not running.get("dead-letters-replay", 0),

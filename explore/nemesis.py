@@ -9,8 +9,10 @@
 * ``leader-kill``: on a 3-node cluster, SIGKILL the stream's leader (or another node) and
   start it again after a while.
 
-With the known defect ``repartition-interrupted`` skipped, a repartition command is never
-a target and no server fault happens while one runs.
+Some repartitions are also run with ``NATS_ORDERED_REPARTITION_CRASH_AT`` set to one of
+its named crash points (:meth:`Nemesis.crash_repartition_at`): the command SIGKILLs itself
+exactly between two of its steps, which random kills hit only rarely. The generator's next
+repartition (or the final phase) completes it, as an operator would.
 """
 
 from __future__ import annotations
@@ -56,18 +58,16 @@ class Nemesis:
         r = self.rng
         if r.random() >= self.rate * dt:
             return None
-        protect = "repartition-interrupted" in self.skip
-        repartitioning = any(op == "repartition" for _, op in targets)
-        hittable = [(c, op) for c, op in targets if not (protect and op == "repartition")]
+        hittable = list(targets)
         weights = {}
         for kind, w in FAULTS.items():
             if kind not in self.enabled:
                 continue
             if kind in ("kill", "pause") and not hittable:
                 continue
-            if kind == "server-restart" and (self.cluster or (protect and repartitioning)):
+            if kind == "server-restart" and self.cluster:
                 continue
-            if kind == "leader-kill" and (not self.cluster or (protect and repartitioning)):
+            if kind == "leader-kill" and not self.cluster:
                 continue
             weights[kind] = w
         if not weights:
@@ -88,8 +88,15 @@ class Nemesis:
         """A repartition just started: seconds after which to SIGKILL it (a random instant
         of its run, so that some land between its steps), or None. A repartition takes a
         few seconds, too short for the random faults to hit it often."""
-        if "kill" not in self.enabled or "repartition-interrupted" in self.skip:
+        if "kill" not in self.enabled:
             return None
         if self.rng.random() >= 0.35:
             return None
         return self.rng.uniform(0.5, 6.0)
+
+    def crash_repartition_at(self, points: Sequence[str]) -> str | None:
+        """A repartition is about to start: the named crash point (one of ``points``) at
+        which it kills itself, or None (a third of them crash)."""
+        if "kill" not in self.enabled or self.rng.random() >= 0.33:
+            return None
+        return self.rng.choice(list(points))

@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from airflow_nats_ordered.core.repartition import CRASH_ENV, CRASH_POINTS, interrupted
+from airflow_nats_ordered.core.streams import describe
 from airflow_nats_ordered.embedded import NatsCluster, NatsServer
 
 from .checker import (
@@ -286,7 +288,9 @@ class Explorer:
         cmd = run.cmd
         self.busy.pop(cmd.id, None)
         if cmd.op == "repartition" and cmd.exit_code == 0:
-            self.world.partitions = int(cmd.info["partitions"])
+            # a run that completed an interrupted one reports that one's count
+            res = cmd.result if isinstance(cmd.result, dict) else {}
+            self.world.partitions = int(res.get("partitions", cmd.info["partitions"]))
         if cmd.op in ("publish", "publish-again", "run", "run-again") and cmd.exit_code == 0:
             prod = self.world.producers[cmd.info["producer"]]
             if cmd.op.startswith("publish") or (
@@ -399,8 +403,17 @@ class Explorer:
             argv = self._cli(
                 "repartition", "--stream", STREAM, "--partitions", str(p["partitions"]), "--json"
             )
-            run = self.procs.start(op, argv, budget=BUDGET[op], partitions=p["partitions"])
-            delay = self.nemesis.aim_at_repartition() if not self.final else None
+            crash = None if self.final else self.nemesis.crash_repartition_at(CRASH_POINTS)
+            run = self.procs.start(
+                op,
+                argv,
+                budget=BUDGET[op],
+                env={CRASH_ENV: crash} if crash else None,
+                partitions=p["partitions"],
+            )
+            if crash:
+                self.history.note(f"nemesis: repartition #{run.cmd.id} crashes at {crash}")
+            delay = self.nemesis.aim_at_repartition() if not self.final and not crash else None
             if delay is not None:
                 self.aimed.append((time.monotonic() + delay, run))
                 self.history.note(f"nemesis aims at repartition #{run.cmd.id}: +{delay:.1f}s")
@@ -572,15 +585,15 @@ class Explorer:
         ):
             time.sleep(0.3)
             self._tick()
-        # inputs left partial are published again (same producer id), where allowed
+        # a repartition left interrupted is completed, as an operator would: run it again
+        pending = self._layout_pending()
+        if pending is not None:
+            self.history.note(f"final: {pending}; repartition again", "phase")
+            target = self._last_repartition_target()
+            self._start_sync(Action("repartition", {"partitions": target}))
+        # inputs left partial are published again (same producer id)
         for prod in list(self.world.producers.values()):
             if prod.complete:
-                continue
-            if (
-                prod.kind == "cli"
-                and "repartition-dup" in self.o.skip_known
-                and (self.world.repartitions_started != prod.repartitions_at_first)
-            ):
                 continue
             op = "publish-again" if prod.kind == "cli" else "run-again"
             self._start_sync(Action(op, {"producer": prod.id}))
@@ -629,6 +642,24 @@ class Explorer:
             for g in listing.cmd.result.get("groups", []):
                 if g.get("group") == GROUP:
                     self.lags.append(LagClaim("group list", int(g["total_lag"]), high))
+
+    def _layout_pending(self) -> str | None:
+        """What is left of an interrupted repartition (None: nothing, or unreadable)."""
+
+        async def read(nc: Any) -> str | None:
+            s = await describe(nc, STREAM, check_layout=False)
+            if not interrupted(s):
+                return None
+            return (
+                f"the repartition to epoch {s.layout.epoch} is interrupted (subjects "
+                f"{s.config.subjects}, pending switch {s.pending_switch})"
+            )
+
+        return self._nats(read, 60.0)
+
+    def _last_repartition_target(self) -> int:
+        reps = [c for c in self.history.commands.values() if c.op == "repartition"]
+        return int(reps[-1].info["partitions"]) if reps else self.world.partitions
 
     def _final_drain(self) -> bool:
         run = self._drain("final-drain", "240s")
@@ -754,6 +785,7 @@ class Explorer:
             purged=set(self.world.purged),
             dead_letters={int(json.loads(s.data)["i"]) for s in letters},
             liveness=self.liveness,
+            layout_pending=self._layout_pending(),
             members=[
                 MemberExit(
                     run.cmd.id,

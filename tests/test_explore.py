@@ -1,6 +1,6 @@
 """A short fixed-seed sample of the explorer (issue 28, docs/explore.md): real processes
-under random operations and faults, with the known defects being fixed elsewhere skipped
-(``explore.known``); the whole history must show no violation. ``make explore`` runs
+under random operations and faults, everything on (``explore.known`` names no open defect;
+any added there would be skipped); the whole history must show no violation. ``make explore`` runs
 longer samples, ``make explore SEED=.. MINUTES=..`` one seed for long."""
 
 from __future__ import annotations

@@ -45,12 +45,19 @@ options) -> int`` and ``COMMAND = Command("x", ...)``, listed in :data:`COMMANDS
 
 from __future__ import annotations
 
+import sys
+
+from . import startup_signals
+
+# first, before the heavy imports below: a worker or pool SIGTERM'd while it starts exits 0
+if startup_signals.is_member_program(sys.argv):
+    startup_signals.guard()
+
 import argparse
 import asyncio
 import contextlib
 import logging
 import os
-import sys
 import traceback
 from collections.abc import Sequence
 

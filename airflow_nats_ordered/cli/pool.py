@@ -25,7 +25,9 @@ Guarantees:
 * SIGTERM/SIGINT to the pool: the signal is forwarded once to every member, which leaves
   gracefully (finishes the message in hand, commits, releases); nothing is restarted any
   more; the pool exits 0 when all have left with 0. A second signal is forwarded again
-  (members exit at once) and the pool exits 143/130.
+  (members exit at once) and the pool exits 143/130. A member still starting (not yet
+  joined, holding nothing) exits 0 on SIGTERM too, and one the signal killed before it
+  could (before its interpreter ran the start-up guard) counts as gracefully gone.
 * Members run in their own session (a terminal's Ctrl-C reaches only the pool, which
   forwards one signal) and, on Linux, die with the pool (PR_SET_PDEATHSIG) even if the pool
   is SIGKILLed: a restarted pool never runs beside orphans using the same member ids.
@@ -169,6 +171,8 @@ class _Member:
     last_error: str | None = None
     #: why it is not restarted any more (its group was deleted)
     retired: str | None = None
+    #: its latest run logged that it joined the group
+    joined: bool = False
 
 
 class Supervisor:
@@ -215,6 +219,8 @@ class Supervisor:
         #: why the pool stopped by itself (a member could not start)
         self.failure: str | None = None
         self.stopping = asyncio.Event()
+        #: the first signal :meth:`stop` forwarded
+        self.stop_signal: int | None = None
 
     def endpoints(self) -> list[MemberEndpoint]:
         return [m.endpoint for m in self.members]
@@ -250,7 +256,7 @@ class Supervisor:
         failed = [
             f"{m.endpoint.member} ({_describe(m.left_with)})"
             for m in self.members
-            if m.left_with not in (None, 0)
+            if m.left_with not in (None, 0) and not self._left_while_starting(m)
         ]
         if self.failure is not None:
             self.log(f"error: {self.failure}")
@@ -261,8 +267,18 @@ class Supervisor:
         self.log(f"pool: all {len(self.members)} members left")
         return EXIT_OK
 
+    def _left_while_starting(self, m: _Member) -> bool:
+        """A member the forwarded SIGTERM reached before it joined (before even its
+        start-up guard, see ``startup_signals``) died by it holding nothing: a graceful
+        leave, as the worker's own guard makes it later in its start."""
+        return (
+            self.stop_signal == signal.SIGTERM and m.left_with == -signal.SIGTERM and not m.joined
+        )
+
     def stop(self, sig: int) -> None:
         """Forward ``sig`` to every running member; the first call also ends restarts."""
+        if not self.stopping.is_set():
+            self.stop_signal = sig
         self.stopping.set()
         for m in self.members:
             if m.endpoint.running and m.proc is not None:
@@ -276,6 +292,7 @@ class Supervisor:
         while not self.stopping.is_set():
             m.started = time.monotonic()
             m.last_error = None
+            m.joined = False
             code = await self._run_once(m)
             if self.stopping.is_set():
                 m.left_with = code
@@ -359,6 +376,8 @@ class Supervisor:
             line = data.decode(errors="replace").rstrip("\n")
             if line.startswith("error: "):
                 m.last_error = line[len("error: ") :]
+            elif line.startswith(f"member {m.endpoint.member} joined group "):
+                m.joined = True
             self.log(line)
 
 
