@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 # JVM). PYTEST_WORKERS=0 runs them in one process.
 PYTEST_WORKERS ?= 3
 
-.PHONY: venv test demo bench bench-growth lint format clean explore
+.PHONY: venv test test-slow demo bench bench-growth lint format clean explore
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "error: Python >= 3.11 is needed (found %s); set PYTHON=python3.11" % sys.version.split()[0])'
@@ -28,8 +28,14 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# the suite, less the tests marked slow (end-to-end kills and re-submits of minutes each,
+# three triggerers or a spark-submit JVM apiece): those run one at a time in test-slow,
+# which CI runs on its own before the suite, so neither waits behind the other's load
 test: venv
-	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup -m "not slow" $(PYTEST_ARGS)
+
+test-slow: venv
+	$(BIN)/python -m pytest -q -n 0 -m slow $(PYTEST_ARGS)
 
 demo: venv
 	$(BIN)/python -m airflow_nats_ordered.demo

@@ -35,12 +35,14 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
 from airflow_processes import Triggerer
 from watcher_deployment import WatcherDeployment, wait_for
 
 BIG = b"x" * 300_000  # the stalled triggerer's messages: their log lines fill the log socket
 
 
+@pytest.mark.slow
 def test_no_message_lost_when_triggerers_are_killed_at_the_points_of_the_hand_over(
     nats_server, unique_name, tmp_path: Path
 ) -> None:
@@ -59,7 +61,7 @@ def test_no_message_lost_when_triggerers_are_killed_at_the_points_of_the_hand_ov
     try:
         # 1: caught up, the supervisor alone killed, messages arrive for its orphan runner
         w.publish()
-        wait_for("message 1 stored and acked (a triggerer started)", w.caught_up, 180)
+        wait_for("message 1 stored and acked (a triggerer started)", w.caught_up, 300)
         first = holder(1)
         assert first is not None
         first.signal_main(signal.SIGKILL)

@@ -94,6 +94,7 @@ def _submit(url: str, *args: str) -> subprocess.Popen:
     )
 
 
+@pytest.mark.slow
 def test_publish_job_killed_mid_run_and_resubmitted_stores_every_flight_once_in_order(
     nats_url, unique_name
 ):

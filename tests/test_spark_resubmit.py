@@ -49,6 +49,7 @@ def _submit(url: str, stream: str, log: Path, *extra: str) -> subprocess.Popen:
         )
 
 
+@pytest.mark.slow
 def test_a_killed_spark_submit_resubmitted_after_the_window_stores_every_row_once(
     nats_url, unique_name, tmp_path
 ):
