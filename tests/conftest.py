@@ -44,6 +44,14 @@ if (
     _airflow_home = tempfile.mkdtemp(prefix="nats-ordered-airflow-")
     atexit.register(shutil.rmtree, _airflow_home, True)
     os.environ["AIRFLOW_HOME"] = _airflow_home
+    # One Fernet key for every Airflow process of the run. Without it each process that
+    # finds no airflow.cfg in a fresh home generates a key of its own and races to write
+    # the file: a triggerer started beside `dags reserialize` could not decrypt the
+    # trigger kwargs the other wrote (JSONDecodeError, runner dead), as CI's fresh
+    # clones showed for the three triggerers of test_airflow_watcher_kills.
+    from cryptography.fernet import Fernet
+
+    os.environ["AIRFLOW__CORE__FERNET_KEY"] = Fernet.generate_key().decode()
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 
 # Property tests check results, never speed: hypothesis' default 200 ms deadline per example

@@ -43,6 +43,7 @@ BIG = b"x" * 300_000  # the stalled triggerer's messages: their log lines fill t
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # a fresh clone's first triggerers compile Airflow's bytecode
 def test_no_message_lost_when_triggerers_are_killed_at_the_points_of_the_hand_over(
     nats_server, unique_name, tmp_path: Path
 ) -> None:
