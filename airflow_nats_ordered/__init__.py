@@ -101,7 +101,7 @@ def _field(label: str, kind: str = "string", *, secret: bool = False, **more: ob
 
 
 #: the ``nats`` connection form (extras): exactly the extras ``hooks.nats.options_from_connection``
-#: reads (tests/test_airflow_connection_form.py keeps the two and docs/airflow.md equal)
+#: reads (tests/airflow/test_airflow_connection_form.py keeps the two and docs/airflow.md equal)
 _CONN_FIELDS = {
     "servers": _field("Servers (comma list of URLs, instead of Host/Port)"),
     "token": _field("Token", secret=True),

@@ -47,10 +47,10 @@ from typing import Any
 
 import nats
 
-from airflow_nats_ordered.core.group_config import GroupConfig
-from airflow_nats_ordered.core.streams import StreamSpec, provision
-from airflow_nats_ordered.core.worker import Worker, WorkerConfig
-from airflow_nats_ordered.embedded import NatsCluster
+from airflow_nats_ordered.core.group.config import GroupConfig
+from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
+from airflow_nats_ordered.core.worker.worker import Worker, WorkerConfig
+from airflow_nats_ordered.embedded.servers import NatsCluster
 
 PARTITIONS = 16
 TTL = 2.0

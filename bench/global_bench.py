@@ -33,11 +33,11 @@ import nats
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from airflow_nats_ordered.core.global_order import GlobalOrderReader  # noqa: E402
-from airflow_nats_ordered.core.publisher import OrderedPublisher  # noqa: E402
-from airflow_nats_ordered.core.streams import StreamSpec, describe, provision  # noqa: E402
-from airflow_nats_ordered.core.worker import Worker, WorkerConfig  # noqa: E402
-from airflow_nats_ordered.embedded import NatsServer  # noqa: E402
+from airflow_nats_ordered.core.order.reader import GlobalOrderReader  # noqa: E402
+from airflow_nats_ordered.core.publish.publisher import OrderedPublisher  # noqa: E402
+from airflow_nats_ordered.core.stream.partitioned import StreamSpec, describe, provision  # noqa: E402
+from airflow_nats_ordered.core.worker.worker import Worker, WorkerConfig  # noqa: E402
+from airflow_nats_ordered.embedded.servers import NatsServer  # noqa: E402
 
 N = int(os.environ.get("BENCH_GLOBAL_N", "50000"))
 ROUNDS = int(os.environ.get("BENCH_GLOBAL_ROUNDS", "3"))

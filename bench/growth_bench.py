@@ -48,10 +48,10 @@ from typing import Any
 
 import nats
 
-from airflow_nats_ordered.core.publisher import OrderedPublisher
-from airflow_nats_ordered.core.streams import StreamSpec, provision
-from airflow_nats_ordered.core.worker import Worker, WorkerConfig
-from airflow_nats_ordered.embedded import NatsServer
+from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
+from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
+from airflow_nats_ordered.core.worker.worker import Worker, WorkerConfig
+from airflow_nats_ordered.embedded.servers import NatsServer
 
 PAYLOAD = 100
 KEYS = 5000

@@ -82,7 +82,7 @@ async def one_run(
     """One drain with a SIGKILL at KILL_AT of it. The rate is taken from the apply log's own
     timestamps over the steady window (from RATE_FROM of the records applied to the kill),
     so neither the members' start-up nor the bench's polling is in it."""
-    from airflow_nats_ordered.core.group_config import GroupConfig
+    from airflow_nats_ordered.core.group.config import GroupConfig
 
     group = f"rd-{uuid.uuid4().hex[:6]}"
     bucket = GroupConfig(stream, group).state_bucket

@@ -54,11 +54,11 @@ import nats
 from nats.aio.client import Client as NATS
 from nats.nuid import NUID
 
-from airflow_nats_ordered.core import wire
-from airflow_nats_ordered.core.partitioning import partition_for, partition_subject
-from airflow_nats_ordered.core.publisher import OrderedPublisher, derive_msg_id
-from airflow_nats_ordered.core.streams import StreamSpec
-from airflow_nats_ordered.embedded import NatsServer
+from airflow_nats_ordered.core.publish import wire
+from airflow_nats_ordered.core.publish.publisher import OrderedPublisher, derive_msg_id
+from airflow_nats_ordered.core.stream.partitioned import StreamSpec
+from airflow_nats_ordered.core.stream.partitioning import partition_for, partition_subject
+from airflow_nats_ordered.embedded.servers import NatsServer
 
 PARTITIONS = 16
 PAYLOAD = 100

@@ -46,9 +46,9 @@ from pathlib import Path
 import nats
 from proc_cpu import sample, spent
 
-from airflow_nats_ordered.core.runs import RunLedger, publish_run
-from airflow_nats_ordered.core.streams import StreamSpec, provision
-from airflow_nats_ordered.embedded import NatsServer
+from airflow_nats_ordered.core.publish.runs import RunLedger, publish_run
+from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
+from airflow_nats_ordered.embedded.servers import NatsServer
 
 PARTITIONS = 16
 N = int(os.environ.get("BENCH_SPARK_N", "200000"))

@@ -86,7 +86,7 @@ from worker_memory import (
 )
 from worker_throughput import print_throughput, section_throughput
 
-from airflow_nats_ordered.embedded import NatsServer
+from airflow_nats_ordered.embedded.servers import NatsServer
 
 
 def code_version() -> dict[str, Any]:

@@ -22,8 +22,8 @@ from pathlib import Path
 import nats
 from nats.aio.client import Client as NATS
 
-from airflow_nats_ordered.core.publisher import OrderedPublisher
-from airflow_nats_ordered.core.streams import StreamSpec, provision
+from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
+from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
 
 PARTITIONS = 16
 PAYLOAD = 100

@@ -31,11 +31,11 @@ from worker_common import (
     trouble,
 )
 
-from airflow_nats_ordered.core.partitioning import (
+from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
+from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
+from airflow_nats_ordered.core.stream.partitioning import (
     partition_for,
 )
-from airflow_nats_ordered.core.publisher import OrderedPublisher
-from airflow_nats_ordered.core.streams import StreamSpec, provision
 
 # ----------------------------------------------------------------------------- b. failover
 

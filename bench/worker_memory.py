@@ -29,9 +29,9 @@ from worker_common import (
     trouble,
 )
 
-from airflow_nats_ordered.core.publisher import OrderedPublisher
-from airflow_nats_ordered.core.streams import StreamSpec, provision
-from airflow_nats_ordered.core.worker import Worker, WorkerConfig
+from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
+from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
+from airflow_nats_ordered.core.worker.worker import Worker, WorkerConfig
 
 # ----------------------------------------------------------------------------- c. memory
 

@@ -30,11 +30,11 @@ from worker_common import (
     wait_progress,
 )
 
-from airflow_nats_ordered.core.partitioning import (
+from airflow_nats_ordered.core.stream.partitioning import (
     partition_subject,
     partition_wildcard,
 )
-from airflow_nats_ordered.core.worker import Worker, WorkerConfig
+from airflow_nats_ordered.core.worker.worker import Worker, WorkerConfig
 
 
 def _cpu() -> tuple[float, float]:

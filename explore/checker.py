@@ -3,7 +3,7 @@
 :func:`check` takes :class:`Facts` (what was published, what the stream stores, what the
 fenced sink applied, and what the commands reported) and returns every :class:`Violation`.
 Each invariant has a name; ``skip`` leaves named ones out (known defects being fixed
-elsewhere, see ``explore.known``). tests/test_explore_checker.py shows each one failing on a
+elsewhere, see ``explore.known``). tests/explore/test_explore_checker.py shows each one failing on a
 fabricated history.
 """
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import nats
 
-from airflow_nats_ordered.core.publisher_config import PublisherConfig
-from airflow_nats_ordered.core.runs import publish_run
+from airflow_nats_ordered.core.publish.config import PublisherConfig
+from airflow_nats_ordered.core.publish.runs import publish_run
 
 
 @dataclass

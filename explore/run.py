@@ -1,7 +1,7 @@
 """One exploration: a system under test, the generator and the nemesis at work, then the
 final phase and the checker.
 
-The system: a real nats-server (or a 3-node cluster) from ``airflow_nats_ordered.embedded``,
+The system: a real nats-server (or a 3-node cluster) from ``airflow_nats_ordered.embedded.servers``,
 a partitioned stream, a consumer group whose members apply every record through the fenced
 SQLite sink (``explore.handlers``), and every operation as a real process (``nats-ordered``
 commands, ``publish_run`` in ``explore.publish_run_child``).
@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from airflow_nats_ordered.core.repartition import CRASH_ENV, CRASH_POINTS, interrupted
-from airflow_nats_ordered.core.streams import describe
-from airflow_nats_ordered.embedded import NatsCluster, NatsServer
+from airflow_nats_ordered.core.stream.partitioned import describe
+from airflow_nats_ordered.core.stream.repartition import CRASH_ENV, CRASH_POINTS, interrupted
+from airflow_nats_ordered.embedded.servers import NatsCluster, NatsServer
 
 from .checker import (
     AppliedRecord,

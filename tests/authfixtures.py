@@ -1,7 +1,7 @@
 """Generate real credentials for auth tests: nkeys, NATS JWTs/.creds files, a TLS PKI.
 
 Nothing here talks to a server; the outputs are fed to
-:class:`airflow_nats_ordered.embedded.NatsServer`
+:class:`airflow_nats_ordered.embedded.servers.NatsServer`
 as config text and to the client as files. All key material is freshly generated per
 call, so tests never share secrets.
 """

@@ -32,9 +32,9 @@ import signal
 import threading
 import time
 
-from airflow_nats_ordered.core.fenced_sink import FencedSqliteSink
-from airflow_nats_ordered.core.fencing import Verdict
-from airflow_nats_ordered.core.group import Fenced
+from airflow_nats_ordered.core.group.store import Fenced
+from airflow_nats_ordered.core.sink.fenced import FencedSqliteSink
+from airflow_nats_ordered.core.sink.fencing import Verdict
 
 #: how long a paused member waits for the test's resume marker after SIGCONT (a bound on a
 #: hang, should the marker never come)
@@ -134,7 +134,7 @@ def write_forever(partitions: int, *, slow_main: bool = False) -> None:
     ``slow_main``: once the sink threads exist, the main thread (the event loop) runs at the
     lowest priority (nice 19, that thread only), as on a loaded machine where it waits for a
     CPU while the sink threads run."""
-    from airflow_nats_ordered.core.message import Message
+    from airflow_nats_ordered.core.stream.message import Message
 
     async def run() -> None:
         rec = Recorder(stream=os.environ["CHAOS_STREAM"], group=os.environ["CHAOS_GROUP"])

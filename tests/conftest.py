@@ -1,4 +1,5 @@
-"""Pytest fixtures running real nats-server processes (see ``airflow_nats_ordered.embedded``).
+"""Pytest fixtures running real nats-server processes (see
+``airflow_nats_ordered.embedded.servers``).
 
 * ``nats_server`` - a fresh single JetStream server per test, store in ``tmp_path``; use it
   when the test kills/restarts the server or needs an empty server.
@@ -30,7 +31,9 @@ import pytest
 if str(Path(__file__).parent) not in sys.path:
     sys.path.insert(0, str(Path(__file__).parent))
 
-from airflow_nats_ordered.embedded import NatsCluster, NatsServer  # noqa: E402
+from js_client import node  # noqa: E402, F401  (the fixture, for tests of any folder)
+
+from airflow_nats_ordered.embedded.servers import NatsCluster, NatsServer  # noqa: E402
 
 # One throw-away Airflow home for the whole run (never the user's ~/airflow); Airflow reads
 # it when first imported, so it is set before any test module imports airflow.

@@ -1,4 +1,4 @@
-"""``format("nats-ordered")`` without ``register()``, for tests/test_spark_autoregister.py.
+"""``format("nats-ordered")`` without ``register()``, for tests/spark/test_spark_autoregister.py.
 
 ``python spark_discovery_app.py URL STREAM``, run with the working directory outside the
 project: writes 10 rows as the run ``main-thread`` before anything of this project is

@@ -13,8 +13,8 @@ from typing import Any, TypeVar
 import nats
 from streamcheck import Stored, read_stream
 
-from airflow_nats_ordered.core.runs import RunLedger, RunRecord
-from airflow_nats_ordered.core.streams import StreamSpec, provision
+from airflow_nats_ordered.core.publish.runs import RunLedger, RunRecord
+from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
 
 T = TypeVar("T")
 

@@ -1,4 +1,4 @@
-"""A routed batch publish for tests/test_spark_resubmit.py, run with spark-submit.
+"""A routed batch publish for tests/spark/test_spark_resubmit.py, run with spark-submit.
 
 ``spark_resubmit_app.py URL STREAM PRODUCER_ID ROWS [--slow] [--after-window]``: ROWS rows over
 50 keys in ts order per key, routed over the stream's partitions into two tasks, published with

@@ -21,8 +21,8 @@ from nats.aio.client import Client as NATS
 from nats.js import api
 from nats.js.errors import ServiceUnavailableError
 
-from airflow_nats_ordered.core.keys import message_key
-from airflow_nats_ordered.core.partitioning import partition_for
+from airflow_nats_ordered.core.stream.keys import message_key
+from airflow_nats_ordered.core.stream.partitioning import partition_for
 
 _T = TypeVar("_T")
 # what the JetStream API answers while a stream or meta leader is being elected

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import sys
 
-from . import startup_signals
+from airflow_nats_ordered.cli import startup_signals
 
 # first, before the heavy imports below: a worker or pool SIGTERM'd while it starts exits 0
 if startup_signals.is_member_program(sys.argv):
@@ -64,8 +64,7 @@ from collections.abc import Sequence
 import nats.errors
 import nats.js.errors
 
-from ..core.errors import NatsOrderedError
-from . import (
+from airflow_nats_ordered.cli import (
     dead_letters,
     global_producers,
     global_read,
@@ -78,7 +77,7 @@ from . import (
     status,
     worker,
 )
-from .common import (
+from airflow_nats_ordered.cli.common import (
     EXIT_CODES_HELP,
     EXIT_FAILED,
     EXIT_OK,
@@ -93,6 +92,7 @@ from .common import (
     parse_size,
     print_err,
 )
+from airflow_nats_ordered.core.errors import NatsOrderedError
 
 __all__ = [
     "COMMANDS",

@@ -2,6 +2,6 @@
 
 import sys
 
-from . import main
+from airflow_nats_ordered.cli import main
 
 sys.exit(main())

@@ -16,8 +16,8 @@ import logging
 import sys
 from typing import Any
 
-from ..core.connection import ConnectionOptions
-from ..core.errors import ConfigError
+from airflow_nats_ordered.core.connection.connect import ConnectionOptions
+from airflow_nats_ordered.core.errors import ConfigError
 
 #: connection flags (argparse dests) that --conn-id replaces
 _FLAG_DESTS = (
@@ -48,7 +48,7 @@ def airflow_connection_options(args: argparse.Namespace) -> ConnectionOptions:
     try:
         from airflow.sdk.exceptions import AirflowNotFoundException
 
-        from ..hooks.nats import NatsHook
+        from airflow_nats_ordered.hooks.nats import NatsHook
     except ImportError as exc:
         raise ConfigError(
             f"--conn-id {conn_id} reads an Airflow connection, but Airflow cannot be imported "

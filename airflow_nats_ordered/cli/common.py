@@ -29,10 +29,10 @@ from urllib.parse import urlsplit
 
 from nats.aio.client import Client as NATS
 
-from ..core.connection import ConnectionOptions, connect
-from ..core.errors import ConfigError
-from ..core.streams import STREAM_NAME_RULE, check_stream_name
-from .airflow_connection import airflow_connection_options
+from airflow_nats_ordered.cli.airflow_connection import airflow_connection_options
+from airflow_nats_ordered.core.connection.connect import ConnectionOptions, connect
+from airflow_nats_ordered.core.errors import ConfigError
+from airflow_nats_ordered.core.stream.partitioned import STREAM_NAME_RULE, check_stream_name
 
 #: Exit codes of every command (listed in ``nats-ordered --help`` by :data:`EXIT_CODES_HELP`).
 EXIT_OK = 0
@@ -189,7 +189,7 @@ def positive_float(text: str) -> float:
     return value
 
 
-_GROUP_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")  # GroupConfig's rule (core/group_config.py)
+_GROUP_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")  # GroupConfig's rule (core/group/config.py)
 
 
 def stream_name(text: str) -> str:
@@ -409,7 +409,7 @@ async def connected(options: ConnectionOptions) -> AsyncIterator[NATS]:
     finally:
         # connect()'s disconnected callback logs "reconnecting" on a deliberate close too;
         # keep that false alarm out of the CLI's output
-        conn_log = logging.getLogger("airflow_nats_ordered.core.connection")
+        conn_log = logging.getLogger("airflow_nats_ordered.core.connection.connect")
         level = conn_log.level
         conn_log.setLevel(logging.ERROR)
         try:

@@ -6,16 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..core.connection import ConnectionOptions
-from ..core.dead_letter_admin import (
-    DeadLetter,
-    dead_letter_place,
-    purge_dead_letters,
-    read_dead_letters,
-    replay_dead_letters,
-)
-from ..core.errors import ConfigError
-from .common import (
+from airflow_nats_ordered.cli.common import (
     EXIT_OK,
     Command,
     add_connection_flags,
@@ -27,6 +18,15 @@ from .common import (
     print_json,
     stream_name,
 )
+from airflow_nats_ordered.core.admin.dead_letters import (
+    DeadLetter,
+    dead_letter_place,
+    purge_dead_letters,
+    read_dead_letters,
+    replay_dead_letters,
+)
+from airflow_nats_ordered.core.connection.connect import ConnectionOptions
+from airflow_nats_ordered.core.errors import ConfigError
 
 #: how much of a reason the table shows
 _REASON_WIDTH = 60

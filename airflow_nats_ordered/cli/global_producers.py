@@ -1,6 +1,8 @@
 """``nats-ordered global-producers``: list the producers registered in a stream's exact
-event-time order (:class:`~..core.global_producer.GlobalProducer`), or close one that died
-so that readers stop waiting for it (:func:`~..core.global_producers.close_producer`).
+event-time order (:class:`~airflow_nats_ordered.core.order.producer.GlobalProducer`), or close one
+that died
+so that readers stop waiting for it
+(:func:`~airflow_nats_ordered.core.order.producers.close_producer`).
 
 Exit codes: 0 listed, or closed (also when it was closed already); 2 for a stream without
 global producers or an unknown producer id (the message lists the registered ones).
@@ -12,10 +14,23 @@ import argparse
 import time
 from typing import Any
 
-from ..core.connection import ConnectionOptions
-from ..core.errors import ConfigError
-from ..core.global_producers import check_producer, close_producer, list_producers, show_time
-from .common import EXIT_OK, Command, connected, format_table, print_err, print_json, stream_name
+from airflow_nats_ordered.cli.common import (
+    EXIT_OK,
+    Command,
+    connected,
+    format_table,
+    print_err,
+    print_json,
+    stream_name,
+)
+from airflow_nats_ordered.core.connection.connect import ConnectionOptions
+from airflow_nats_ordered.core.errors import ConfigError
+from airflow_nats_ordered.core.order.producers import (
+    check_producer,
+    close_producer,
+    list_producers,
+    show_time,
+)
 
 
 def producer_id(text: str) -> str:

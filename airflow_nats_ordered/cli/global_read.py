@@ -1,5 +1,6 @@
 """``nats-ordered global-read``: hand every partition's records to one handler in one exact
-global order (:class:`~..core.global_order.GlobalOrderReader`), until told to stop.
+global order (:class:`~airflow_nats_ordered.core.order.reader.GlobalOrderReader`), until told to
+stop.
 
 Exit codes: 2 for what stops the reader before it took its position (flags, handler,
 connection, stream); 3 when it stops on an error after that (a record outside the global
@@ -18,13 +19,7 @@ import signal
 
 from nats.errors import Error as NatsError
 
-from ..core.connection import ConnectionOptions
-from ..core.errors import ConfigError, NatsOrderedError
-from ..core.global_event_time import DEFAULT_TIME_HEADER, FORMS, EventTimeError
-from ..core.global_order import GlobalOrderReader
-from ..core.global_window import LateRecordError
-from ..handlers import current_directory_first, load_handler
-from .common import (
+from airflow_nats_ordered.cli.common import (
     EXIT_FAILED,
     EXIT_OK,
     Command,
@@ -36,6 +31,12 @@ from .common import (
     print_err,
     stream_name,
 )
+from airflow_nats_ordered.core.connection.connect import ConnectionOptions
+from airflow_nats_ordered.core.errors import ConfigError, NatsOrderedError
+from airflow_nats_ordered.core.order.event_time import DEFAULT_TIME_HEADER, FORMS, EventTimeError
+from airflow_nats_ordered.core.order.reader import GlobalOrderReader
+from airflow_nats_ordered.core.order.window import LateRecordError
+from airflow_nats_ordered.members.handlers import current_directory_first, load_handler
 
 
 def configure(p: argparse.ArgumentParser) -> None:

@@ -6,11 +6,8 @@ from __future__ import annotations
 
 import argparse
 
-from ..core.connection import ConnectionOptions
-from ..core.group import GroupConfig
-from ..core.group_admin import GroupInUseError, GroupNotFoundError, delete_group
-from . import group_list, group_rebalance, group_reset, status
-from .common import (
+from airflow_nats_ordered.cli import group_list, group_rebalance, group_reset, status
+from airflow_nats_ordered.cli.common import (
     EXIT_INCOMPLETE,
     EXIT_OK,
     EXIT_USAGE,
@@ -22,6 +19,9 @@ from .common import (
     print_json,
     stream_name,
 )
+from airflow_nats_ordered.core.admin.groups import GroupInUseError, GroupNotFoundError, delete_group
+from airflow_nats_ordered.core.connection.connect import ConnectionOptions
+from airflow_nats_ordered.core.group.store import GroupConfig
 
 
 def configure(p: argparse.ArgumentParser) -> None:

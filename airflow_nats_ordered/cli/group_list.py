@@ -7,10 +7,17 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..core.connection import ConnectionOptions
-from ..core.group_listing import find_groups, summarize_group
-from ..core.streams import describe
-from .common import EXIT_OK, add_connection_flags, connected, format_table, print_json, stream_name
+from airflow_nats_ordered.cli.common import (
+    EXIT_OK,
+    add_connection_flags,
+    connected,
+    format_table,
+    print_json,
+    stream_name,
+)
+from airflow_nats_ordered.core.admin.listing import find_groups, summarize_group
+from airflow_nats_ordered.core.connection.connect import ConnectionOptions
+from airflow_nats_ordered.core.stream.partitioned import describe
 
 
 def configure(actions: Any, parent: argparse.ArgumentParser) -> None:

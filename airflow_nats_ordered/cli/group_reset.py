@@ -7,12 +7,7 @@ import argparse
 import datetime as dt
 from typing import Any
 
-from ..core.connection import ConnectionOptions
-from ..core.errors import ConfigError
-from ..core.group import GroupConfig
-from ..core.group_admin import PartitionReset, ResetTarget, plan_reset, reset_group
-from ..core.group_listing import require_group
-from .common import (
+from airflow_nats_ordered.cli.common import (
     EXIT_OK,
     add_connection_flags,
     connected,
@@ -22,6 +17,16 @@ from .common import (
     print_json,
     stream_name,
 )
+from airflow_nats_ordered.core.admin.groups import (
+    PartitionReset,
+    ResetTarget,
+    plan_reset,
+    reset_group,
+)
+from airflow_nats_ordered.core.admin.listing import require_group
+from airflow_nats_ordered.core.connection.connect import ConnectionOptions
+from airflow_nats_ordered.core.errors import ConfigError
+from airflow_nats_ordered.core.group.store import GroupConfig
 
 TO_HELP = (
     "earliest (re-process everything still in the stream), latest (skip everything stored "

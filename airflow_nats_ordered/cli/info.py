@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..core.connection import ConnectionOptions
-from ..core.layout import pending_switch_problem
-from ..core.streams import describe, partition_stats, stream_contents, subjects_text
-from .common import (
+from airflow_nats_ordered.cli.common import (
     EXIT_OK,
     Command,
     connected,
@@ -20,6 +17,14 @@ from .common import (
     format_table,
     print_json,
     stream_name,
+)
+from airflow_nats_ordered.core.connection.connect import ConnectionOptions
+from airflow_nats_ordered.core.stream.layout import pending_switch_problem
+from airflow_nats_ordered.core.stream.partitioned import (
+    describe,
+    partition_stats,
+    stream_contents,
+    subjects_text,
 )
 
 #: stray subjects listed one per row in the table (all of them in --json)

@@ -48,14 +48,7 @@ from dataclasses import dataclass
 
 from nats.errors import Error as NatsError
 
-from ..core.connection import ConnectionOptions
-from ..core.errors import AuthError, ConfigError, ConnectError, NatsOrderedError
-from ..core.group import GroupStore
-from ..core.group_presence import GroupPresence
-from ..embedded_process import _die_with_parent_fn
-from ..handlers import check_handler, current_directory_first
-from ..metrics import MemberEndpoint, MetricsServer, serve_pool
-from .common import (
+from airflow_nats_ordered.cli.common import (
     EXIT_FAILED,
     EXIT_INCOMPLETE,
     EXIT_OK,
@@ -71,7 +64,14 @@ from .common import (
     positive_int,
     print_err,
 )
-from .worker import _worker_config, add_member_flags, add_metrics_flags
+from airflow_nats_ordered.cli.worker import _worker_config, add_member_flags, add_metrics_flags
+from airflow_nats_ordered.core.connection.connect import ConnectionOptions
+from airflow_nats_ordered.core.errors import AuthError, ConfigError, ConnectError, NatsOrderedError
+from airflow_nats_ordered.core.group.store import GroupStore
+from airflow_nats_ordered.core.worker.presence import GroupPresence
+from airflow_nats_ordered.embedded.process import _die_with_parent_fn
+from airflow_nats_ordered.members.handlers import check_handler, current_directory_first
+from airflow_nats_ordered.members.metrics import MemberEndpoint, MetricsServer, serve_pool
 
 
 def _default_prefix() -> str:

@@ -5,20 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..core.connection import ConnectionOptions
-from ..core.errors import StreamNotFoundError
-from ..core.streams import (
-    DEFAULT_DUPLICATE_WINDOW,
-    STREAM_NAME_RULE,
-    PartitionedStream,
-    ProvisionResult,
-    Strays,
-    StreamSpec,
-    describe,
-    provision,
-    purge_strays,
-)
-from .common import (
+from airflow_nats_ordered.cli.common import (
     EXIT_OK,
     Command,
     connected,
@@ -28,6 +15,19 @@ from .common import (
     positive_int,
     print_json,
     stream_name,
+)
+from airflow_nats_ordered.core.connection.connect import ConnectionOptions
+from airflow_nats_ordered.core.errors import StreamNotFoundError
+from airflow_nats_ordered.core.stream.partitioned import (
+    DEFAULT_DUPLICATE_WINDOW,
+    STREAM_NAME_RULE,
+    PartitionedStream,
+    ProvisionResult,
+    Strays,
+    StreamSpec,
+    describe,
+    provision,
+    purge_strays,
 )
 
 

@@ -14,17 +14,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import IO, Any
 
-from ..core.connection import ConnectionOptions
-from ..core.errors import ConfigError
-from ..core.publisher import (
-    OrderedPublisher,
-    PublishError,
-    PublishSummary,
-    check_producer_id,
-)
-from ..core.runs import Refusals, publish_record
-from ..inputs import FORMATS, InputError, InputRecord, content_digest, open_records
-from .common import (
+from airflow_nats_ordered.cli.common import (
     EXIT_INCOMPLETE,
     EXIT_OK,
     EXIT_SIGINT,
@@ -38,6 +28,22 @@ from .common import (
     print_err,
     print_json,
     stream_name,
+)
+from airflow_nats_ordered.core.connection.connect import ConnectionOptions
+from airflow_nats_ordered.core.errors import ConfigError
+from airflow_nats_ordered.core.publish.publisher import (
+    OrderedPublisher,
+    PublishError,
+    PublishSummary,
+    check_producer_id,
+)
+from airflow_nats_ordered.core.publish.runs import Refusals, publish_record
+from airflow_nats_ordered.inputs.files import (
+    FORMATS,
+    InputError,
+    InputRecord,
+    content_digest,
+    open_records,
 )
 
 #: The flag that publishes keyless records (named in refusals, in this interface's terms).

@@ -5,10 +5,17 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..core.connection import ConnectionOptions
-from ..core.repartition import repartition
-from ..core.streams import MAX_PARTITIONS, STREAM_NAME_RULE
-from .common import EXIT_OK, Command, connected, positive_int, print_json, stream_name
+from airflow_nats_ordered.cli.common import (
+    EXIT_OK,
+    Command,
+    connected,
+    positive_int,
+    print_json,
+    stream_name,
+)
+from airflow_nats_ordered.core.connection.connect import ConnectionOptions
+from airflow_nats_ordered.core.stream.partitioned import MAX_PARTITIONS, STREAM_NAME_RULE
+from airflow_nats_ordered.core.stream.repartition import repartition
 
 
 def configure(p: argparse.ArgumentParser) -> None:

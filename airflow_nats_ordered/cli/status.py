@@ -23,27 +23,7 @@ from typing import Any
 import nats.errors
 from nats.aio.client import Client as NATS
 
-from ..core.assignor import Assignment
-from ..core.connection import ConnectionOptions
-from ..core.drain import (
-    DEFAULT_NO_MEMBERS_TIMEOUT,
-    DrainProgress,
-    DrainTimeoutError,
-    NoMembersError,
-    PartitionBlockedError,
-    RepartitionUnfinishedError,
-    StrayMessagesError,
-    group_exists,
-    wait_drained,
-)
-from ..core.errors import ConfigError, NatsOrderedError
-from ..core.global_position import GlobalPosition
-from ..core.global_producers import show_time
-from ..core.group import GroupStore
-from ..core.group_admin import dead_letters
-from ..core.lag import read_group_lag
-from ..core.streams import Strays, describe
-from .common import (
+from airflow_nats_ordered.cli.common import (
     EXIT_FAILED,
     EXIT_INCOMPLETE,
     EXIT_OK,
@@ -57,6 +37,26 @@ from .common import (
     print_json,
     stream_name,
 )
+from airflow_nats_ordered.core.admin.drain import (
+    DEFAULT_NO_MEMBERS_TIMEOUT,
+    DrainProgress,
+    DrainTimeoutError,
+    NoMembersError,
+    PartitionBlockedError,
+    RepartitionUnfinishedError,
+    StrayMessagesError,
+    group_exists,
+    wait_drained,
+)
+from airflow_nats_ordered.core.admin.groups import dead_letters
+from airflow_nats_ordered.core.connection.connect import ConnectionOptions
+from airflow_nats_ordered.core.errors import ConfigError, NatsOrderedError
+from airflow_nats_ordered.core.group.assignor import Assignment
+from airflow_nats_ordered.core.group.global_position import GlobalPosition
+from airflow_nats_ordered.core.group.lag import read_group_lag
+from airflow_nats_ordered.core.group.store import GroupStore
+from airflow_nats_ordered.core.order.producers import show_time
+from airflow_nats_ordered.core.stream.partitioned import Strays, describe
 
 #: seconds between two refreshes of ``status --watch``
 WATCH_INTERVAL = 2.0

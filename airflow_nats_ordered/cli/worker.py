@@ -22,12 +22,7 @@ from typing import Any
 
 from nats.errors import Error as NatsError
 
-from ..core.connection import ConnectionOptions
-from ..core.errors import ConfigError, NatsOrderedError
-from ..core.worker import GroupDeletedError, Worker, WorkerConfig
-from ..handlers import current_directory_first, load_handler
-from ..metrics import MemberMetrics, MetricsServer, serve_member
-from .common import (
+from airflow_nats_ordered.cli.common import (
     EXIT_FAILED,
     EXIT_OK,
     EXIT_SIGINT,
@@ -42,6 +37,11 @@ from .common import (
     print_err,
     stream_name,
 )
+from airflow_nats_ordered.core.connection.connect import ConnectionOptions
+from airflow_nats_ordered.core.errors import ConfigError, NatsOrderedError
+from airflow_nats_ordered.core.worker.worker import GroupDeletedError, Worker, WorkerConfig
+from airflow_nats_ordered.members.handlers import current_directory_first, load_handler
+from airflow_nats_ordered.members.metrics import MemberMetrics, MetricsServer, serve_member
 
 #: WorkerConfig's defaults, which the flags share (one place to change them)
 _DEFAULTS = WorkerConfig("S", "g")
@@ -89,7 +89,7 @@ def add_member_flags(p: argparse.ArgumentParser) -> None:
         required=True,
         metavar="MODULE:FUNC",
         help="the handler, e.g. mypkg.handlers:apply (a function, coroutine or "
-        "class; see airflow_nats_ordered.handlers); its module is looked up in the current "
+        "class; see airflow_nats_ordered.members.handlers); its module is looked up in the current "
         "directory first, then PYTHONPATH and installed packages (as with python -m)",
     )
     p.add_argument(

@@ -45,7 +45,7 @@ class RecordTooLargeError(RecordError):
 
 class InvalidKeyError(RecordError):
     """A record's key cannot be sent: not text (invalid UTF-8, a lone surrogate), or longer
-    than :data:`~.keys.MAX_KEY_BYTES` bytes in UTF-8. Nothing was sent.
+    than :data:`~.stream.keys.MAX_KEY_BYTES` bytes in UTF-8. Nothing was sent.
 
     ``str(exc)`` names the Python parameter (``key ...``); an adapter words the same refusal
     in its terms with ``exc.message_for("--key-field 'tailnum' value")``.
@@ -64,7 +64,7 @@ class InvalidKeyError(RecordError):
 class KeyTextError(ConfigError):
     """A record field's value has no canonical key text (a float, decimal, boolean,
     object, array, date or timestamp), or its text cannot be a key (invalid UTF-8, a lone
-    surrogate, over 4096 UTF-8 bytes): see :func:`~.keys.key_text`.
+    surrogate, over 4096 UTF-8 bytes): see :func:`~.stream.keys.key_text`.
 
     ``str(exc)`` names a Python parameter (``key_field value ...``); an adapter words it in
     its terms with ``exc.message_for("line 3: --key-field 'k' value")``."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from .pipeline import main
+from airflow_nats_ordered.demo.pipeline import main
 
 if __name__ == "__main__":
     sys.exit(main(prog="python -m airflow_nats_ordered.demo"))

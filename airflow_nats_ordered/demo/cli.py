@@ -74,7 +74,7 @@ def expected_counts(path: Path) -> list[int]:
 async def _stats(url: str) -> list:
     import nats
 
-    from ..core.streams import partition_stats
+    from airflow_nats_ordered.core.stream.partitioned import partition_stats
 
     nc = await nats.connect(url)
     try:
@@ -97,8 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     if not (dags / "flights" / "handlers.py").is_file():
         ap.error(f"{dags} has no flights/handlers.py: pass the repository's dags folder")
 
-    from ..cli import main as cli
-    from ..embedded import NatsServer
+    from airflow_nats_ordered.cli import main as cli
+    from airflow_nats_ordered.embedded.servers import NatsServer
 
     work = Path(args.workdir).resolve()
     shutil.rmtree(work, ignore_errors=True)
@@ -247,7 +247,7 @@ def run_worker_pool(url: str, work: Path, expected: int, dags: Path = DAGS) -> b
             time.sleep(0.25)
         print(f"   drained in {time.monotonic() - t0:.1f}s")
         time.sleep(1.5)  # positions are committed every second: let the last commit land
-        from ..cli import main as cli
+        from airflow_nats_ordered.cli import main as cli
 
         print(f"\n$ nats-ordered status --stream {STREAM} --group {GROUP}")
         cli(["status", "--stream", STREAM, "--group", GROUP, "--server", url])

@@ -253,7 +253,7 @@ def main(
     days = [(first + dt.timedelta(days=i)).isoformat() for i in range(n_days)]
     rerun = days[0]
 
-    from ..embedded import NatsServer
+    from airflow_nats_ordered.embedded.servers import NatsServer
 
     t0 = time.monotonic()
     work = Path(args.workdir).resolve()

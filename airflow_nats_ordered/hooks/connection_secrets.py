@@ -33,7 +33,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..core.errors import ConfigError
+from airflow_nats_ordered.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

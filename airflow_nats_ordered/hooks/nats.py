@@ -1,6 +1,6 @@
 """The ``nats`` connection type and :class:`NatsHook`.
 
-An Airflow connection maps onto the one :class:`~airflow_nats_ordered.core.connection.
+An Airflow connection maps onto the one :class:`~airflow_nats_ordered.core.connection.connect.
 ConnectionOptions` type; this module only translates field names (and writes credentials
 given as *content* to private files, because NATS clients read them from files).
 
@@ -45,9 +45,9 @@ from typing import Any, TypeVar
 
 from airflow.sdk import BaseHook
 
-from ..core.connection import ConnectionOptions, connect
-from ..core.errors import ConfigError, ConnectError, NatsOrderedError
-from .connection_secrets import (
+from airflow_nats_ordered.core.connection.connect import ConnectionOptions, connect
+from airflow_nats_ordered.core.errors import ConfigError, ConnectError, NatsOrderedError
+from airflow_nats_ordered.hooks.connection_secrets import (
     amask_secrets,
     check_no_url_credentials,
     clear_secret_warnings,

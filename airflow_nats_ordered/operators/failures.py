@@ -21,16 +21,16 @@ from contextlib import contextmanager
 
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from ..core.drain import PartitionBlockedError, StrayMessagesError
-from ..core.errors import (
+from airflow_nats_ordered.core.admin.drain import PartitionBlockedError, StrayMessagesError
+from airflow_nats_ordered.core.errors import (
     AuthError,
     ConfigError,
     RecordError,
     StreamConflictError,
     StreamNotFoundError,
 )
-from ..core.group_presence import GroupDeletedError
-from ..core.group_stream import StateWentBack, StreamRecreated
+from airflow_nats_ordered.core.group.stream_identity import StateWentBack, StreamRecreated
+from airflow_nats_ordered.core.worker.presence import GroupDeletedError
 
 #: errors no retry can fix: the next try meets the same arguments, input, credentials and
 #: stream, so it fails the same way. Subclasses count too (PartitionMismatchError is a

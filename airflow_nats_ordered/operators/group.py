@@ -8,13 +8,18 @@ from typing import Any, Literal
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowSkipException
 
-from ..arguments import refuse_unknown_operator_arguments
-from ..core.assignor import Assignment, assign, imbalance
-from ..core.errors import ConfigError
-from ..core.group import GroupStore
-from ..core.group_admin import live_members, partition_rates, rebalance_group, reset_group
-from ..hooks.nats import NatsHook
-from .failures import failing_at_once
+from airflow_nats_ordered.core.admin.groups import (
+    live_members,
+    partition_rates,
+    rebalance_group,
+    reset_group,
+)
+from airflow_nats_ordered.core.errors import ConfigError
+from airflow_nats_ordered.core.group.assignor import Assignment, assign, imbalance
+from airflow_nats_ordered.core.group.store import GroupStore
+from airflow_nats_ordered.hooks.arguments import refuse_unknown_operator_arguments
+from airflow_nats_ordered.hooks.nats import NatsHook
+from airflow_nats_ordered.operators.failures import failing_at_once
 
 
 class NatsRebalanceOperator(BaseOperator):

@@ -37,8 +37,8 @@ from urllib.parse import urlsplit
 
 from airflow.sdk import Asset, AssetAlias
 
-from ..core.errors import ConfigError
-from ..hooks.nats import NatsHook
+from airflow_nats_ordered.core.errors import ConfigError
+from airflow_nats_ordered.hooks.nats import NatsHook
 
 if TYPE_CHECKING:
     from airflow.providers.openlineage.extractors import OperatorLineage

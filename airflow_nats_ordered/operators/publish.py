@@ -10,14 +10,14 @@ from typing import Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
-from ..arguments import refuse_unknown_operator_arguments
-from ..core.errors import ConfigError
-from ..core.publisher import PublisherConfig, check_producer_id
-from ..core.runs import RunResult, publish_run
-from ..hooks.nats import NatsHook
-from ..inputs import InputRecord, open_records, records_from_rows
-from .failures import failing_at_once
-from .lineage import NatsLineageMixin
+from airflow_nats_ordered.core.errors import ConfigError
+from airflow_nats_ordered.core.publish.publisher import PublisherConfig, check_producer_id
+from airflow_nats_ordered.core.publish.runs import RunResult, publish_run
+from airflow_nats_ordered.hooks.arguments import refuse_unknown_operator_arguments
+from airflow_nats_ordered.hooks.nats import NatsHook
+from airflow_nats_ordered.inputs.files import InputRecord, open_records, records_from_rows
+from airflow_nats_ordered.operators.failures import failing_at_once
+from airflow_nats_ordered.operators.lineage import NatsLineageMixin
 
 
 def import_callable(ref: Callable[..., Any] | str, what: str) -> Callable[..., Any]:
@@ -90,7 +90,7 @@ class NatsPublishOperator(NatsLineageMixin, BaseOperator):
 
     ``global_order=True`` stamps every record with a global sequence (``Nats-Global-Seq``,
     publish order over all partitions) and writes watermarks, for
-    :class:`~airflow_nats_ordered.core.global_order.GlobalOrderReader`; one such publisher
+    :class:`~airflow_nats_ordered.core.order.reader.GlobalOrderReader`; one such publisher
     per stream at a time (a second fails at once). A retried try keeps what the failed one
     stored, with its sequence, and numbers what it sends above everything stored.
 

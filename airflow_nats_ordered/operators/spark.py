@@ -11,20 +11,21 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowFailException
 
-from ..arguments import refuse_unknown_operator_arguments
-from ..core.connection import ConnectionOptions
-from ..core.connection_env import SPARK_ENV_VARS, spark_env
-from ..core.errors import ConfigError
-from ..core.runs import RunLedger, RunRecord
-from ..hooks.nats import NatsHook
-from .failures import failing_at_once
-from .lineage import NatsLineageMixin
-from .publish import checked_producer_id, default_producer_id
+from airflow_nats_ordered.core.connection.connect import ConnectionOptions
+from airflow_nats_ordered.core.connection.environment import SPARK_ENV_VARS, spark_env
+from airflow_nats_ordered.core.errors import ConfigError
+from airflow_nats_ordered.core.publish.runs import RunLedger, RunRecord
+from airflow_nats_ordered.hooks.arguments import refuse_unknown_operator_arguments
+from airflow_nats_ordered.hooks.nats import NatsHook
+from airflow_nats_ordered.operators.failures import failing_at_once
+from airflow_nats_ordered.operators.lineage import NatsLineageMixin
+from airflow_nats_ordered.operators.publish import checked_producer_id, default_producer_id
 
 
 def nats_env(options: ConnectionOptions) -> dict[str, str]:
     """The environment that gives a Spark driver exactly these connection options: every
-    ``NATS_*`` variable it reads (:data:`~airflow_nats_ordered.core.connection_env.SPARK_ENV_VARS`),
+    ``NATS_*`` variable it reads
+    (:data:`~airflow_nats_ordered.core.connection.environment.SPARK_ENV_VARS`),
     set from ``options`` or emptied (empty means unset), so a ``NATS_*`` variable of the
     Airflow worker's own environment cannot mix in. Holds secrets: an environment only."""
     return {**dict.fromkeys(SPARK_ENV_VARS, ""), **spark_env(options)}
@@ -43,7 +44,8 @@ class NatsSparkPublishOperator(NatsLineageMixin, SparkSubmitOperator):
     The NATS connection ``nats_conn_id``, every field of it (servers, credentials, TLS
     files, ``tls_hostname``, ``tls_verify``, timeouts, ``name``, reconnect settings), reaches
     the driver as ``NATS_*`` environment variables of the spark-submit process (see
-    :mod:`airflow_nats_ordered.core.connection_env`), never on its command line or in a Spark
+    :mod:`airflow_nats_ordered.core.connection.environment`), never on its command line or in a
+    Spark
     conf; the driver resolves them once and its tasks use that copy, so executors (a
     standalone cluster's too) need no NATS environment. Files the connection names (creds,
     CA, certificate, key; a ``*_secret`` content extra becomes a private file on the Airflow

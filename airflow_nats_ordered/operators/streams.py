@@ -8,17 +8,17 @@ from typing import Any, Literal
 
 from airflow.sdk import BaseOperator
 
-from ..arguments import refuse_unknown_operator_arguments
-from ..core.repartition import interrupted, repartition
-from ..core.streams import (
+from airflow_nats_ordered.core.stream.partitioned import (
     DEFAULT_DUPLICATE_WINDOW,
     ProvisionResult,
     StreamSpec,
     describe,
     provision,
 )
-from ..hooks.nats import NatsHook
-from .failures import failing_at_once
+from airflow_nats_ordered.core.stream.repartition import interrupted, repartition
+from airflow_nats_ordered.hooks.arguments import refuse_unknown_operator_arguments
+from airflow_nats_ordered.hooks.nats import NatsHook
+from airflow_nats_ordered.operators.failures import failing_at_once
 
 
 class NatsProvisionStreamOperator(BaseOperator):
@@ -116,7 +116,8 @@ class NatsProvisionStreamOperator(BaseOperator):
 
 class NatsRepartitionStreamOperator(BaseOperator):
     """Change a stream's partition count without breaking any key's order (the operator
-    form of ``nats-ordered repartition``; see :func:`..core.repartition.repartition`).
+    form of ``nats-ordered repartition``; see
+    :func:`airflow_nats_ordered.core.stream.repartition.repartition`).
 
     Two stream updates: the first switches publishers to the new layout (the server refuses
     every publish still routed by the old one: a publish task that started before fails,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from airflow.providers.common.messaging.providers.base_provider import BaseMessageQueueProvider
 
-from ..triggers.messages import NatsMessageTrigger
+from airflow_nats_ordered.triggers.messages import NatsMessageTrigger
 
 
 class NatsMessageQueueProvider(BaseMessageQueueProvider):

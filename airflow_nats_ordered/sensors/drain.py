@@ -12,21 +12,21 @@ from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.configuration import conf
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSensorTimeout
 
-from ..arguments import refuse_unknown_operator_arguments
-from ..core.drain import (
+from airflow_nats_ordered.core.admin.drain import (
     DEFAULT_NO_MEMBERS_TIMEOUT,
     group_exists,
     marks_to_wait,
     no_members_error,
     read_lag,
 )
-from ..core.group_admin import live_members
-from ..core.layout import pending_switch_problem
-from ..core.runs import RunLedger
-from ..core.streams import describe, stream_contents
-from ..hooks.nats import NatsHook
-from ..operators.failures import failing_at_once
-from ..triggers.drain import NatsGroupDrainTrigger
+from airflow_nats_ordered.core.admin.groups import live_members
+from airflow_nats_ordered.core.publish.runs import RunLedger
+from airflow_nats_ordered.core.stream.layout import pending_switch_problem
+from airflow_nats_ordered.core.stream.partitioned import describe, stream_contents
+from airflow_nats_ordered.hooks.arguments import refuse_unknown_operator_arguments
+from airflow_nats_ordered.hooks.nats import NatsHook
+from airflow_nats_ordered.operators.failures import failing_at_once
+from airflow_nats_ordered.triggers.drain import NatsGroupDrainTrigger
 
 #: task state store key under which a try keeps the marks it resolved at its first poke
 MARKS_KEY = "nats_ordered_drain_marks"
@@ -158,7 +158,8 @@ class NatsGroupDrainSensor(BaseSensorOperator):
     fast, saying what to do, when a partition is blocked on a poison message, when no
     member of the group has been alive (or, for a group with no state yet, none has
     joined) for ``no_members_timeout`` seconds (default
-    :data:`~..core.drain.DEFAULT_NO_MEMBERS_TIMEOUT`, 60; None waits anyway), when the
+    :data:`~airflow_nats_ordered.core.admin.drain.DEFAULT_NO_MEMBERS_TIMEOUT`, 60; None waits
+    anyway), when the
     stream was re-created, or at ``timeout``.
     """
 

@@ -7,13 +7,13 @@ publishes in one call and returns the run's ledger record. Importing this packag
 ``pyspark`` and ``pyarrow`` (the ``spark`` extra); the core does not.
 """
 
-from .datasource import NAME, NatsOrderedDataSource
-from .discovery import register, use_in_this_thread
-from .options import PARTITION_COLUMN, SinkOptions
-from .ordered_write import ordered_batches, write_ordered
-from .records import DisorderError
-from .routing import partition_column, partitions_of, route
-from .runs import RunRefusedError, batch_run_id
+from airflow_nats_ordered.spark.datasource import NAME, NatsOrderedDataSource
+from airflow_nats_ordered.spark.discovery import register, use_in_this_thread
+from airflow_nats_ordered.spark.options import PARTITION_COLUMN, SinkOptions
+from airflow_nats_ordered.spark.ordered_write import ordered_batches, write_ordered
+from airflow_nats_ordered.spark.records import DisorderError
+from airflow_nats_ordered.spark.routing import partition_column, partitions_of, route
+from airflow_nats_ordered.spark.runs import RunRefusedError, batch_run_id
 
 __all__ = [
     "NAME",

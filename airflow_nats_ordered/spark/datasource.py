@@ -56,20 +56,26 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
-from ..core.connection import connect
-from ..core.errors import ConfigError
-from .headers import check_headers_type
-from .options import (
+from airflow_nats_ordered.core.connection.connect import connect
+from airflow_nats_ordered.core.errors import ConfigError
+from airflow_nats_ordered.spark.headers import check_headers_type
+from airflow_nats_ordered.spark.options import (
     DEFAULT_KEY_COLUMN,
     HEADERS_COLUMN,
     PARTITION_COLUMN,
     VALUE_COLUMN,
     SinkOptions,
 )
-from .preflight import check_resend_window, last_seq
-from .routing import check_key_type
-from .runs import RunPlan, RunRefusedError, batch_run_id, plan_run, record_run
-from .task import TaskReport, drain, publish_task
+from airflow_nats_ordered.spark.preflight import check_resend_window, last_seq
+from airflow_nats_ordered.spark.routing import check_key_type
+from airflow_nats_ordered.spark.runs import (
+    RunPlan,
+    RunRefusedError,
+    batch_run_id,
+    plan_run,
+    record_run,
+)
+from airflow_nats_ordered.spark.task import TaskReport, drain, publish_task
 
 if TYPE_CHECKING:
     import pyarrow as pa

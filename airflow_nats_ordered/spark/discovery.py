@@ -25,7 +25,7 @@ import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .datasource import NAME, NatsOrderedDataSource
+from airflow_nats_ordered.spark.datasource import NAME, NatsOrderedDataSource
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

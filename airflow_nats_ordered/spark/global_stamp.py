@@ -1,14 +1,14 @@
 """Global order from the Spark sink: ``write_ordered(..., global_order=True)`` stamps every
 row with ``Nats-Global-Seq`` in (``order_by``, tie-breaker) order over the whole DataFrame,
-so a :class:`~airflow_nats_ordered.core.global_order.GlobalOrderReader` hands the run's rows
+so a :class:`~airflow_nats_ordered.core.order.reader.GlobalOrderReader` hands the run's rows
 to its handler in that one order across all keys and partitions (issue 18 part 1).
 
 How the core's guarantees carry over (``docs/architecture.md``, *Global order*):
 
 * **One sequencer.** The driver takes the stream's sequencer claim before any Spark job runs
-  (:class:`~airflow_nats_ordered.core.global_sequencer.SequencerBusy` while another
+  (:class:`~airflow_nats_ordered.core.order.sequencer.SequencerBusy` while another
   global-order publisher holds it) and renews it from a thread of its own until the write
-  ends; the first sequence is :func:`~airflow_nats_ordered.core.global_watermarks.global_base`,
+  ends; the first sequence is :func:`~airflow_nats_ordered.core.order.watermarks.global_base`,
   above everything stored or promised, read after the claim is taken.
 * **Sequences in order.** Row ``i`` of the DataFrame sorted by (``order_by``, tie-breaker)
   gets ``base + i``: Spark sorts globally (range partitioning) and numbers the sorted rows
@@ -39,12 +39,16 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from ..core.connection import connect
-from ..core.errors import ConfigError
-from ..core.global_watermarks import HDR_GLOBAL_SEQ, global_base, open_global_order
-from ..core.kv import compact_json
-from ..core.streams import describe
-from .options import HEADERS_COLUMN, SinkOptions
+from airflow_nats_ordered.core.connection.connect import connect
+from airflow_nats_ordered.core.errors import ConfigError
+from airflow_nats_ordered.core.order.watermarks import (
+    HDR_GLOBAL_SEQ,
+    global_base,
+    open_global_order,
+)
+from airflow_nats_ordered.core.stream.kv import compact_json
+from airflow_nats_ordered.core.stream.partitioned import describe
+from airflow_nats_ordered.spark.options import HEADERS_COLUMN, SinkOptions
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

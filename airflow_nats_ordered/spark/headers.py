@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..core.errors import ConfigError
-from .options import HEADERS_COLUMN
+from airflow_nats_ordered.core.errors import ConfigError
+from airflow_nats_ordered.spark.options import HEADERS_COLUMN
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -2,7 +2,7 @@
 dataclass, validated on the driver before any task runs.
 
 Connection settings come from the ``NATS_*`` environment variables of the Spark driver (see
-:mod:`~airflow_nats_ordered.core.connection_env`); the non-secret ones can be overridden per
+:mod:`~airflow_nats_ordered.core.connection.environment`); the non-secret ones can be overridden per
 write with options. Secrets (passwords, tokens, creds and nkey files, TLS keys) are refused
 as options: Spark shows options in its UI and logs its plans, so they come only from the
 driver's environment (or the files it names). The connection is resolved once, when the
@@ -17,9 +17,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core.connection import ConnectionOptions
-from ..core.connection_env import check_files_here, resolve
-from ..core.errors import ConfigError
+from airflow_nats_ordered.core.connection.connect import ConnectionOptions
+from airflow_nats_ordered.core.connection.environment import check_files_here, resolve
+from airflow_nats_ordered.core.errors import ConfigError
 
 #: the Spark option (lower case) -> ConnectionOptions field, for non-secret settings
 CONNECTION_OPTIONS: Mapping[str, str] = {

@@ -9,16 +9,25 @@ from typing import TYPE_CHECKING
 
 from nats.aio.client import Client as NATS
 
-from ..core.errors import ConfigError
-from ..core.publisher import check_producer_id
-from ..core.runs import RunLedger, RunRecord
-from .datasource import NAME, _on_nats
-from .discovery import register
-from .global_stamp import GLOBAL_SEQ_COLUMN, DriverSequencer, with_global_seq
-from .options import CARRIED_OVER_OPTION, CONNECTION_OPTIONS, SinkOptions
-from .repartitioned import carry_over, pass_over_old_layout
-from .routing import KEY_TEXT_COLUMN, check_key_column, is_integral_key, route
-from .runs import batch_run_id
+from airflow_nats_ordered.core.errors import ConfigError
+from airflow_nats_ordered.core.publish.publisher import check_producer_id
+from airflow_nats_ordered.core.publish.runs import RunLedger, RunRecord
+from airflow_nats_ordered.spark.datasource import NAME, _on_nats
+from airflow_nats_ordered.spark.discovery import register
+from airflow_nats_ordered.spark.global_stamp import (
+    GLOBAL_SEQ_COLUMN,
+    DriverSequencer,
+    with_global_seq,
+)
+from airflow_nats_ordered.spark.options import CARRIED_OVER_OPTION, CONNECTION_OPTIONS, SinkOptions
+from airflow_nats_ordered.spark.repartitioned import carry_over, pass_over_old_layout
+from airflow_nats_ordered.spark.routing import (
+    KEY_TEXT_COLUMN,
+    check_key_column,
+    is_integral_key,
+    route,
+)
+from airflow_nats_ordered.spark.runs import batch_run_id
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -55,7 +64,7 @@ def write_ordered(
 
     ``key`` (and ``msg_id_column``) must be a string, UTF-8 binary or integral column; an
     integral key is published (and routed) as its exact decimal text, the canonical key
-    text of ``core/keys.py``. Other column types are refused before any job runs.
+    text of ``core/stream/keys.py``. Other column types are refused before any job runs.
 
     ``global_order=True`` also stamps every row with ``Nats-Global-Seq`` in (``order_by``,
     tie-breaker) order over the whole DataFrame, for a global-order reader (one order over

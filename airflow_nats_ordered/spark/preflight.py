@@ -16,15 +16,15 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from ..core.errors import ConfigError
-from ..core.publish_lane import _MAX_BACKOFF
-from ..core.publisher import PublisherConfig
-from ..core.streams import describe
+from airflow_nats_ordered.core.errors import ConfigError
+from airflow_nats_ordered.core.publish.lane import _MAX_BACKOFF
+from airflow_nats_ordered.core.publish.publisher import PublisherConfig
+from airflow_nats_ordered.core.stream.partitioned import describe
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
 
-    from .options import SinkOptions
+    from airflow_nats_ordered.spark.options import SinkOptions
 
 
 def publisher_config(options: SinkOptions, producer_id: str) -> PublisherConfig:

@@ -29,10 +29,20 @@ from collections import Counter
 from json.encoder import encode_basestring
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ..core.errors import ConfigError, NatsOrderedError
-from .headers import headers_of
-from .options import HEADERS_COLUMN, PARTITION_COLUMN, VALUE_COLUMN, SinkOptions
-from .routing import KEY_RANK_COLUMN, KEY_TEXT_COLUMN, key_values, partitions_of
+from airflow_nats_ordered.core.errors import ConfigError, NatsOrderedError
+from airflow_nats_ordered.spark.headers import headers_of
+from airflow_nats_ordered.spark.options import (
+    HEADERS_COLUMN,
+    PARTITION_COLUMN,
+    VALUE_COLUMN,
+    SinkOptions,
+)
+from airflow_nats_ordered.spark.routing import (
+    KEY_RANK_COLUMN,
+    KEY_TEXT_COLUMN,
+    key_values,
+    partitions_of,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa

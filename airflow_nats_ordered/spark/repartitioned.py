@@ -1,4 +1,5 @@
-"""A Spark run across a repartition of its stream (see :mod:`..core.run_layouts`).
+"""A Spark run across a repartition of its stream (see
+:mod:`airflow_nats_ordered.core.publish.run_layouts`).
 
 A routed run's positions are ranks in the NATS partitions of the layout it was begun on.
 When the stream is repartitioned before the run completes (a task failed for good, the
@@ -28,15 +29,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from ..core.errors import ConfigError
-from ..core.runs import RunLedger, RunRecord, stored_positions
-from .routing import KEY_RANK_COLUMN, NOT_IN_TIES, partition_column
+from airflow_nats_ordered.core.errors import ConfigError
+from airflow_nats_ordered.core.publish.runs import RunLedger, RunRecord, stored_positions
+from airflow_nats_ordered.spark.routing import KEY_RANK_COLUMN, NOT_IN_TIES, partition_column
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
     from pyspark.sql import DataFrame
 
-    from ..core.streams import PartitionedStream
+    from airflow_nats_ordered.core.stream.partitioned import PartitionedStream
 
 _OLD = "__nats_old_partition"
 _RANK = "__nats_old_rank"

@@ -27,16 +27,22 @@ from typing import TYPE_CHECKING, Any
 
 from nats.js.errors import NotFoundError
 
-from ..core.errors import NatsOrderedError, RecordError
-from ..core.msg_ids import HDR_MSG_ID, HDR_PRODUCER, HDR_SEQ, msg_id_at, msg_id_base
-from ..core.publisher import OrderedPublisher, PublisherConfig
-from ..core.streams import describe
-from .headers import BadHeaders
+from airflow_nats_ordered.core.errors import NatsOrderedError, RecordError
+from airflow_nats_ordered.core.publish.msg_ids import (
+    HDR_MSG_ID,
+    HDR_PRODUCER,
+    HDR_SEQ,
+    msg_id_at,
+    msg_id_base,
+)
+from airflow_nats_ordered.core.publish.publisher import OrderedPublisher, PublisherConfig
+from airflow_nats_ordered.core.stream.partitioned import describe
+from airflow_nats_ordered.spark.headers import BadHeaders
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
 
-    from ..core.runs import RunRecord
+    from airflow_nats_ordered.core.publish.runs import RunRecord
 
 
 class InputChangedError(NatsOrderedError):

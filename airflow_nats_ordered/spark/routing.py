@@ -2,7 +2,7 @@
 
 Spark's built-in ``hash()`` is not murmur3_x86_32 with seed 0 over UTF-8 bytes for keys whose
 length is not a multiple of 4, so the ``nats_partition`` column is computed with
-:func:`~airflow_nats_ordered.core.partitioning.partition_for` itself, one Arrow batch at a
+:func:`~airflow_nats_ordered.core.stream.partitioning.partition_for` itself, one Arrow batch at a
 time (an Arrow UDF: one JVM/Python exchange per batch, not per row).
 
 :func:`route` then makes every NATS partition the rows of exactly one Spark task, sorted by
@@ -10,7 +10,8 @@ time (an Arrow UDF: one JVM/Python exchange per batch, not per row).
 partition, in order, and a row's position in its partition does not depend on Spark's
 physical partitioning or on the attempt.
 
-Key columns follow the canonical key-text rule (:func:`~..core.keys.key_text`): string
+Key columns follow the canonical key-text rule
+(:func:`~airflow_nats_ordered.core.stream.keys.key_text`): string
 columns are their text, integral columns (byte/short/int/long) their exact decimal digits
 (so an integral key routes exactly like its decimal text), binary columns their UTF-8 text;
 float/double/decimal/boolean/date/timestamp and nested key columns are refused before any
@@ -24,9 +25,9 @@ from typing import TYPE_CHECKING
 
 import mmh3
 
-from ..core.errors import ConfigError
-from ..core.partitioning import partition_for
-from .options import HEADERS_COLUMN, PARTITION_COLUMN
+from airflow_nats_ordered.core.errors import ConfigError
+from airflow_nats_ordered.core.stream.partitioning import partition_for
+from airflow_nats_ordered.spark.options import HEADERS_COLUMN, PARTITION_COLUMN
 
 if TYPE_CHECKING:
     import pyarrow as pa

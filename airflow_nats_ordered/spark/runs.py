@@ -1,4 +1,5 @@
-"""A Spark write as a run of the stream's run ledger (see :mod:`airflow_nats_ordered.core.runs`).
+"""A Spark write as a run of the stream's run ledger (see
+:mod:`airflow_nats_ordered.core.publish.runs`).
 
 A batch write is the run ``producerId``; a streaming query writes one run per micro-batch,
 ``<producerId>.<query id>.batch-<batch id>`` (:func:`batch_run_id`). On the driver, before any
@@ -11,7 +12,7 @@ the tasks' reports (per-partition high-water marks and counts, digests, refusals
 or ``partial``), ``abort()`` records the failure with what the stream holds of the run, so the
 drain sensor and backfills read a run's outcome by its name. Marks only go up across attempts
 and cover every partition any attempt stored (as for every run, see
-:mod:`airflow_nats_ordered.core.runs`).
+:mod:`airflow_nats_ordered.core.publish.runs`).
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ from typing import Any
 
 from nats.aio.client import Client as NATS
 
-from ..core.errors import ConfigError, NatsOrderedError
-from ..core.runs import (
+from airflow_nats_ordered.core.errors import ConfigError, NatsOrderedError
+from airflow_nats_ordered.core.publish.runs import (
     REFUSED_EXAMPLES,
     RunLedger,
     RunRecord,
@@ -34,11 +35,17 @@ from ..core.runs import (
     raise_marks,
     unmarked_error,
 )
-from .options import SinkOptions
-from .preflight import last_seq
-from .repartitioned import refusal
-from .resume import PartitionResume, own_positions, resume_points, stored_tails, vanished
-from .task import TaskReport
+from airflow_nats_ordered.spark.options import SinkOptions
+from airflow_nats_ordered.spark.preflight import last_seq
+from airflow_nats_ordered.spark.repartitioned import refusal
+from airflow_nats_ordered.spark.resume import (
+    PartitionResume,
+    own_positions,
+    resume_points,
+    stored_tails,
+    vanished,
+)
+from airflow_nats_ordered.spark.task import TaskReport
 
 
 class RunRefusedError(NatsOrderedError):

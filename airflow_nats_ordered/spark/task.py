@@ -1,6 +1,6 @@
 """What one Spark task does: publish its rows with the core publisher, report per partition.
 
-One NATS connection and one :class:`~airflow_nats_ordered.core.publisher.OrderedPublisher`
+One NATS connection and one :class:`~airflow_nats_ordered.core.publish.publisher.OrderedPublisher`
 per task, created inside ``write()`` (nothing network-bound is pickled). Spark's input
 iterator is read in a thread, a batch at a time, so the publisher keeps sending while the
 next batch is decoded. A task whose records are not all confirmed as stored fails (Spark
@@ -37,18 +37,23 @@ from typing import TYPE_CHECKING
 
 from pyspark.sql.datasource import WriterCommitMessage
 
-from ..core.errors import RecordError
-from ..core.runs import _REASONS, Refusals
-from .options import PARTITION_COLUMN, SinkOptions
-from .preflight import last_seq, publisher_config
-from .records import BatchRecords, SparkRecord
-from .resume import ResumingPublisher, own_positions, resume_points, stored_tails
+from airflow_nats_ordered.core.errors import RecordError
+from airflow_nats_ordered.core.publish.runs import _REASONS, Refusals
+from airflow_nats_ordered.spark.options import PARTITION_COLUMN, SinkOptions
+from airflow_nats_ordered.spark.preflight import last_seq, publisher_config
+from airflow_nats_ordered.spark.records import BatchRecords, SparkRecord
+from airflow_nats_ordered.spark.resume import (
+    ResumingPublisher,
+    own_positions,
+    resume_points,
+    stored_tails,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from nats.aio.client import Client as NATS
 
-    from ..core.runs import RunRecord
+    from airflow_nats_ordered.core.publish.runs import RunRecord
 
 
 @dataclass

@@ -8,8 +8,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from ..arguments import refuse_unknown_arguments
-from ..core.drain import (
+from airflow_nats_ordered.core.admin.drain import (
     DEFAULT_NO_MEMBERS_TIMEOUT,
     DrainProgress,
     DrainTimeoutError,
@@ -17,9 +16,10 @@ from ..core.drain import (
     PartitionBlockedError,
     wait_drained,
 )
-from ..core.errors import NatsOrderedError
-from ..hooks.nats import NatsHook
-from ..operators.failures import unfixable
+from airflow_nats_ordered.core.errors import NatsOrderedError
+from airflow_nats_ordered.hooks.arguments import refuse_unknown_arguments
+from airflow_nats_ordered.hooks.nats import NatsHook
+from airflow_nats_ordered.operators.failures import unfixable
 
 #: how often progress (lag per partition still behind) is logged while waiting
 LOG_EVERY = 30.0
@@ -41,7 +41,8 @@ class NatsGroupDrainTrigger(BaseTrigger):
     ``timeout``: seconds from ``started`` (epoch), so a restarted trigger keeps the deadline.
     ``no_members_timeout``: fail when no member of the group has been alive this long, or
     the group still has no state (no worker joined it) after that long (default
-    :data:`~..core.drain.DEFAULT_NO_MEMBERS_TIMEOUT`; None waits anyway). A group with no
+    :data:`~airflow_nats_ordered.core.admin.drain.DEFAULT_NO_MEMBERS_TIMEOUT`; None waits anyway).
+    A group with no
     state yet is waited for, not failed: its workers may be starting.
     """
 

@@ -86,11 +86,11 @@ from airflow.triggers.shared_stream import AdvanceItem, SharedStreamProducer
 from nats.js import api
 from nats.js.errors import BadRequestError, NotFoundError
 
-from ..arguments import refuse_unknown_arguments
-from ..core.errors import ConfigError
-from ..core.streams import StreamSpec
-from ..core.worker import dead_letter_subject
-from ..hooks.nats import NatsHook
+from airflow_nats_ordered.core.errors import ConfigError
+from airflow_nats_ordered.core.stream.partitioned import StreamSpec
+from airflow_nats_ordered.core.worker.worker import dead_letter_subject
+from airflow_nats_ordered.hooks.arguments import refuse_unknown_arguments
+from airflow_nats_ordered.hooks.nats import NatsHook
 
 log = logging.getLogger(__name__)
 

@@ -30,13 +30,13 @@ import os
 import sqlite3
 from pathlib import Path
 
-from airflow_nats_ordered.core.fenced_sink import (
+from airflow_nats_ordered.core.group.store import Fenced
+from airflow_nats_ordered.core.sink.fenced import (
     BatchItem,
     FencedSqliteSink,
 )
-from airflow_nats_ordered.core.fencing import Verdict
-from airflow_nats_ordered.core.group import Fenced
-from airflow_nats_ordered.core.worker import Message
+from airflow_nats_ordered.core.sink.fencing import Verdict
+from airflow_nats_ordered.core.worker.worker import Message
 
 DDL = """
 CREATE TABLE IF NOT EXISTS aircraft (
@@ -178,7 +178,7 @@ def rewind_sink(path: str | Path, *, stream: str, group: str, day: str) -> dict[
     sequences from there on are applied again instead of being taken for re-deliveries.
 
     Returns ``{partition: last sequence kept}`` - the positions to reset the group to
-    (:func:`airflow_nats_ordered.core.group_admin.reset_group` ``to=``), so that the group
+    (:func:`airflow_nats_ordered.core.admin.groups.reset_group` ``to=``), so that the group
     re-delivers exactly what was forgotten. Call it only while nothing is published and the
     group is idle (pause the DAG, let the drain finish), and reset the group right after.
     """

@@ -36,8 +36,8 @@ from typing import Any
 from airflow.sdk import DAG, task
 from airflow.sdk.exceptions import AirflowFailException
 
-from airflow_nats_ordered.core.drain import read_lag
-from airflow_nats_ordered.core.runs import RunLedger
+from airflow_nats_ordered.core.admin.drain import read_lag
+from airflow_nats_ordered.core.publish.runs import RunLedger
 from airflow_nats_ordered.hooks.nats import NatsHook
 from airflow_nats_ordered.operators.publish import default_producer_id
 from airflow_nats_ordered.operators.spark import NatsSparkPublishOperator

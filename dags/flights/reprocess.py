@@ -8,7 +8,7 @@ twice, the fenced sink applies each message once). To apply days again:
 2. :func:`reprocess_from` ``day``: the sink forgets the flights from ``day`` on and rewinds
    its fences (:func:`flights.handlers.rewind_sink`), then the group's positions are reset
    to just before ``day`` in each partition involved
-   (:func:`airflow_nats_ordered.core.group_admin.reset_group`, fenced: a running member
+   (:func:`airflow_nats_ordered.core.admin.groups.reset_group`, fenced: a running member
    cannot write an old position back), so the pool applies those days again, in order;
 3. clear the runs from ``day`` on (``airflow tasks clear flights_ordered_pipeline -s <day>
    -y``) and unpause: each day publishes nothing (its run is complete in the ledger), waits
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_nats_ordered.core.group_admin import reset_group
+from airflow_nats_ordered.core.admin.groups import reset_group
 from airflow_nats_ordered.hooks.nats import NatsHook
 from flights.handlers import rewind_sink
 from flights.settings import FlightsSettings

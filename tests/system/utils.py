@@ -150,8 +150,8 @@ async def _event_for_a_published_record(
 ) -> dict[str, Any]:
     from airflow.triggers.shared_stream import SharedStreamManager
 
-    from airflow_nats_ordered.core.publisher import OrderedPublisher
-    from airflow_nats_ordered.core.streams import StreamSpec, provision
+    from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
+    from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
     from airflow_nats_ordered.hooks.nats import NatsHook
 
     options = await NatsHook(trigger.nats_conn_id).aget_options()

@@ -1,7 +1,7 @@
 """Example DAG: publish with a PySpark job through NatsSparkPublishOperator, as one named run.
 
 Needs Spark besides NATS, so the system test only parses this file (tests/system/utils.py,
-``get_parse_test``); the operator runs for real in tests/test_spark_operator.py and in the
+``get_parse_test``); the operator runs for real in tests/airflow/test_spark_operator.py and in the
 flights pipeline (dags/flights_ordered_pipeline.py, dags/flights/pipeline.py, ``make
 demo``). docs/howto/spark-publish.md quotes the marked part.
 """

@@ -1,0 +1,106 @@
+"""Which stream a group's positions refer to: its recorded identity, and what is refused when
+the stream is not that one any more.
+
+Guarantees: the group records the stream's identity (its creation time) once; a stream
+deleted and created again under the same name is detected (:class:`StreamRecreated`, with
+the operator's fix) instead of being read from the old stream's sequence numbers.
+:class:`StateWentBack` is what the worker raises when a recorded position is no longer part
+of the stream's history. :class:`GroupStreamIdentity` holds these checks of
+:class:`~.store.GroupStore`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+from nats.aio.client import Client as NATS
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js.errors import (
+    KeyWrongLastSequenceError,
+    NoStreamResponseError,
+    ServiceUnavailableError,
+)
+from nats.js.kv import KeyValue
+
+from airflow_nats_ordered.core.errors import NatsOrderedError
+from airflow_nats_ordered.core.group.config import GroupConfig
+from airflow_nats_ordered.core.stream.kv import compact_json, latest_entry
+from airflow_nats_ordered.core.stream.partitioned import PartitionedStream, describe
+
+
+class StreamRecreated(NatsOrderedError):
+    """The stream was deleted and created again since the group recorded its positions:
+    they (and the sink's last sequences) refer to the old stream's sequence numbers."""
+
+
+class StateWentBack(NatsOrderedError):
+    """A recorded position (the group's commit, the sink's applied position, the reader's
+    position) is not part of the stream's history any more: the servers' stored state went
+    back and the stream hands out its sequences again (see :mod:`..stream.continuity`).
+    ``last_seq`` is the stream's last sequence when it was found."""
+
+    def __init__(self, message: str, last_seq: int = 0) -> None:
+        super().__init__(message)
+        self.last_seq = last_seq
+
+
+class GroupStreamIdentity:
+    """The stream-identity checks of :class:`~.store.GroupStore` (a mixin: it supplies
+    ``nc``, ``cfg``, the state bucket ``state`` and the ``stream`` it was opened on)."""
+
+    nc: NATS
+    cfg: GroupConfig
+    state: KeyValue
+    stream: PartitionedStream | None
+    #: the layout epoch the group's keys and partitions refer to (see :mod:`..stream.layout`)
+    epoch: int = 0
+
+    async def _record_stream(self, stream: PartitionedStream) -> None:
+        """Record the stream's identity in the state bucket, or check it against the one
+        recorded; raises StreamRecreated if they differ. Rides out the moments after a
+        bucket is created in a cluster, before its leader and subject interest are known."""
+        value = compact_json({"name": stream.name, "created": stream.created})
+        deadline = time.monotonic() + 10.0
+        while True:
+            try:
+                found = await latest_entry(self.nc, self.cfg.state_bucket, "stream")
+                if found is not None and found[0] is not None:
+                    recorded = json.loads(found[0]).get("created", "")
+                    if recorded and stream.created and recorded != stream.created:
+                        raise StreamRecreated(self._recreated_message(recorded, stream.created))
+                    return
+                if found is None:
+                    await self.state.create("stream", value)
+                else:  # a delete marker
+                    await self.state.update("stream", value, last=found[1])
+                return
+            except KeyWrongLastSequenceError:
+                continue  # another member recorded it meanwhile: check theirs
+            except (NoStreamResponseError, ServiceUnavailableError, NatsTimeoutError):
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.2)
+
+    def _recreated_message(self, recorded: str, now: str) -> str:
+        c = self.cfg
+        return (
+            f"stream {c.stream} was deleted and created again (group {c.group} recorded a "
+            f"stream created at {recorded}; the stream now was created at {now}): the group's "
+            "committed positions and fencing tokens, and the sink's last applied sequences, "
+            "refer to the old stream's sequence numbers, so resuming would skip new messages "
+            f"silently. Reset the group (`nats-ordered group delete --stream {c.stream} "
+            f"--group {c.group}`) and reset the sink's state for this stream and group, then "
+            "start the workers again."
+        )
+
+    async def check_stream(self) -> PartitionedStream:
+        """Describe the stream now; raises StreamRecreated if it is not the stream this
+        store was opened on (deleted and created again under the same name)."""
+        live = await describe(self.nc, self.cfg.stream)
+        opened = self.stream.created if self.stream is not None else ""
+        if opened and live.created and opened != live.created:
+            raise StreamRecreated(self._recreated_message(opened, live.created))
+        # as a reader of the group's layout epoch sees it (partition count, subjects)
+        return live if live.epoch == self.epoch else live.at_epoch(self.epoch)

@@ -1,0 +1,570 @@
+"""One partition's in-order lane of the ordered publisher: its batches, resends and acks.
+
+Internal to :class:`~.publisher.OrderedPublisher`, which owns one :class:`_Lane` per
+partition and re-exports every name here.
+
+Technique (measured in ``bench/``, reasons in ``docs/benchmarks.md``)
+--------------------------------------------------------------------
+Each partition is sent as a *fast-ingest batch* (ADR-50, nats-server >= 2.14) in gap mode
+``fail``: the messages are plain publishes whose reply subject carries the batch id, the
+batch sequence and an operation; the server acknowledges every N messages (flow control)
+and, because a gap ends the batch, **what the server stored of a batch is always a prefix
+of what was sent**. On any failure (timeout, gap, lost connection, server restart, leader
+change) the publisher starts a new batch and resends every unacknowledged record, in order,
+with the same msg-ids: the already stored prefix is de-duplicated, the rest is appended.
+Two batches can only ever store the same sequence of records, each in order, so a record is
+always stored after its predecessor. A batch is committed (one round trip, which returns the
+partition's last stream sequence) when it reaches ``batch_size`` records, when the
+partition has been idle for ``linger`` seconds, and on
+:meth:`~.publisher.OrderedPublisher.flush`.
+
+In the steady state (its batch open, records queued or lingering) a lane *parks* and the
+publisher's one sender task (:mod:`.sender`) applies its acknowledgements and sends
+its windows, together with every other parked lane's; the lane's own task takes over for
+everything else (opening, committing, errors, gaps, resends), exactly as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import random
+import re
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from nats.errors import Error as NatsError
+
+from airflow_nats_ordered.core.publish import wire
+from airflow_nats_ordered.core.publish.summary import PartitionSummary
+from airflow_nats_ordered.core.stream.repartition import layout_refusal
+
+if TYPE_CHECKING:
+    from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
+
+# the publisher's logger, as before the lane had its own module
+log = logging.getLogger("airflow_nats_ordered.core.publish.publisher")
+
+# Server error codes (nats-server errors.json).
+_ERR_BATCH_UNKNOWN = 10208  # the batch is gone (abandoned, leader change): start another
+_ERR_FAST_BATCH_DISABLED = 10205  # the stream's allow_batched is off
+_ERR_TOO_MANY_BATCHES = 10211  # HTTP 429: the stream has 1,000 batches open; retry later
+_FLOW_MAX = 500  # the server never acknowledges less often than every 500 messages
+_MAX_BACKOFF = 1.0  # seconds between resends of a failing partition, at most
+# steps of a lane in a row that changed nothing before it yields to the event loop at each
+# (a flush wakes an idle lane for one such step; the spin of issue 28 item 2 made millions)
+_IDLE_STEPS_BEFORE_YIELD = 100
+_EMPTY_HDR = b"NATS/1.0\r\n\r\n"
+# a flow acknowledgement exactly as nats-server 2.14+ writes it: read without json.loads
+# (0.4 against 2.6 us, thousands per 100k records on 16 partitions); any other form of
+# reply goes through json.loads as before
+_PLAIN_ACK = re.compile(rb'\{"type":"ack","seq":(\d+),"msgs":(\d+)\}')
+
+
+class _Retry(Exception):
+    """The current batch is lost; resend every unacknowledged record in a new batch."""
+
+
+class _Fatal(Exception):
+    """This partition cannot make progress; fail its remaining records."""
+
+
+class _NoStream(Exception):
+    """A reply without a body (a 503 no-responders status): no stream takes the subject."""
+
+
+#: One accepted record: ``(rest of its HPUB frame, payload bytes, header + payload bytes)``.
+#: The rest is everything after the batch sequence of its reply subject,
+#: ``.1.$FI <hdr len> <total len>\r\n<header block><payload>\r\n``: built once when the
+#: record is accepted, so a window's frames are ``HPUB <subject> <reply prefix><seq><rest>``
+#: however often a record is resent. A plain tuple: the publisher builds one per record, and
+#: a tuple costs a fraction of an object (issue 19 item 1).
+_Rec = tuple[bytes, int, int]
+
+
+class _Lane:
+    """One partition: its queue, its current fast batch and its acknowledgements."""
+
+    def __init__(self, pub: OrderedPublisher, partition: int) -> None:
+        self.pub = pub
+        self.cfg = pub.config
+        self.p = partition
+        self.subject = pub.stream.subject(partition)
+        self.subject_b = self.subject.encode()
+        self.inbox = f"{pub._inbox}.{partition}"
+        self.reply_prefix = b""
+        self.head = b""  # b"HPUB <subject> <reply prefix>" of the current batch
+        self.queue: deque[_Rec] = deque()
+        self.inflight: deque[_Rec] = deque()
+        self.replies: deque[tuple[str, bytes]] = deque()
+        self.wake = asyncio.Event()
+        self.idle = asyncio.Event()
+        self.idle.set()
+        self.summary = PartitionSummary(partition)
+        self.resume_left = 0  # positions still to pass over on resume (start_after)
+        self.error: str | None = None
+        self.batch_id: str | None = None
+        self.batch_seq = 0
+        self.acked_bseq = 0
+        self.flow = self.cfg.flow
+        self.broken = False
+        self.slot = False  # holds one of the publisher's max_open_batches
+        self.caller_ids = False  # a record of this partition carries the caller's msg-id
+        self._resent_hi = 0  # highest producer seq ever put back to be resent
+        self._batches = itertools.count(1)
+        self._failing_since: float | None = None
+        self._attempt = 0
+        self.task: asyncio.Task[None] | None = None
+        # served by the publisher's sender while parked (see _park and publish_sender)
+        self.parked = False
+        self.kicked = False  # in the sender's list for its next pass
+        self.long_sleep = False  # parked on the ack timer, not linger: wake when drained
+        self.progress_at = 0.0  # the last reply or send while parked (monotonic)
+        self.sender_error: str | None = None  # the sender's write failed: resend
+        # the error of a message the server refused ("type":"err"); its final ack follows
+        self._batch_error: dict[str, Any] | None = None
+
+    # -- accepting -----------------------------------------------------------------------
+    def accept(self, rec: _Rec) -> None:
+        """Queue one record (``OrderedPublisher.publish`` inlines this on its hot path)."""
+        self.summary.accepted += 1
+        if self.error is not None:
+            self.summary.failed += 1
+            self.pub._release(1, rec[1])
+            return
+        if not self.queue:  # the lane waits for work only with an empty queue
+            self.idle.clear()
+            if self.parked:
+                self.pub._sender.kick(self)
+            else:
+                self.wake.set()
+        self.queue.append(rec)
+
+    # -- the sender loop -------------------------------------------------------------------
+    async def run(self) -> None:
+        idle_steps = 0  # steps in a row that changed nothing
+        while True:
+            before = self._state()
+            try:
+                if not await self._step():
+                    return
+            except _Retry as exc:
+                await self._recover(str(exc))
+            except _Fatal as exc:
+                self._fail(str(exc))
+            except _NoStream:  # repartitioned (or deleted) since the publisher started?
+                why = await layout_refusal(self.pub.nc, self.pub.stream, self.subject)
+                if why is None:
+                    await self._recover("no stream took the batch (no responders)")
+                else:
+                    self._fail(why)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # never leave records unaccounted for
+                log.exception("partition %d: unexpected publisher error", self.p)
+                self._fail(f"unexpected error: {exc!r}")
+            if self._state() != before:
+                idle_steps = 0
+                continue
+            # a step that changed nothing (a wake-up without work: a flush wakes every
+            # idle lane) may not have suspended either. Many in a row may be a state this
+            # loop did not foresee: from then on each gives the event loop a turn, so that
+            # no such state can keep every other task (and close()) from running. (Only
+            # from then on: yielding at every such step changed the timing of publishers
+            # cancelled mid-run, see test_spark_resume's aborted job.)
+            idle_steps += 1
+            if idle_steps >= _IDLE_STEPS_BEFORE_YIELD:
+                await asyncio.sleep(0)
+
+    def _state(self) -> tuple[object, ...]:
+        """What a step of :meth:`run` can change: a step that changes none of it waited."""
+        return (
+            len(self.queue),
+            len(self.inflight),
+            len(self.replies),
+            self.batch_id,
+            self.batch_seq,
+            self.acked_bseq,
+            self.broken,
+            self.error,
+        )
+
+    async def _step(self) -> bool:
+        self._drain_replies()
+        if self.sender_error is not None:
+            reason, self.sender_error = self.sender_error, None
+            raise _Retry(reason)
+        if self.broken:  # only ever of an open batch (_end_batch clears it)
+            await self._await_reply(final=True)
+            return True
+        if self.batch_id is not None and self.batch_seq >= self.cfg.batch_size:
+            await self._commit()  # the sender filled the batch
+            return True
+        if self.queue:
+            if self.batch_id is None:
+                await self._open()
+            elif self._window_open():
+                await self._send_window()
+                if self.batch_seq >= self.cfg.batch_size:
+                    await self._commit()
+            else:
+                await self._park()  # the sender sends the rest as acknowledgements come
+            return True
+        if self.batch_id is not None:
+            # more records may come: wait a linger for them before committing, unless
+            # other partitions wait for a batch slot
+            if self.pub._flushing or self.pub._slot_waiters or await self._park():
+                await self._commit()
+            return True
+        self.idle.set()
+        if self.pub._closing:
+            return False
+        await self._wait_work(None)
+        return True
+
+    async def _wait_work(self, timeout: float | None, replies_only: bool = False) -> bool:
+        """Wait for a reply (or, unless ``replies_only``, a new record); False on timeout."""
+        self.wake.clear()
+        if self.replies or (self.queue and not replies_only):
+            return True
+        try:
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
+            # that races with the event, and close() would then wait forever
+            async with asyncio.timeout(timeout):
+                await self.wake.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    def _window_open(self) -> bool:
+        out = self.batch_seq - self.acked_bseq
+        return out < self.cfg.max_in_flight and out < self.flow * 2
+
+    async def _park(self) -> bool:
+        """Let the publisher's sender serve this open batch (acknowledgements, windows)
+        until the lane's task has to act; True when nothing is queued and the batch is to be
+        committed (idle for ``linger``, a flush, a batch slot wanted elsewhere). Raises
+        _Retry when records wait and no acknowledgement came for ``ack_timeout``."""
+        cfg, pub = self.cfg, self.pub
+        self.progress_at = time.monotonic()
+        self.parked = True
+        try:
+            while True:
+                self.wake.clear()
+                if (
+                    self.replies
+                    or self.sender_error is not None
+                    or self.broken
+                    or self.batch_id is None
+                    or self.batch_seq >= cfg.batch_size
+                ):
+                    return False
+                now = time.monotonic()
+                if self.queue:
+                    if self._window_open():
+                        pub._sender.kick(self)
+                    left = self.progress_at + cfg.ack_timeout - now
+                    if left <= 0:
+                        raise _Retry(f"no acknowledgement within {cfg.ack_timeout:g}s")
+                    self.long_sleep = True
+                else:
+                    if pub._flushing or pub._slot_waiters:
+                        return True
+                    left = self.progress_at + cfg.linger - now
+                    if left <= 0:
+                        return True
+                    self.long_sleep = False
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(left):
+                        await self.wake.wait()
+        finally:
+            self.parked = False
+
+    # -- served by the publisher's sender while parked -----------------------------------------
+    def take_acks(self) -> bool:
+        """Apply the queued plain acknowledgements of the current batch (and drop replies
+        of earlier batches, as :meth:`_handle` does); False at the first other reply, which
+        stays queued for the lane's task."""
+        replies = self.replies
+        while replies:
+            bid, data = replies[0]
+            if bid == self.batch_id:
+                plain = _PLAIN_ACK.fullmatch(data)
+                if plain is not None:
+                    self._ack_to(int(plain[1]))
+                    self.flow = max(1, int(plain[2]) or self.flow)
+                else:
+                    if not data:
+                        return False
+                    try:
+                        msg = json.loads(data)
+                    except ValueError:
+                        msg = None
+                    if msg is not None:
+                        if msg.get("error") or msg.get("type") != "ack":
+                            return False
+                        self._ack_to(int(msg.get("seq") or 0))
+                        self.flow = max(1, int(msg.get("msgs") or self.flow))
+            replies.popleft()
+        return True
+
+    def window(self, frames: list[bytes]) -> tuple[int, int] | None:
+        """Append the frames of everything the window and the batch allow to ``frames``;
+        their (payload bytes, largest message), or None when there is nothing to send."""
+        q, inflight = self.queue, self.inflight
+        cfg = self.cfg
+        out = self.batch_seq - self.acked_bseq
+        n = min(
+            len(q), min(cfg.max_in_flight, self.flow * 2) - out, cfg.batch_size - self.batch_seq
+        )
+        if n <= 0:
+            return None
+        seq = self.batch_seq
+        head = self.head
+        payload = largest = 0
+        for _ in range(n):
+            rec = q.popleft()
+            inflight.append(rec)
+            seq += 1
+            frames.append(b"%s%d%s" % (head, seq, rec[0]))
+            payload += rec[1]
+            if rec[2] > largest:
+                largest = rec[2]
+        self.batch_seq = seq
+        return payload, largest
+
+    def needs_task(self) -> bool:
+        """After the sender served it: must the lane's task act now (commit a full batch;
+        with the queue emptied, rearm its linger or commit for a flush or a slot)?"""
+        if self.batch_seq >= self.cfg.batch_size:
+            return True
+        if self.queue:
+            return False
+        return self.long_sleep or self.pub._flushing or self.pub._slot_waiters > 0
+
+    async def _write(self, frames: list[bytes], payload: int, largest: int, what: str) -> None:
+        """Hand ready frames to the connection: every message of the lane goes through here
+        (and :func:`.wire.send_frames`, the seam the fault tests break)."""
+        try:
+            await wire.send_frames(self.pub.nc, self.pub._fast, frames, payload, largest)
+        except NatsError as exc:
+            raise _Retry(f"{what} failed: {type(exc).__name__}: {exc}") from exc
+
+    async def _open(self) -> None:
+        if not self.slot:
+            self.pub._slot_waiters += 1
+            try:
+                await self.pub._batch_slots.acquire()
+            finally:
+                self.pub._slot_waiters -= 1
+            self.slot = True
+        # batch ids are per stream on the server: unique per publisher, partition and batch
+        self.batch_id = f"{self.pub._batch_tag}p{self.p}b{next(self._batches)}"
+        # <inbox>.<partition>.<batch id>.<flow>.<gap mode>.<batch seq>.<op>.$FI (ADR-50)
+        self.reply_prefix = f"{self.inbox}.{self.batch_id}.{self.cfg.flow}.fail.".encode()
+        self.batch_seq = 1  # the record sent below
+        self.acked_bseq = 0
+        self.flow = self.cfg.flow
+        self.broken = False
+        self.head = b"HPUB %s %s" % (self.subject_b, self.reply_prefix)
+        rec = self.queue.popleft()
+        self.inflight.append(rec)
+        first = b"%s1.0%s" % (self.head, rec[0][2:])  # op 0: the batch's first message
+        await self._write([first], rec[1], rec[2], "send")
+        # the first reply says whether the server takes the batch and at what flow
+        await self._await_reply()
+
+    async def _send_window(self) -> None:
+        # everything the window and the batch allow, written as one command (issue 19 item 1)
+        frames: list[bytes] = []
+        got = self.window(frames)
+        if got is not None:
+            await self._write(frames, got[0], got[1], "send")
+
+    async def _commit(self) -> None:
+        """End the batch without storing another message; the reply acknowledges it all."""
+        self.batch_seq += 1
+        reply = b"%s%d.3.$FI" % (self.reply_prefix, self.batch_seq)
+        end = wire.frame(self.subject_b, reply, _EMPTY_HDR, b"")
+        await self._write([end], 0, len(_EMPTY_HDR), "commit")
+        self.broken = True  # nothing more goes into this batch; wait for its final ack
+        await self._await_reply(final=True)
+
+    async def _await_reply(self, final: bool = False) -> None:
+        """Wait for one reply of the current batch (or, with ``final``, for its end)."""
+        deadline = time.monotonic() + self.cfg.ack_timeout
+        current = self.batch_id
+        while self.batch_id == current and current is not None:
+            if self.replies:
+                bid, data = self.replies.popleft()
+                if self._handle(bid, data) and not final:
+                    return
+                continue
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise _Retry(f"no acknowledgement within {self.cfg.ack_timeout:g}s")
+            await self._wait_work(left, replies_only=True)
+
+    def _drain_replies(self) -> None:
+        while self.replies:
+            bid, data = self.replies.popleft()
+            self._handle(bid, data)
+
+    def _handle(self, bid: str, data: bytes) -> bool:
+        """Apply one reply; True if it belonged to the current batch."""
+        if bid != self.batch_id:
+            return False  # a late reply of an abandoned batch: its records get resent anyway
+        if not data:  # a status without a body: 503 no responders, no stream took it
+            self._end_batch()
+            raise _NoStream()
+        try:
+            msg = json.loads(data)
+        except ValueError:
+            return False
+        err = msg.get("error")
+        kind = msg.get("type")
+        if err and kind == "err":
+            # one message was not stored (a stream limit, a store failure): the server ends
+            # the batch and its final ack follows with the count it stored. Wait for it, so
+            # the stored prefix is acknowledged, not resent and reported failed with the rest
+            self.broken = True
+            if self._batch_error is None:
+                self._batch_error = err
+            return True
+        if err:
+            if "count" in msg:  # the final ack of a batch stopped by this error
+                self._ack_to(int(msg.get("count") or 0))
+            self._end_batch()
+            self._raise_for(err)
+        if kind == "ack":
+            self._ack_to(int(msg.get("seq") or 0))
+            self.flow = max(1, int(msg.get("msgs") or self.flow))
+            return True
+        if kind == "gap":
+            self.broken = True  # the server abandons the batch; its final ack follows
+            return True
+        if "batch" in msg:  # final PubAck of the batch
+            self._ack_to(int(msg.get("count") or 0))
+            seq = int(msg.get("seq") or 0)
+            if seq:
+                self.summary.last_seq = max(self.summary.last_seq, seq)
+            refused = self._batch_error
+            self._end_batch()
+            self.broken = False
+            if refused is not None:  # it ended at a message the server refused
+                self._raise_for(refused)
+            if self.inflight:  # a gap: the server stored a prefix; resend the rest
+                self.summary.retries += 1
+                self._requeue()
+            return True
+        return False
+
+    def _raise_for(self, err: dict[str, Any]) -> None:
+        """Raise _Retry or _Fatal for a batch the server ended with ``err``."""
+        code = err.get("err_code")
+        desc = f"{err.get('description', 'error')} (err_code {code})"
+        if code == _ERR_BATCH_UNKNOWN or err.get("code") == 503:
+            raise _Retry(f"server dropped the batch: {desc}")
+        if code == _ERR_TOO_MANY_BATCHES or err.get("code") == 429:
+            raise _Retry(f"server limit reached: {desc}")
+        if code == _ERR_FAST_BATCH_DISABLED:
+            raise _Fatal(
+                f"stream {self.pub.stream.name} does not allow fast batch publishing: "
+                f"{desc}; run `nats-ordered provision` for it (sets allow_batched)"
+            )
+        raise _Fatal(f"server refused a record of partition {self.p}: {desc}")
+
+    def _ack_to(self, bseq: int) -> None:
+        n = min(bseq, self.batch_seq) - self.acked_bseq
+        if n <= 0:
+            return
+        n = min(n, len(self.inflight))
+        inflight = self.inflight
+        nbytes = 0
+        for _ in range(n):
+            nbytes += inflight.popleft()[1]
+        self.acked_bseq += n
+        self.summary.acked += n
+        self.pub._release(n, nbytes)
+        self._failing_since = None
+        self._attempt = 0
+
+    async def _recover(self, reason: str) -> None:
+        if self.pub.nc.is_closed:
+            self._fail(f"{reason}; the NATS connection is closed")
+            return
+        now = time.monotonic()
+        if self._failing_since is None:
+            self._failing_since = now
+        self.summary.retries += 1
+        self._end_batch()
+        self.broken = False
+        self._requeue()
+        if now - self._failing_since > self.cfg.delivery_timeout:
+            self._fail(f"{reason}; gave up after {self.cfg.delivery_timeout:g}s of retries")
+            return
+        self._attempt += 1
+        # jittered, so partitions refused together (err 10211) do not retry together
+        delay = min(_MAX_BACKOFF, 0.05 * 2 ** min(self._attempt, 5) * (0.5 + random.random()))
+        log.warning(
+            "partition %d: %s; resending %d records in %.2fs",
+            self.p,
+            reason,
+            len(self.queue),
+            delay,
+        )
+        await asyncio.sleep(delay)
+
+    def _requeue(self) -> None:
+        """Put the unacknowledged records back at the head of the queue, to be resent.
+
+        Acknowledgements are in order, so they are producer seqs ``acked+1 ..``; ``resent``
+        counts each of them once, however often it is resent."""
+        n = len(self.inflight)
+        last = self.summary.acked + n
+        if last > self._resent_hi:
+            self.summary.resent += last - max(self.summary.acked, self._resent_hi)
+            self._resent_hi = last
+        self.queue.extendleft(reversed(self.inflight))
+        self.inflight.clear()
+
+    def _end_batch(self) -> None:
+        """Forget the current batch and give its slot back. ``broken`` is a state of the
+        open batch: a lane that kept it without a batch would wait for the end of none, and
+        return at once, for ever (issue 28 item 2: a refused commit spun at 100% CPU)."""
+        self.batch_id = None
+        self.broken = False
+        self._batch_error = None
+        if self.slot:
+            self.slot = False
+            self.pub._batch_slots.release()
+
+    async def until_idle(self) -> None:
+        """Wait until every record of the lane is stored or failed. If its task ends first
+        (cancelled: ``asyncio.run`` cancels every task of a loop whose main coroutine
+        ended), nothing would ever send the rest: they are reported failed, not waited for."""
+        if self.idle.is_set() or self.task is None:
+            return
+        idle = asyncio.ensure_future(self.idle.wait())
+        try:
+            await asyncio.wait([idle, self.task], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            idle.cancel()
+        if not self.idle.is_set():
+            self._fail("the publisher's task for this partition was cancelled")
+
+    def _fail(self, reason: str) -> None:
+        self._end_batch()
+        n = len(self.queue) + len(self.inflight)
+        nbytes = sum(r[1] for r in self.queue) + sum(r[1] for r in self.inflight)
+        self.queue.clear()
+        self.inflight.clear()
+        self.summary.failed += n
+        self.error = self.summary.error = reason
+        self.pub._release(n, nbytes)
+        self.idle.set()
+        log.error("partition %d: %s; %d records not stored", self.p, reason, n)

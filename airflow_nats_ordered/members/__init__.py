@@ -1,0 +1,1 @@
+"""What runs a group member outside the core: its handler loaded by name, its metrics endpoint."""
