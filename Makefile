@@ -68,7 +68,7 @@ lint: venv
 	$(BIN)/ruff check $(CODE_DIRS)
 	$(BIN)/ruff format --check $(CODE_DIRS)
 	$(BIN)/mypy
-	$(BIN)/lint-imports --no-cache
+	$(BIN)/lint-imports --no-cache --no-logo
 
 format: venv
 	$(BIN)/ruff format $(CODE_DIRS)
