@@ -58,13 +58,17 @@ EXPLORE_ARGS ?=
 explore: venv
 	$(BIN)/python -m explore $(if $(SEED),--seed $(SEED),--seeds 1,2,3) --minutes $(or $(MINUTES),$(if $(SEED),10,0.5)) $(EXPLORE_ARGS)
 
-CODE_DIRS := $(wildcard airflow_nats_ordered pyspark_nats_ordered dags spark_apps bench tests explore)
+CODE_DIRS := $(wildcard airflow_nats_ordered pyspark_nats_ordered dags spark_apps bench tests explore tools)
 
-# ruff over all the code; mypy over the package (its settings: [tool.mypy] in pyproject.toml)
+# ruff over all the code; mypy over the package (its settings: [tool.mypy] in pyproject.toml);
+# lint-imports checks the import contracts ([tool.importlinter] in pyproject.toml: the core's
+# layers, no Airflow or Spark in the core, no import cycle), run from here so that it finds
+# tools/import_contracts.py
 lint: venv
 	$(BIN)/ruff check $(CODE_DIRS)
 	$(BIN)/ruff format --check $(CODE_DIRS)
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache --no-logo
 
 format: venv
 	$(BIN)/ruff format $(CODE_DIRS)
