@@ -228,7 +228,7 @@ class GlobalOrderReader:
         self.stream: PartitionedStream
         self._positions: GlobalPositions
         #: how the partitions are merged, one per mode (set when the position is taken)
-        self._strategy: MergeStrategy
+        self._strategy: MergeStrategy | None = None
         #: what is done, as the position records it (the strategy moves it)
         self._progress = ReaderProgress()
         self._readers: list[PartitionReader] = []
@@ -280,7 +280,7 @@ class GlobalOrderReader:
     @property
     def _pmerge(self) -> ProducerMerge | None:
         """The exact event-time mode's merge, else None (tests look inside it)."""
-        strategy = getattr(self, "_strategy", None)
+        strategy = self._strategy
         return strategy.merge if isinstance(strategy, ProducerStrategy) else None
 
     async def open(self) -> None:
@@ -385,7 +385,7 @@ class GlobalOrderReader:
         problems = (
             [] if self.error is None else [f"global-order reader stopped: {self._error_line()}"]
         )
-        holders, held = self._strategy.held_back()
+        holders, held = ([], []) if self._strategy is None else self._strategy.held_back()
         return json.dumps(
             {
                 "member": self.member_id,
@@ -423,6 +423,7 @@ class GlobalOrderReader:
 
     async def _run(self) -> None:
         strategy = self._strategy
+        assert strategy is not None  # open() sets it
         fetchers = (strategy.fetch(p) for p in range(len(self._readers)))
         self._fetchers = [asyncio.ensure_future(f) for f in fetchers]
         self._heartbeat = asyncio.ensure_future(self._beat())

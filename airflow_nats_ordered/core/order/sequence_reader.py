@@ -145,7 +145,7 @@ class SequenceStrategy:
             await ctx.handled(p, seq)
 
     def held_back(self) -> tuple[list[str], list[str]]:
-        return [], []  # a partition without a watermark: the reader waits and checks again
+        return [], []  # only the exact event-time mode names what holds its merge back
 
 
 __all__ = ["SequenceStrategy"]

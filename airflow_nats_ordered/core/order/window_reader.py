@@ -66,14 +66,14 @@ class WindowStrategy:
         self.context = context
         self.merge = merge
         self.lateness = lateness
-        self.late_policy = late
+        self.late = late
         self.dead_letters = dead_letters
         self.time_header = time_header
         self.resume_key = resume_key
         self.resume_horizon = resume_horizon or []
         #: late records (and, event-time mode, records without a time: ``why`` is the
         #: reason) waiting for the policy: (partition, key time, record, why)
-        self.late: deque[tuple[int, int, Any, str | None]] = deque()
+        self._late: deque[tuple[int, int, Any, str | None]] = deque()
 
     # -- reading -------------------------------------------------------------------------
     async def fetch(self, p: int) -> None:
@@ -106,7 +106,7 @@ class WindowStrategy:
                 if self.time_header is not None:
                     self._read_event(p, t, item, size, pending(reply) == 0)
                 elif merge.add(p, t, seq, item, size, pending(reply) == 0):
-                    self.late.append((p, t, item, None))
+                    self._late.append((p, t, item, None))
             ctx.wake.set()
 
     def _read_event(self, p: int, stored: int, item: Any, size: int, caught_up: bool) -> None:
@@ -128,17 +128,17 @@ class WindowStrategy:
         if e is None:
             merge.seen(p, stored, caught_up)
             progress.hold(seq)
-            self.late.append((p, 0, item, why))
+            self._late.append((p, 0, item, why))
         elif merge.add_event(p, (e, seq), stored, item, size, caught_up):
             progress.hold(seq)
-            self.late.append((p, e, item, None))
+            self._late.append((p, e, item, None))
 
     # -- releasing -----------------------------------------------------------------------
     async def release(self) -> None:
         ctx, merge = self.context, self.merge
         while not ctx.stopping():
-            if self.late:
-                p, t, item, why = self.late.popleft()
+            if self._late:
+                p, t, item, why = self._late.popleft()
                 if why is None:
                     ok = await self._late_record(p, t, item)
                 else:
@@ -187,9 +187,9 @@ class WindowStrategy:
             f"late record: partition {p}, stream sequence {seq}, {what} {behind:.3f}s before "
             f"a record already handed over (lateness {self.lateness:g}s)"
         )
-        if self.late_policy == "flag":
+        if self.late == "flag":
             return await self._hand(p, t, item, late=True)
-        if self.late_policy == "block":
+        if self.late == "block":
             ctx.fail(
                 LateRecordError(
                     f"{reason}: the reader stops before it (late='block'). Pass a larger "
@@ -210,11 +210,11 @@ class WindowStrategy:
         seq = item[0]
         reason = f"no event time: header {header} of partition {p}, stream sequence "
         reason += f"{seq}: {why}"
-        if self.late_policy != "dead-letter":
+        if self.late != "dead-letter":
             ctx.fail(
                 EventTimeError(
                     f"{reason}. The record has no place in the event-time order, so the "
-                    f"reader stops before it (late={self.late_policy!r}). Have its producer "
+                    f"reader stops before it (late={self.late!r}). Have its producer "
                     f"set {header} ({FORMS}), pass the header it does set as "
                     "time_header, or pass late='dead-letter' to set such records aside",
                     p,
@@ -237,7 +237,7 @@ class WindowStrategy:
         return True
 
     def held_back(self) -> tuple[list[str], list[str]]:
-        return [], []  # the window releases by the clock: nothing holds it back for long
+        return [], []  # only the exact event-time mode names what holds its merge back
 
 
 __all__ = ["WindowStrategy"]
