@@ -137,9 +137,8 @@ class SequenceStrategy:
             ctx.space[p].set()
             seq = record[0]
             where = f"global sequence {g} (partition {p}, stream sequence {seq})"
-            if not await ctx.hand(
-                p, g, record, False, where, " (skipping it would break the order)"
-            ):
+            why = " (skipping it would break the order)"
+            if not await ctx.hand(p, g, record, False, where, why):
                 return
             ctx.progress.g = g
             await ctx.handled(p, seq)
