@@ -1,5 +1,5 @@
 """Setting a late record aside (the time-window mode's ``late="dead-letter"``,
-:func:`set_aside`), with the conventions of a worker's dead letters
+:meth:`DeadLetters.set_aside`), with the conventions of a worker's dead letters
 (:mod:`..worker.dead_letters`): subject ``<prefix>.dlq.<group>.<partition>`` in the stream
 ``<STREAM>_DLQ``, the record's headers plus why (``Nats-Ordered-Error``) and where it came
 from (``Nats-Ordered-Origin``), a msg-id prefixed with the group.
@@ -15,20 +15,25 @@ import asyncio
 import contextlib
 import json
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+from nats.aio.client import Client as NATS
 from nats.errors import Error as NatsError
 from nats.js import api
 from nats.js.errors import NotFoundError
 
+from airflow_nats_ordered.core.group.config import GroupConfig
+from airflow_nats_ordered.core.stream.partitioned import PartitionedStream
 from airflow_nats_ordered.core.worker.dead_letters import HDR_ERROR, HDR_ORIGIN, dead_letter_subject
 
 log = logging.getLogger(__name__)
 
 
-async def ensure_dead_letter_stream(reader: Any) -> None:
-    js = reader.nc.jetstream()
-    stream = reader.stream
+async def ensure_dead_letter_stream(nc: NATS, stream: PartitionedStream) -> None:
+    """Create ``<STREAM>_DLQ`` for the dead-letter subjects of ``stream`` unless it exists."""
+    js = nc.jetstream()
     name = f"{stream.name}_DLQ"
     try:
         await js.stream_info(name)
@@ -50,38 +55,49 @@ async def ensure_dead_letter_stream(reader: Any) -> None:
         raise
 
 
-async def set_aside(reader: Any, p: int, item: Any, reason: str) -> bool:
-    """Publish the late record ``item`` of partition ``p`` of ``reader`` (a
-    :class:`~.reader.GlobalOrderReader`) to its dead-letter subject."""
-    seq, m, headers, _ = item
-    cfg = reader.group_config
-    h = dict(headers)
-    h[HDR_ERROR] = reason
-    h[HDR_ORIGIN] = json.dumps(
-        {
-            "stream": cfg.stream,
-            "group": cfg.group,
-            "partition": p,
-            "seq": seq,
-            "token": reader._token,
-        }
-    )
-    if "Nats-Msg-Id" in h:
-        h["Nats-Msg-Id"] = f"{cfg.group}:{h['Nats-Msg-Id']}"
-    subject = dead_letter_subject(reader.stream.prefix, cfg.group, p)
-    delay = 0.1
-    while not reader._stopping:
-        try:
-            await ensure_dead_letter_stream(reader)
-            await reader.nc.jetstream().publish(subject, m.data or b"", headers=h)
-        except (NatsError, TimeoutError) as exc:
-            log.warning("global-order reader: setting aside a late record failed: %s", exc)
-            await asyncio.sleep(delay)
-            delay = min(5.0, delay * 2)
-            continue
-        log.error("global-order reader: %s: set aside on %s", reason, subject)
-        return True
-    return False
+@dataclass(frozen=True, slots=True)
+class DeadLetters:
+    """Where one global-order reader sets records aside: the dead-letter subjects of
+    ``stream`` for its group (``group``), under its fencing token (``token``)."""
+
+    nc: NATS
+    stream: PartitionedStream
+    group: GroupConfig
+    token: int
+
+    async def set_aside(self, p: int, item: Any, reason: str, stopping: Callable[[], bool]) -> bool:
+        """Publish the record ``item`` ``(seq, msg, headers, key)`` of partition ``p`` to its
+        dead-letter subject, saying why (``reason``); retried until stored, or until
+        ``stopping()`` (False: not set aside)."""
+        seq, m, headers, _ = item
+        cfg = self.group
+        h = dict(headers)
+        h[HDR_ERROR] = reason
+        h[HDR_ORIGIN] = json.dumps(
+            {
+                "stream": cfg.stream,
+                "group": cfg.group,
+                "partition": p,
+                "seq": seq,
+                "token": self.token,
+            }
+        )
+        if "Nats-Msg-Id" in h:
+            h["Nats-Msg-Id"] = f"{cfg.group}:{h['Nats-Msg-Id']}"
+        subject = dead_letter_subject(self.stream.prefix, cfg.group, p)
+        delay = 0.1
+        while not stopping():
+            try:
+                await ensure_dead_letter_stream(self.nc, self.stream)
+                await self.nc.jetstream().publish(subject, m.data or b"", headers=h)
+            except (NatsError, TimeoutError) as exc:
+                log.warning("global-order reader: setting aside a late record failed: %s", exc)
+                await asyncio.sleep(delay)
+                delay = min(5.0, delay * 2)
+                continue
+            log.error("global-order reader: %s: set aside on %s", reason, subject)
+            return True
+        return False
 
 
-__all__ = ["ensure_dead_letter_stream", "set_aside"]
+__all__ = ["DeadLetters", "ensure_dead_letter_stream"]

@@ -1,5 +1,5 @@
-"""The global-order reader's exact event-time mode (:class:`ProducerReading`, a mixin of
-:class:`~.reader.GlobalOrderReader`): ``order_by="event-time", watermarks=True``.
+"""The global-order reader's exact event-time mode (:class:`ProducerStrategy`, its merge
+strategy for ``order_by="event-time", watermarks=True``).
 
 Records of several :class:`~.producer.GlobalProducer` instances, on any partitions,
 are handed over in increasing key ``(event time, producer, epoch, n)``
@@ -34,9 +34,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import Any
 
-from nats.aio.client import Client as NATS
 from nats.errors import Error as NatsError
 from nats.js.errors import NotFoundError
 
@@ -50,11 +48,8 @@ from airflow_nats_ordered.core.order.producers import (
     record_key,
     show_time,
 )
-from airflow_nats_ordered.core.order.progress import PartitionProgress
-from airflow_nats_ordered.core.order.reader_hooks import ReaderHooks
+from airflow_nats_ordered.core.order.strategy import ReadingContext
 from airflow_nats_ordered.core.stream.keys import message_key
-from airflow_nats_ordered.core.stream.partitioned import PartitionedStream
-from airflow_nats_ordered.core.stream.reader import PartitionReader
 
 log = logging.getLogger(__name__)
 
@@ -71,44 +66,47 @@ def _cancelled_check() -> None:
         raise asyncio.CancelledError
 
 
-class ProducerReading(ReaderHooks):
-    """The exact event-time mode of :class:`~.reader.GlobalOrderReader` (which
-    supplies the attributes and helpers annotated here)."""
+class ProducerStrategy:
+    """Merges by producer key with ``merge``; resumes by ``resume_key`` (the position's key,
+    or None) up to ``resume_horizon`` (the position's ``read``, per partition). Keeps a
+    :class:`~.progress.PartitionProgress` per partition in the context's progress."""
 
-    nc: NATS
-    stream: PartitionedStream
-    poll_interval: float
-    stats: Any
-    _readers: list[PartitionReader]
-    _space: list[asyncio.Event]
-    _wake: asyncio.Event
-    _stopping: bool
-    _g: int
-    _tie: int
-    _progress: list[PartitionProgress] | None
-    _pmerge: ProducerMerge | None
-    #: the key of the last record handed over (the position's), or None
-    _pkey: Key | None
-    _resume_pkey: Key | None
-    #: per partition, the position's horizon: up to it a record at or below
-    #: ``_resume_pkey`` was handed over; past it such a record is a violation
-    _resume_horizon: list[int]
-    #: a check waiting to be confirmed: (marks, last stored sequences, producers unknown
-    #: when it began)
-    _pending: tuple[dict[str, tuple[ProducerMark, int]], dict[int, int], set[str]] | None
-    _last_check: float
-    _held_since: float | None
+    def __init__(
+        self,
+        context: ReadingContext,
+        merge: ProducerMerge,
+        *,
+        resume_key: Key | None,
+        resume_horizon: list[int],
+    ) -> None:
+        if context.progress.partitions is None:
+            raise ValueError("the exact event-time mode keeps progress per partition")
+        self.context = context
+        self.merge = merge
+        self.resume_key = resume_key
+        #: per partition, the position's horizon: up to it a record at or below
+        #: ``resume_key`` was handed over; past it such a record is a violation
+        self.resume_horizon = resume_horizon
+        #: a check waiting to be confirmed: (marks, last stored sequences, producers unknown
+        #: when it began)
+        self._pending: (
+            tuple[dict[str, tuple[ProducerMark, int]], dict[int, int], set[str]] | None
+        ) = None
+        self._last_check = 0.0
+        self._held_since: float | None = None
 
     # -- reading -------------------------------------------------------------------------
     def _needed(self, p: int) -> bool:
         """A pending check needs partition ``p`` read further."""
-        return self._pending is not None and self._readers[p].next_seq <= self._pending[1][p]
+        pending = self._pending
+        return pending is not None and self.context.readers[p].next_seq <= pending[1][p]
 
-    async def _fetch_producers(self, p: int) -> None:
-        reader, space, merge = self._readers[p], self._space[p], self._pmerge
-        assert merge is not None and self._progress is not None
-        progress = self._progress[p]
-        while not self._stopping:
+    async def fetch(self, p: int) -> None:
+        ctx, merge = self.context, self.merge
+        reader, space = ctx.readers[p], ctx.space[p]
+        assert ctx.progress.partitions is not None
+        progress = ctx.progress.partitions[p]
+        while not ctx.stopping():
             _cancelled_check()
             if not merge.room(p) and not self._needed(p):
                 space.clear()
@@ -117,7 +115,7 @@ class ProducerReading(ReaderHooks):
             try:
                 got = await reader.fetch(timeout=1.0)
             except Exception as exc:  # never leave a partition silently unread
-                self._fail(exc)
+                ctx.fail(exc)
                 return
             # from here to the end of the loop nothing awaits: what the reader has handed
             # out is in the merge (the confirmation of marks relies on it)
@@ -128,7 +126,7 @@ class ProducerReading(ReaderHooks):
                     k = record_key(headers)
                 except ValueError as exc:
                     progress.hold(seq)  # not done: the next reader stops at it too
-                    self._fail(
+                    ctx.fail(
                         GlobalOrderViolation(
                             f"partition {p}, stream sequence {seq}: {exc}: the record was not "
                             "published through a GlobalProducer, so it has no place in the "
@@ -138,9 +136,9 @@ class ProducerReading(ReaderHooks):
                         )
                     )
                     return
-                resumed = self._resume_pkey
-                if resumed is not None and k <= resumed and seq <= self._resume_horizon[p]:
-                    progress.done(seq)  # handed over before the restart (global_progress)
+                resumed = self.resume_key
+                if resumed is not None and k <= resumed and seq <= self.resume_horizon[p]:
+                    progress.done(seq)  # handed over before the restart (progress)
                     continue
                 # past the horizon a key at or below the position's was never handed over:
                 # stored after the position was read, it is a violation (merge.add says so)
@@ -150,49 +148,51 @@ class ProducerReading(ReaderHooks):
                     merge.add(p, k, item, size, f"partition {p}, stream sequence {seq}")
                 except NatsOrderedError as exc:  # a violation, or a malformed key header
                     progress.hold(seq)  # not done: the next reader stops at it too
-                    self._fail(exc)
+                    ctx.fail(exc)
                     return
             if got:
-                self._wake.set()
+                ctx.wake.set()
 
     # -- confirming marks ----------------------------------------------------------------
     async def _check_marks(self) -> None:
-        assert self._pmerge is not None
+        ctx = self.context
+        stream = ctx.stream
         self._last_check = time.monotonic()
-        unknown = self._pmerge.unknown()
-        js = self.nc.jetstream()
+        unknown = self.merge.unknown()
+        js = ctx.nc.jetstream()
 
         async def last(p: int) -> int:
             try:
-                return (await js.get_last_msg(self.stream.name, self.stream.subject(p))).seq or 0
+                return (await js.get_last_msg(stream.name, stream.subject(p))).seq or 0
             except NotFoundError:
                 return 0
 
         try:
-            marks = await read_marks(self.nc, self.stream.name)  # the marks first, then
-            lasts = await asyncio.gather(*(last(p) for p in range(self.stream.partitions)))
+            marks = await read_marks(ctx.nc, stream.name)  # the marks first, then
+            lasts = await asyncio.gather(*(last(p) for p in range(stream.partitions)))
         except (NatsError, TimeoutError) as exc:  # tried again at the next poll
             log.info("global-order reader: producer marks not read: %s", exc)
             return
         self._pending = (marks, dict(enumerate(lasts)), unknown)
-        for space in self._space:  # a full partition the check needs is read on
+        for space in ctx.space:  # a full partition the check needs is read on
             space.set()
 
     def _confirm_marks(self) -> bool | None:
         """Apply the pending check's marks once every partition was read up to its last
         stored sequence: True if applied, None if not yet, False if the reader stops."""
-        assert self._pmerge is not None
-        if self._pending is None or any(self._needed(p) for p in range(len(self._readers))):
+        ctx = self.context
+        if self._pending is None or any(self._needed(p) for p in range(len(ctx.readers))):
             return None
         marks, _, unknown = self._pending
         self._pending = None
         stray = sorted(unknown - set(marks))
         if stray:
-            self._fail(
+            name = ctx.stream.name
+            ctx.fail(
                 GlobalOrderViolation(
-                    f"stream {self.stream.name} has records of producer(s) {', '.join(stray)} "
+                    f"stream {name} has records of producer(s) {', '.join(stray)} "
                     "that never registered (no mark p.<producer> in the bucket "
-                    f"nor_{self.stream.name}_global): publish only through GlobalProducer, "
+                    f"nor_{name}_global): publish only through GlobalProducer, "
                     "which registers before it publishes; the reader stops before them",
                     -1,
                 )
@@ -200,36 +200,36 @@ class ProducerReading(ReaderHooks):
             return False
         bounds = {p: m.bound() for p, (m, _) in marks.items() if not m.closed}
         closed = {p: m.epoch for p, (m, _) in marks.items() if m.closed}
-        before = dict(self._pmerge.bounds)
-        self._pmerge.set_marks(bounds, closed)
-        if self._pmerge.bounds != before:
-            self.stats.watermark_advances += 1
+        before = dict(self.merge.bounds)
+        self.merge.set_marks(bounds, closed)
+        if self.merge.bounds != before:
+            ctx.stats.watermark_advances += 1
         return True
 
     # -- the merge -------------------------------------------------------------------------
-    async def _producers_loop(self) -> None:
-        merge = self._pmerge
-        assert merge is not None
-        while not self._stopping:
+    async def release(self) -> None:
+        ctx, merge = self.context, self.merge
+        while not ctx.stopping():
             _cancelled_check()
             try:
                 popped = merge.pop()
             except GlobalOrderViolation as exc:
-                self._fail(exc)
+                ctx.fail(exc)
                 return
             if popped is not None:
                 self._held_since = None
                 p, k, item = popped
-                self._space[p].set()
+                ctx.space[p].set()
                 seq = item[0]
                 where = f"{describe_key(k)} (partition {p}, stream sequence {seq})"
-                msg = self._message(p, k[0], item, False)
-                if not await self._apply(msg, where, " (skipping it would break the order)"):
+                why = " (skipping it would break the order)"
+                if not await ctx.hand(p, k[0], item, False, where, why):
                     return
-                self._pkey, self._g, self._tie = k, k[0], k[3]
-                await self._handled(p, seq)
+                progress = ctx.progress
+                progress.key, progress.g, progress.tie = k, k[0], k[3]
+                await ctx.handled(p, seq)
                 continue
-            await self._commit_if_due()
+            await ctx.commit_if_due()
             if merge.buffered() and self._held_since is None:
                 self._held_since = time.monotonic()
             confirmed = self._confirm_marks()
@@ -237,20 +237,20 @@ class ProducerReading(ReaderHooks):
                 return
             if confirmed:
                 continue
-            due = time.monotonic() - self._last_check >= self.poll_interval
+            due = time.monotonic() - self._last_check >= ctx.poll_interval
             if self._pending is None and due:
                 await self._check_marks()
                 continue
-            self._wake.clear()
+            ctx.wake.clear()
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.poll_interval):
-                    await self._wake.wait()
+                async with asyncio.timeout(ctx.poll_interval):
+                    await ctx.wake.wait()
 
-    def _held_back(self) -> tuple[list[str], list[str]]:
+    def held_back(self) -> tuple[list[str], list[str]]:
         """For the heartbeat: the producers holding the merge back, and the problem to show
         once they have for :data:`HELD_BACK_PROBLEM` seconds."""
-        merge = self._pmerge
-        if merge is None or not merge.buffered():
+        merge = self.merge
+        if not merge.buffered():
             return [], []
         holders = merge.holders()
         since = self._held_since
@@ -261,7 +261,7 @@ class ProducerReading(ReaderHooks):
             b = merge.bounds.get(h)
             marks.append(f"{h} (watermark {'none' if b is None else show_time(b[0])})")
         close = "; ".join(
-            f"`nats-ordered global-producers --stream {self.stream.name} --close {h}`"
+            f"`nats-ordered global-producers --stream {self.context.stream.name} --close {h}`"
             for h in holders
         )
         return holders, [
@@ -272,4 +272,4 @@ class ProducerReading(ReaderHooks):
         ]
 
 
-__all__ = ["HELD_BACK_PROBLEM", "ProducerReading"]
+__all__ = ["HELD_BACK_PROBLEM", "ProducerStrategy"]

@@ -1,6 +1,8 @@
-"""How far one partition is done in the event-time mode (:class:`PartitionProgress`): pure.
+"""How far the global-order reader is done (:class:`ReaderProgress`: what its position
+records, kept in memory between writes) and, in the event-time modes, how far one partition
+is (:class:`PartitionProgress`): pure.
 
-In the event-time mode a partition's records may be handed over out of stream order (a
+In the event-time modes a partition's records may be handed over out of stream order (a
 producer's event times need not increase along a partition), so "the last record handed
 over" is not a resume point. The position keeps two sequences per partition instead
 (``docs/protocol.md`` section 12):
@@ -22,6 +24,11 @@ and nothing is skipped.
 from __future__ import annotations
 
 from collections import deque
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from airflow_nats_ordered.core.group.global_position import GlobalPosition
+    from airflow_nats_ordered.core.order.producers import Key
 
 
 class PartitionProgress:
@@ -60,4 +67,69 @@ class PartitionProgress:
         return len(self._open)
 
 
-__all__ = ["PartitionProgress"]
+class ReaderProgress:
+    """What the reader has done, as its position (:mod:`..group.global_position`) records it:
+    the key of the last record handed over (``g``, ``tie``; in the exact event-time mode
+    the whole producer key, ``key``), per partition the stream sequence up to which every
+    record is done (``seqs``; in the event-time modes with a :class:`PartitionProgress` per
+    partition, ``partitions``), the count of late records met (``late``), and how many
+    changes were made since the position was last written (``unwritten``).
+
+    The merge strategy moves it as it hands records over or sets them aside; the reader
+    writes it."""
+
+    def __init__(
+        self,
+        g: int = 0,
+        seqs: dict[int, int] | None = None,
+        *,
+        tie: int = 0,
+        late: int = 0,
+        key: Key | None = None,
+        partitions: list[PartitionProgress] | None = None,
+    ) -> None:
+        self.g = g
+        self.tie = tie
+        #: the exact event-time mode: the key of the last record handed over, or None
+        self.key = key
+        self.seqs: dict[int, int] = {} if seqs is None else seqs
+        self.late = late
+        #: the event-time modes: per partition what is done (records go out of stream order)
+        self.partitions = partitions
+        self.unwritten = 0
+
+    @classmethod
+    def resumed(cls, pos: GlobalPosition, partitions: int, per_partition: bool) -> ReaderProgress:
+        """Where the position ``pos`` of a stream of ``partitions`` left off;
+        ``per_partition``: keep a :class:`PartitionProgress` per partition (event-time modes)."""
+        return cls(
+            pos.g,
+            dict(pos.seqs),
+            tie=pos.tie,
+            late=pos.late,
+            key=(pos.g, *pos.producer_key) if pos.producer_key else None,
+            partitions=[
+                PartitionProgress(pos.seqs.get(p, 0), pos.read.get(p, 0)) for p in range(partitions)
+            ]
+            if per_partition
+            else None,
+        )
+
+    def done(self, p: int, seq: int) -> None:
+        """Record ``seq`` of partition ``p`` as done (handed over or set aside)."""
+        if self.partitions is None:
+            self.seqs[p] = seq
+            return
+        progress = self.partitions[p]
+        progress.done(seq)
+        if progress.prefix:
+            self.seqs[p] = progress.prefix
+
+    def horizons(self) -> dict[int, int] | None:
+        """The position's ``read``: per partition the horizon (event-time modes), else None."""
+        if self.partitions is None:
+            return None
+        return {p: h for p, pr in enumerate(self.partitions) if (h := pr.horizon())}
+
+
+__all__ = ["PartitionProgress", "ReaderProgress"]

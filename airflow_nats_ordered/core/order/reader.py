@@ -33,6 +33,10 @@ Guarantees (design and proof: ``docs/architecture.md``, *Global order*):
   records are held: each partition gets an equal share, half for its reader (buffered and
   requested) and half for its merge buffer, which is not read further while full
   (back-pressure per partition). A single larger record is still read, alone.
+
+The reader *has* a merge strategy, one per mode (:mod:`.strategy`): it checks its knobs,
+takes the position, builds the partitions' readers and the strategy, runs the strategy,
+calls the handler for it, writes the position and keeps the heartbeat.
 """
 
 from __future__ import annotations
@@ -45,7 +49,6 @@ import logging
 import os
 import socket
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -57,24 +60,27 @@ from nats.js.errors import NotFoundError
 from airflow_nats_ordered.core.errors import ConfigError, NatsOrderedError
 from airflow_nats_ordered.core.group.commits import Fenced
 from airflow_nats_ordered.core.group.config import GroupConfig, default_member_id
-from airflow_nats_ordered.core.group.global_position import READER_KEY, GlobalPositions
+from airflow_nats_ordered.core.group.global_position import (
+    READER_KEY,
+    GlobalPosition,
+    GlobalPositions,
+)
 from airflow_nats_ordered.core.group.store import GroupStore
 from airflow_nats_ordered.core.order.event_time import DEFAULT_TIME_HEADER
-from airflow_nats_ordered.core.order.merge import GlobalMerge, GlobalOrderViolation
+from airflow_nats_ordered.core.order.late import DeadLetters
+from airflow_nats_ordered.core.order.merge import GlobalMerge
 from airflow_nats_ordered.core.order.producer_merge import ProducerMerge
-from airflow_nats_ordered.core.order.producer_reader import ProducerReading
-from airflow_nats_ordered.core.order.producers import Key
-from airflow_nats_ordered.core.order.progress import PartitionProgress
-from airflow_nats_ordered.core.order.watermarks import (
-    HDR_GLOBAL_SEQ,
-    parse_global_seq,
-    watermark_bucket,
-    watermark_of,
+from airflow_nats_ordered.core.order.producer_reader import ProducerStrategy
+from airflow_nats_ordered.core.order.progress import ReaderProgress
+from airflow_nats_ordered.core.order.sequence_reader import SequenceStrategy
+from airflow_nats_ordered.core.order.strategy import (
+    GlobalReaderStats,
+    MergeStrategy,
+    ReadingContext,
 )
 from airflow_nats_ordered.core.order.window import LATE_POLICIES, WindowMerge
-from airflow_nats_ordered.core.order.window_reader import WindowReading
-from airflow_nats_ordered.core.stream.keys import message_key
-from airflow_nats_ordered.core.stream.kv import bucket_keys, latest_entry
+from airflow_nats_ordered.core.order.window_reader import WindowStrategy
+from airflow_nats_ordered.core.stream.kv import bucket_keys
 from airflow_nats_ordered.core.stream.partitioned import PartitionedStream
 from airflow_nats_ordered.core.stream.reader import PartitionReader
 
@@ -101,20 +107,7 @@ class GlobalMessage:
 GlobalHandler = Callable[[GlobalMessage], Any]
 
 
-@dataclass
-class GlobalReaderStats:
-    handled: int = 0
-    commits: int = 0
-    #: times a partition's bound was raised by its watermark (an idle partition advanced)
-    watermark_advances: int = 0
-    #: time-window mode: late records met by this reader (flagged, dead-lettered or blocked)
-    late: int = 0
-    dead_lettered: int = 0
-    #: event-time mode: records without a usable time header, set aside (late="dead-letter")
-    untimed: int = 0
-
-
-class GlobalOrderReader(WindowReading, ProducerReading):
+class GlobalOrderReader:
     """Reads every partition of ``stream`` and hands ``handler`` (sync or async) one total
     order; the group ``group`` holds its position. Knobs: ``commit_every`` records,
     ``commit_interval`` seconds, ``max_buffer_bytes`` (whole reader), ``fetch_batch``
@@ -234,20 +227,10 @@ class GlobalOrderReader(WindowReading, ProducerReading):
         self.error_text: Callable[[BaseException], str] = str
         self.stream: PartitionedStream
         self._positions: GlobalPositions
-        self._merge: GlobalMerge
-        self._window: WindowMerge | None = None
-        self._pmerge: ProducerMerge | None = None
-        self._pkey: Key | None = None
-        self._resume_pkey: Key | None = None
-        self._pending = None
-        self._last_check = 0.0
-        self._held_since: float | None = None
-        self._late: deque[tuple[int, int, Any, str | None]] = deque()
-        self._late_total = 0
-        self._progress: list[PartitionProgress] | None = None
-        self._resume_key = (0, 0)
-        self._resume_horizon: list[int] = []
-        self._tie = 0
+        #: how the partitions are merged, one per mode (set when the position is taken)
+        self._strategy: MergeStrategy | None = None
+        #: what is done, as the position records it (the strategy moves it)
+        self._progress = ReaderProgress()
         self._readers: list[PartitionReader] = []
         self._fetchers: list[asyncio.Task[None]] = []
         self._space: list[asyncio.Event] = []
@@ -257,10 +240,7 @@ class GlobalOrderReader(WindowReading, ProducerReading):
         self._heartbeat: asyncio.Task[None] | None = None
         self._store: GroupStore | None = None
         self._started = time.time()
-        self._seqs: dict[int, int] = {}
-        self._g = 0
         self._token = 0
-        self._uncommitted = 0
         self._last_commit = 0.0
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -295,7 +275,13 @@ class GlobalOrderReader(WindowReading, ProducerReading):
     @property
     def position(self) -> int:
         """The last global sequence handed to the handler (0: none)."""
-        return self._g
+        return self._progress.g
+
+    @property
+    def _pmerge(self) -> ProducerMerge | None:
+        """The exact event-time mode's merge, else None (tests look inside it)."""
+        strategy = self._strategy
+        return strategy.merge if isinstance(strategy, ProducerStrategy) else None
 
     async def open(self) -> None:
         """Take the group's position (a new fencing token); :meth:`start` calls it."""
@@ -322,42 +308,24 @@ class GlobalOrderReader(WindowReading, ProducerReading):
                 f"{', watermarks=True' if self.watermarks else ''}: the two do "
                 "not resume each other, so use another group"
             )
-        self._g, self._seqs, self._token = pos.g, dict(pos.seqs), pos.token
-        self._late_total, self._tie = pos.late, pos.tie
+        self._token = pos.token
         nparts = self.stream.partitions
         share = max(2, self.max_buffer_bytes // nparts)
-        self._merge = GlobalMerge(nparts, after=pos.g, share_bytes=share // 2)
-        if self.watermarks:
-            key = (pos.g, *pos.producer_key) if pos.producer_key else None
-            self._pkey = self._resume_pkey = key
-            self._pmerge = ProducerMerge(nparts, key, share // 2)
-            # a position written before this mode kept horizons has none: skip by key alone
-            read = pos.read or dict.fromkeys(range(nparts) if key else (), 1 << 62)
-            self._resume_horizon = [read.get(p, 0) for p in range(nparts)]
-            self._progress = [
-                PartitionProgress(pos.seqs.get(p, 0), pos.read.get(p, 0)) for p in range(nparts)
-            ]
-        elif self.order_by != "sequence":
-            lateness_ns = int(self.lateness * 1e9)
-            self._window = WindowMerge(nparts, lateness_ns, (pos.g, pos.tie), share // 2)
-        if self.order_by == "event-time" and not self.watermarks:
-            self._resume_key = (pos.g, pos.tie)
-            self._resume_horizon = [pos.read.get(p, 0) for p in range(nparts)]
-            self._progress = [
-                PartitionProgress(pos.seqs.get(p, 0), pos.read.get(p, 0)) for p in range(nparts)
-            ]
+        per_partition = self.order_by == "event-time"  # records go out of stream order
+        self._progress = ReaderProgress.resumed(pos, nparts, per_partition)
         self._readers = [
             PartitionReader(
                 self.nc,
                 self.stream.name,
                 self.stream.subject(p),
-                self._seqs.get(p, 0) + 1,
+                self._progress.seqs.get(p, 0) + 1,
                 self.fetch_batch,
                 lambda: share // 2,
             )
             for p in range(nparts)
         ]
         self._space = [asyncio.Event() for _ in range(nparts)]
+        self._strategy = self._strategy_for(pos, share // 2)
         self._last_commit = time.monotonic()
         log.info(
             "global-order reader %s of %s/%s: resuming after global sequence %d (token %d)",
@@ -368,12 +336,56 @@ class GlobalOrderReader(WindowReading, ProducerReading):
             pos.token,
         )
 
+    def _strategy_for(self, pos: GlobalPosition, share: int) -> MergeStrategy:
+        """The merge strategy of this reader's mode, resumed at ``pos``; ``share``: the bytes
+        each partition's buffer in the merge holds."""
+        context = ReadingContext(
+            self.nc,
+            self.stream,
+            self._readers,
+            self._space,
+            self._wake,
+            self.poll_interval,
+            self.stats,
+            self._progress,
+            stopping=self._is_stopping,
+            fail=self._fail,
+            hand=self._hand,
+            handled=self._handled,
+            commit_if_due=self._commit_if_due,
+        )
+        nparts = self.stream.partitions
+        if self.watermarks:
+            key = self._progress.key
+            # a position written before this mode kept horizons has none: skip by key alone
+            read = pos.read or dict.fromkeys(range(nparts) if key else (), 1 << 62)
+            return ProducerStrategy(
+                context,
+                ProducerMerge(nparts, key, share),
+                resume_key=key,
+                resume_horizon=[read.get(p, 0) for p in range(nparts)],
+            )
+        if self.order_by == "sequence":
+            return SequenceStrategy(context, GlobalMerge(nparts, after=pos.g, share_bytes=share))
+        lateness_ns = int(self.lateness * 1e9)
+        event_time = self.order_by == "event-time"
+        return WindowStrategy(
+            context,
+            WindowMerge(nparts, lateness_ns, (pos.g, pos.tie), share),
+            lateness=self.lateness,
+            late=self.late,
+            dead_letters=DeadLetters(self.nc, self.stream, self.group_config, self._token),
+            time_header=self.time_header if event_time else None,
+            resume_key=(pos.g, pos.tie),
+            resume_horizon=[pos.read.get(p, 0) for p in range(nparts)] if event_time else [],
+        )
+
     # -- presence ------------------------------------------------------------------------
     def _info(self) -> bytes:
         problems = (
             [] if self.error is None else [f"global-order reader stopped: {self._error_line()}"]
         )
-        holders, held = self._held_back()
+        holders, held = ([], []) if self._strategy is None else self._strategy.held_back()
         return json.dumps(
             {
                 "member": self.member_id,
@@ -410,19 +422,14 @@ class GlobalOrderReader(WindowReading, ProducerReading):
                 await self._store.leases.delete(READER_KEY)
 
     async def _run(self) -> None:
-        fetch = self._fetch if self._window is None else self._fetch_window
-        if self._pmerge is not None:
-            fetch = self._fetch_producers
-        self._fetchers = [asyncio.ensure_future(fetch(p)) for p in range(len(self._readers))]
+        strategy = self._strategy
+        assert strategy is not None  # open() sets it
+        fetchers = (strategy.fetch(p) for p in range(len(self._readers)))
+        self._fetchers = [asyncio.ensure_future(f) for f in fetchers]
         self._heartbeat = asyncio.ensure_future(self._beat())
         try:
-            if self._pmerge is not None:
-                await self._producers_loop()
-            elif self._window is None:
-                await self._merge_loop()
-            else:
-                await self._window_loop()
-            if self._uncommitted or self.error is not None:
+            await strategy.release()
+            if self._progress.unwritten or self.error is not None:
                 # a graceful stop or an error: keep what was handled (and say why it stopped)
                 await self._commit()
         except Fenced as exc:
@@ -443,107 +450,16 @@ class GlobalOrderReader(WindowReading, ProducerReading):
         self._stopping = True
         self._wake.set()
 
-    # -- reading -------------------------------------------------------------------------
-    async def _fetch(self, p: int) -> None:
-        reader, merge, space = self._readers[p], self._merge, self._space[p]
-        while not self._stopping:
-            if not merge.room(p):
-                space.clear()
-                await space.wait()
-                continue
-            try:
-                got = await reader.fetch(timeout=1.0)
-            except Exception as exc:  # never leave a partition silently unread
-                self._fail(exc)
-                return
-            # from here to the end of the loop nothing awaits: what the reader has handed
-            # out is in the merge (the watermark check relies on it)
-            for seq, m in got:
-                headers = dict(m.headers or {})
-                g = parse_global_seq(headers.get(HDR_GLOBAL_SEQ))
-                if g is None:
-                    self._fail(
-                        GlobalOrderViolation(
-                            f"partition {p}: the record at stream sequence {seq} has no "
-                            f"{HDR_GLOBAL_SEQ} header (it was published without "
-                            "global_order=True): it has no place in the global order; publish "
-                            "to a global-order stream only with global_order=True",
-                            p,
-                        )
-                    )
-                    return
-                size = len(m.data or b"") + sum(len(k) + len(v) for k, v in headers.items())
-                try:
-                    key = message_key(headers) or ""
-                    merge.add(p, g, (seq, m, headers, key), size)
-                except NatsOrderedError as exc:  # a violation, or a malformed key header
-                    self._fail(exc)
-                    return
-            if got:
-                self._wake.set()
+    def _is_stopping(self) -> bool:
+        return self._stopping
 
-    async def _watermarks(self, blocking: list[int]) -> None:
-        """Raise the bound of each blocking partition whose watermark can be trusted: read
-        ``w.<n>``, then the partition's last stored sequence; if the partition was read up
-        to it, every record the watermark does not cover is already in the merge."""
-        bucket = watermark_bucket(self.stream.name)
-        js = self.nc.jetstream()
-
-        async def check(p: int) -> None:
-            found = await latest_entry(self.nc, bucket, f"w.{p}")
-            w = watermark_of(found[0]) if found else 0
-            if w <= self._merge.bound(p):
-                return
-            try:
-                last = (await js.get_last_msg(self.stream.name, self.stream.subject(p))).seq or 0
-            except NotFoundError:
-                last = 0
-            if self._readers[p].next_seq > last and self._merge.advance(p, w):
-                self.stats.watermark_advances += 1
-
-        try:
-            await asyncio.gather(*(check(p) for p in blocking))
-        except (NatsError, TimeoutError) as exc:  # tried again at the next poll
-            log.info("global-order reader: watermark check failed: %s", exc)
-
-    # -- the merge -------------------------------------------------------------------------
-    async def _merge_loop(self) -> None:
-        merge = self._merge
-        while not self._stopping:
-            try:
-                item = merge.pop()
-            except GlobalOrderViolation as exc:
-                self._fail(exc)
-                return
-            if item is None:
-                await self._commit_if_due()
-                blocking = merge.blocking()
-                if blocking:
-                    await self._watermarks(blocking)
-                    if merge.blocking() != blocking or self._stopping:
-                        continue
-                self._wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(self.poll_interval):
-                        await self._wake.wait()
-                continue
-            p, g, record = item
-            self._space[p].set()
-            msg = self._message(p, g, record, False)
-            seq = record[0]
-            where = f"global sequence {g} (partition {p}, stream sequence {seq})"
-            if not await self._apply(msg, where, " (skipping it would break the order)"):
-                return
-            self._g = g
-            await self._handled(p, seq)
-
-    def _message(self, p: int, t: int, item: Any, late: bool) -> GlobalMessage:
+    # -- handing over ----------------------------------------------------------------------
+    async def _hand(self, p: int, t: int, item: Any, late: bool, where: str, why: str) -> bool:
+        """Call the handler with the record ``item`` ``(seq, msg, headers, key)`` of partition
+        ``p`` at ``t``; on an exception stop the reader before it (it is handed over again
+        when the reader starts again) and return False."""
         seq, m, headers, key = item
-        return GlobalMessage(t, key, m.data or b"", headers, p, seq, self._token, m.subject, late)
-
-    async def _apply(self, msg: GlobalMessage, where: str, why: str = "") -> bool:
-        """Call the handler with ``msg``; on an exception stop the reader before it (it is
-        handed over again when the reader starts again) and return False."""
+        msg = GlobalMessage(t, key, m.data or b"", headers, p, seq, self._token, m.subject, late)
         try:
             result = self.handler(msg)
             if inspect.isawaitable(result):
@@ -562,10 +478,10 @@ class GlobalOrderReader(WindowReading, ProducerReading):
 
     async def _handled(self, p: int, seq: int) -> None:
         """Count a handled record of partition ``p`` and commit every ``commit_every``."""
-        self._done(p, seq)
+        self._progress.done(p, seq)
         self.stats.handled += 1
-        self._uncommitted += 1
-        if self._uncommitted >= self.commit_every:
+        self._progress.unwritten += 1
+        if self._progress.unwritten >= self.commit_every:
             await self._commit()
 
     def _error_line(self) -> str:
@@ -577,28 +493,32 @@ class GlobalOrderReader(WindowReading, ProducerReading):
         return line.replace("\r", " ").replace("\n", " ")[:1000]
 
     async def _commit_if_due(self) -> None:
-        if self._uncommitted and time.monotonic() - self._last_commit >= self.commit_interval:
+        if (
+            self._progress.unwritten
+            and time.monotonic() - self._last_commit >= self.commit_interval
+        ):
             await self._commit()
 
     async def _commit(self) -> None:
+        progress = self._progress
         try:
             await self._positions.commit(
-                self._g,
-                self._seqs,
-                self._late_total,
-                tie=self._tie,
-                read=self._horizons(),
+                progress.g,
+                progress.seqs,
+                progress.late,
+                tie=progress.tie,
+                read=progress.horizons(),
                 error=self._error_line(),
-                producer_key=None if self._pkey is None else self._pkey[1:],
+                producer_key=None if progress.key is None else progress.key[1:],
             )
         except Fenced:
             raise
         except (NatsError, TimeoutError) as exc:  # written at the next occasion
             log.warning("global-order reader: position not written: %s", exc)
             return
-        self._uncommitted = 0
+        progress.unwritten = 0
         self._last_commit = time.monotonic()
         self.stats.commits += 1
 
 
-__all__ = ["GlobalHandler", "GlobalMessage", "GlobalOrderReader", "GlobalReaderStats"]
+__all__ = ["GlobalHandler", "GlobalMessage", "GlobalOrderReader"]

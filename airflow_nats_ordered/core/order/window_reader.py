@@ -1,5 +1,5 @@
-"""The global-order reader's window modes (:class:`WindowReading`, a mixin of
-:class:`~.reader.GlobalOrderReader`): reading partitions into the
+"""The global-order reader's window modes (:class:`WindowStrategy`, its merge strategy for
+``order_by="time"`` and ``"event-time"``): reading partitions into the
 :class:`~.window.WindowMerge`, releasing in key order, and the late-record policy.
 
 Two keys (``docs/architecture.md``, *Time-window mode*):
@@ -29,9 +29,8 @@ from typing import Any
 
 from airflow_nats_ordered.core.errors import NatsOrderedError
 from airflow_nats_ordered.core.order.event_time import FORMS, EventTimeError, parse_event_time
-from airflow_nats_ordered.core.order.late import set_aside
-from airflow_nats_ordered.core.order.progress import PartitionProgress
-from airflow_nats_ordered.core.order.reader_hooks import ReaderHooks
+from airflow_nats_ordered.core.order.late import DeadLetters
+from airflow_nats_ordered.core.order.strategy import ReadingContext
 from airflow_nats_ordered.core.order.window import (
     LateRecordError,
     WindowMerge,
@@ -39,45 +38,48 @@ from airflow_nats_ordered.core.order.window import (
     stored_time_ns,
 )
 from airflow_nats_ordered.core.stream.keys import message_key
-from airflow_nats_ordered.core.stream.reader import PartitionReader
 
 
-class WindowReading(ReaderHooks):
-    """The window modes of :class:`~.reader.GlobalOrderReader` (which supplies the
-    attributes and the helpers annotated here)."""
+class WindowStrategy:
+    """Merges with ``merge`` in a window of ``lateness`` seconds, applying the late-record
+    policy ``late`` and setting records aside with ``dead_letters``.
 
-    order_by: str
-    time_header: str
-    lateness: float
-    late: str
-    poll_interval: float
-    stats: Any
-    error: BaseException | None
-    _window: WindowMerge | None
-    _readers: list[PartitionReader]
-    _space: list[asyncio.Event]
-    _wake: asyncio.Event
-    _stopping: bool
-    _token: int
-    _g: int
-    _tie: int
-    _late_total: int
-    _uncommitted: int
-    _seqs: dict[int, int]
-    #: late records (and, event-time mode, records without a time: ``why`` is the reason)
-    #: waiting for the policy: (partition, key time, record, why)
-    _late: deque[tuple[int, int, Any, str | None]]
-    #: event-time mode: per partition what is done, and what the resumed position covered
-    _progress: list[PartitionProgress] | None
-    _resume_key: tuple[int, int]
-    _resume_horizon: list[int]
+    ``time_header``: the event-time mode's header (None: the time mode, by stored time);
+    the event-time mode keeps a :class:`~.progress.PartitionProgress` per partition in the
+    context's progress, and resumes by ``resume_key`` (the position's ``(g, tie)``) up to
+    ``resume_horizon`` (the position's ``read``, per partition)."""
+
+    def __init__(
+        self,
+        context: ReadingContext,
+        merge: WindowMerge,
+        *,
+        lateness: float,
+        late: str,
+        dead_letters: DeadLetters,
+        time_header: str | None = None,
+        resume_key: tuple[int, int] = (0, 0),
+        resume_horizon: list[int] | None = None,
+    ) -> None:
+        if (time_header is None) != (context.progress.partitions is None):
+            raise ValueError("the event-time mode, and only it, keeps progress per partition")
+        self.context = context
+        self.merge = merge
+        self.lateness = lateness
+        self.late = late
+        self.dead_letters = dead_letters
+        self.time_header = time_header
+        self.resume_key = resume_key
+        self.resume_horizon = resume_horizon or []
+        #: late records (and, event-time mode, records without a time: ``why`` is the
+        #: reason) waiting for the policy: (partition, key time, record, why)
+        self._late: deque[tuple[int, int, Any, str | None]] = deque()
 
     # -- reading -------------------------------------------------------------------------
-    async def _fetch_window(self, p: int) -> None:
-        reader, space = self._readers[p], self._space[p]
-        merge = self._window
-        assert merge is not None
-        while not self._stopping:
+    async def fetch(self, p: int) -> None:
+        ctx, merge = self.context, self.merge
+        reader, space = ctx.readers[p], ctx.space[p]
+        while not ctx.stopping():
             if not merge.room(p):
                 merge.stalled(p)
                 space.clear()
@@ -86,7 +88,7 @@ class WindowReading(ReaderHooks):
             try:
                 got = await reader.fetch(timeout=1.0)
             except Exception as exc:  # never leave a partition silently unread
-                self._fail(exc)
+                ctx.fail(exc)
                 return
             if not got:
                 merge.idle(p)  # nothing came within the fetch's wait: caught up
@@ -97,31 +99,30 @@ class WindowReading(ReaderHooks):
                 try:
                     key = message_key(headers) or ""
                 except NatsOrderedError as exc:  # a malformed key header
-                    self._fail(exc)
+                    ctx.fail(exc)
                     return
                 t = stored_time_ns(reply)
                 item = (seq, m, headers, key)
-                if self._progress is not None:
-                    self._read_event(p, merge, t, item, size, pending(reply) == 0)
+                if self.time_header is not None:
+                    self._read_event(p, t, item, size, pending(reply) == 0)
                 elif merge.add(p, t, seq, item, size, pending(reply) == 0):
                     self._late.append((p, t, item, None))
-            self._wake.set()
+            ctx.wake.set()
 
-    def _read_event(
-        self, p: int, merge: WindowMerge, stored: int, item: Any, size: int, caught_up: bool
-    ) -> None:
+    def _read_event(self, p: int, stored: int, item: Any, size: int, caught_up: bool) -> None:
         """Event-time mode: place one record read from partition ``p`` (no awaits)."""
-        assert self._progress is not None
+        partitions, merge = self.context.progress.partitions, self.merge
+        assert partitions is not None and self.time_header is not None
         seq, _, headers, _ = item
-        progress = self._progress[p]
+        progress = partitions[p]
         progress.read(seq)
         try:
             e: int | None = parse_event_time(headers.get(self.time_header))
             why = None
         except ValueError as exc:
             e, why = None, str(exc)
-        if seq <= self._resume_horizon[p] and (e is None or (e, seq) <= self._resume_key):
-            merge.seen(p, stored, caught_up)  # done before the restart (global_progress)
+        if seq <= self.resume_horizon[p] and (e is None or (e, seq) <= self.resume_key):
+            merge.seen(p, stored, caught_up)  # done before the restart (progress)
             progress.done(seq)
             return
         if e is None:
@@ -133,10 +134,9 @@ class WindowReading(ReaderHooks):
             self._late.append((p, e, item, None))
 
     # -- releasing -----------------------------------------------------------------------
-    async def _window_loop(self) -> None:
-        merge = self._window
-        assert merge is not None
-        while not self._stopping:
+    async def release(self) -> None:
+        ctx, merge = self.context, self.merge
+        while not ctx.stopping():
             if self._late:
                 p, t, item, why = self._late.popleft()
                 if why is None:
@@ -149,39 +149,40 @@ class WindowReading(ReaderHooks):
             now = time.time_ns()
             popped = merge.pop(now)
             if popped is None:
-                await self._commit_if_due()
+                await ctx.commit_if_due()
                 due = merge.wait_ns(now)
-                wait = self.poll_interval if due is None else min(self.poll_interval, due / 1e9)
-                self._wake.clear()
+                wait = ctx.poll_interval if due is None else min(ctx.poll_interval, due / 1e9)
+                ctx.wake.clear()
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(max(0.001, wait)):
-                        await self._wake.wait()
+                        await ctx.wake.wait()
                 continue
             p, (t, tie), item = popped
-            self._space[p].set()
+            ctx.space[p].set()
             if not await self._hand(p, t, item, late=False, tie=tie):
                 return
 
     async def _hand(self, p: int, t: int, item: Any, late: bool, tie: int = 0) -> bool:
         """Hand a window record to the handler; False if the reader stops. An on-time one
         becomes the position's key ``(t, tie)`` before it is counted (and maybe committed)."""
+        ctx = self.context
         seq = item[0]
-        msg = self._message(p, t, item, late)
-        if not await self._apply(msg, f"partition {p}, stream sequence {seq}"):
+        if not await ctx.hand(p, t, item, late, f"partition {p}, stream sequence {seq}", ""):
             return False
         if not late:
-            self._g, self._tie = t, tie
-        await self._handled(p, seq)
+            ctx.progress.g, ctx.progress.tie = t, tie
+        await ctx.handled(p, seq)
         return True
 
     async def _late_record(self, p: int, t: int, item: Any) -> bool:
         """Apply the late-record policy; False if the reader stops."""
+        ctx, progress = self.context, self.context.progress
         seq = item[0]
-        self.stats.late += 1
-        self._late_total += 1
-        self._uncommitted += 1  # the count is written with the position
-        behind = (self._g - t) / 1e9
-        what = "with an event time" if self._progress is not None else "stored"
+        ctx.stats.late += 1
+        progress.late += 1
+        progress.unwritten += 1  # the count is written with the position
+        behind = (progress.g - t) / 1e9
+        what = "with an event time" if self.time_header is not None else "stored"
         reason = (
             f"late record: partition {p}, stream sequence {seq}, {what} {behind:.3f}s before "
             f"a record already handed over (lateness {self.lateness:g}s)"
@@ -189,7 +190,7 @@ class WindowReading(ReaderHooks):
         if self.late == "flag":
             return await self._hand(p, t, item, late=True)
         if self.late == "block":
-            self._fail(
+            ctx.fail(
                 LateRecordError(
                     f"{reason}: the reader stops before it (late='block'). Pass a larger "
                     "lateness, or late='dead-letter' to set late records aside, or "
@@ -204,48 +205,39 @@ class WindowReading(ReaderHooks):
     async def _untimed_record(self, p: int, item: Any, why: str) -> bool:
         """Event-time mode: a record without a usable time has no place in the order:
         ``late="dead-letter"`` sets it aside, otherwise the reader stops before it."""
+        ctx, header = self.context, self.time_header
+        assert header is not None
         seq = item[0]
-        reason = f"no event time: header {self.time_header} of partition {p}, stream sequence "
+        reason = f"no event time: header {header} of partition {p}, stream sequence "
         reason += f"{seq}: {why}"
         if self.late != "dead-letter":
-            self._fail(
+            ctx.fail(
                 EventTimeError(
                     f"{reason}. The record has no place in the event-time order, so the "
-                    f"reader stops before it (late={self.late!r}). Have its producer set "
-                    f"{self.time_header} ({FORMS}), pass the header it does set as "
+                    f"reader stops before it (late={self.late!r}). Have its producer "
+                    f"set {header} ({FORMS}), pass the header it does set as "
                     "time_header, or pass late='dead-letter' to set such records aside",
                     p,
                     seq,
-                    self.time_header,
+                    header,
                     why,
                 )
             )
             return False
-        self.stats.untimed += 1
-        self._uncommitted += 1
+        ctx.stats.untimed += 1
+        ctx.progress.unwritten += 1
         return await self._set_aside(p, item, reason)
 
     async def _set_aside(self, p: int, item: Any, reason: str) -> bool:
-        if not await set_aside(self, p, item, reason):
+        ctx = self.context
+        if not await self.dead_letters.set_aside(p, item, reason, ctx.stopping):
             return False  # stopping: not set aside, so it is read again next time
-        self.stats.dead_lettered += 1
-        self._done(p, item[0])
+        ctx.stats.dead_lettered += 1
+        ctx.progress.done(p, item[0])
         return True
 
-    def _done(self, p: int, seq: int) -> None:
-        """Record ``seq`` of partition ``p`` as done (handed over or set aside)."""
-        if self._progress is None:
-            self._seqs[p] = seq
-            return
-        progress = self._progress[p]
-        progress.done(seq)
-        if progress.prefix:
-            self._seqs[p] = progress.prefix
-
-    def _horizons(self) -> dict[int, int] | None:
-        if self._progress is None:
-            return None
-        return {p: h for p, pr in enumerate(self._progress) if (h := pr.horizon())}
+    def held_back(self) -> tuple[list[str], list[str]]:
+        return [], []  # only the exact event-time mode names what holds its merge back
 
 
-__all__ = ["WindowReading"]
+__all__ = ["WindowStrategy"]

@@ -1,13 +1,18 @@
 """The pure global merge (core/order/merge.py): exact order from per-partition inputs and
-bounds, with plain values."""
+bounds, with plain values; and the sequence mode's merge strategy over it
+(core/order/sequence_reader.py), driven through its context alone."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 
 import pytest
 
 from airflow_nats_ordered.core.order.merge import GlobalMerge, GlobalOrderViolation
+from airflow_nats_ordered.core.order.progress import ReaderProgress
+from airflow_nats_ordered.core.order.sequence_reader import SequenceStrategy
+from airflow_nats_ordered.core.order.strategy import GlobalReaderStats, ReadingContext
 
 
 def _drain(m: GlobalMerge) -> list[int]:
@@ -113,3 +118,74 @@ def test_room_is_a_byte_share_per_partition_but_an_empty_partition_takes_any_rec
     m.advance(1, 2)
     assert _drain(m) == [1]
     assert m.room(0) and m.buffered_bytes() == 0
+
+
+def _strategy(merge: GlobalMerge, handled_last: int, fail_on: int | None = None):
+    """A sequence strategy over ``merge`` with a context of plain values: no server, no
+    reader. It stops once the record with global sequence ``handled_last`` is handled."""
+    log: list[tuple] = []
+    stopping = [False]
+
+    async def hand(p, t, item, late, where, why):
+        log.append(("hand", p, t, item[0]))
+        return t != fail_on
+
+    async def handled(p, seq):
+        log.append(("handled", p, seq, progress.g))
+        progress.done(p, seq)
+        stopping[0] = stopping[0] or progress.g == handled_last
+
+    async def commit_if_due():
+        log.append(("commit_if_due",))
+
+    def fail(exc):
+        log.append(("fail", type(exc).__name__))
+        stopping[0] = True
+
+    progress = ReaderProgress()
+    ctx = ReadingContext(
+        None,  # no server, no stream: nothing here reads one
+        None,
+        [],
+        [asyncio.Event() for _ in range(merge.partitions)],
+        asyncio.Event(),
+        0.01,
+        GlobalReaderStats(),
+        progress,
+        stopping=lambda: stopping[0],
+        fail=fail,
+        hand=hand,
+        handled=handled,
+        commit_if_due=commit_if_due,
+    )
+    return SequenceStrategy(ctx, merge), log, progress
+
+
+def test_the_sequence_strategy_hands_records_over_in_order_and_moves_the_progress():
+    m = GlobalMerge(2)
+    for p, g, seq in ((0, 1, 1), (1, 2, 1), (0, 3, 2), (1, 4, 2)):
+        m.add(p, g, (seq, None, {}, ""))
+    strategy, log, progress = _strategy(m, handled_last=4)
+    asyncio.run(strategy.release())
+    assert [e[2] for e in log if e[0] == "hand"] == [1, 2, 3, 4]
+    # the position's key moves before the record is counted (a commit then includes it)
+    assert [e[3] for e in log if e[0] == "handled"] == [1, 2, 3, 4]
+    assert (progress.g, progress.seqs) == (4, {0: 2, 1: 2})
+    assert strategy.held_back() == ([], [])
+
+
+def test_the_sequence_strategy_stops_before_a_record_its_handler_raised_on_or_a_violation():
+    m = GlobalMerge(2)
+    for p, g, seq in ((0, 1, 1), (1, 2, 1), (0, 3, 2), (1, 4, 2)):
+        m.add(p, g, (seq, None, {}, ""))
+    strategy, log, progress = _strategy(m, handled_last=4, fail_on=3)
+    asyncio.run(strategy.release())  # the reader's hand stops the reader itself
+    assert [e[2] for e in log if e[0] == "hand"] == [1, 2, 3]
+    assert (progress.g, progress.seqs) == (2, {0: 1, 1: 1})
+
+    m = GlobalMerge(2)
+    m.add(0, 1, (1, None, {}, ""))
+    m.add(1, 1, (1, None, {}, ""))  # the same g on two partitions
+    strategy, log, progress = _strategy(m, handled_last=1)
+    asyncio.run(strategy.release())
+    assert log == [("fail", "GlobalOrderViolation")] and progress.g == 0

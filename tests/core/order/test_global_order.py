@@ -192,7 +192,7 @@ def test_small_buffers_still_deliver_everything_in_order(nats_url, unique_name):
 
             def handle(m: GlobalMessage) -> None:
                 got.append(int(m.data[:4]))
-                most[0] = max(most[0], reader._merge.buffered_bytes())
+                most[0] = max(most[0], reader._strategy.merge.buffered_bytes())
 
             reader = GlobalOrderReader(
                 nc, unique_name, "small", handle, max_buffer_bytes=4096, fetch_batch=10
