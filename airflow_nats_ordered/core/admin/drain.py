@@ -459,7 +459,7 @@ async def wait_drained(
             elif entry.key == "stream" and not deleted:
                 recorded = json.loads(entry.value or b"{}").get("created", "")
                 if recorded and described.created and recorded != described.created:
-                    raise StreamRecreated(store._recreated_message(recorded, described.created))
+                    raise StreamRecreated(store.recreated_message(recorded, described.created))
             elif (bp := key_partition(entry.key, need_epoch, "blocked")) is not None:
                 if deleted:
                     blocked.pop(bp, None)
