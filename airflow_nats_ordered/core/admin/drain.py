@@ -60,11 +60,11 @@ from airflow_nats_ordered.core.stream.layout import (
 )
 from airflow_nats_ordered.core.stream.partitioned import (
     PartitionedStream,
-    Strays,
     describe,
     stray_messages,
     stream_contents,
 )
+from airflow_nats_ordered.core.stream.strays import Strays
 
 #: seconds between checks of what the server does not push: live members, the stream
 CHECK_EVERY = 2.0
