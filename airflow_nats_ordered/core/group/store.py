@@ -118,7 +118,9 @@ class GroupStore:
     The parts: ``leasing`` (:class:`~.leases.GroupLeases`), ``identity``
     (:class:`~.stream_identity.GroupStreamIdentity`), ``commits``
     (:class:`~.commits.GroupCommits`), ``snapshots`` (:class:`~.status.GroupSnapshot`) and
-    ``assignments`` (:class:`~.assignment.GroupAssignment`)."""
+    ``assignments`` (:class:`~.assignment.GroupAssignment`), each given the connection,
+    config, buckets and stream it needs when the store is made (none of them changes
+    after)."""
 
     def __init__(
         self,
