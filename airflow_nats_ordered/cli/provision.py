@@ -23,12 +23,12 @@ from airflow_nats_ordered.core.stream.partitioned import (
     STREAM_NAME_RULE,
     PartitionedStream,
     ProvisionResult,
-    Strays,
     StreamSpec,
     describe,
     provision,
     purge_strays,
 )
+from airflow_nats_ordered.core.stream.strays import Strays
 
 
 def configure(p: argparse.ArgumentParser) -> None:

@@ -56,7 +56,8 @@ from airflow_nats_ordered.core.group.global_position import GlobalPosition
 from airflow_nats_ordered.core.group.lag import read_group_lag
 from airflow_nats_ordered.core.group.store import GroupStore
 from airflow_nats_ordered.core.order.producers import show_time
-from airflow_nats_ordered.core.stream.partitioned import Strays, describe
+from airflow_nats_ordered.core.stream.partitioned import describe
+from airflow_nats_ordered.core.stream.strays import Strays
 
 #: seconds between two refreshes of ``status --watch``
 WATCH_INTERVAL = 2.0

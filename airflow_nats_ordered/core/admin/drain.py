@@ -60,11 +60,11 @@ from airflow_nats_ordered.core.stream.layout import (
 )
 from airflow_nats_ordered.core.stream.partitioned import (
     PartitionedStream,
-    Strays,
     describe,
     stray_messages,
     stream_contents,
 )
+from airflow_nats_ordered.core.stream.strays import Strays
 
 #: seconds between checks of what the server does not push: live members, the stream
 CHECK_EVERY = 2.0
@@ -459,7 +459,7 @@ async def wait_drained(
             elif entry.key == "stream" and not deleted:
                 recorded = json.loads(entry.value or b"{}").get("created", "")
                 if recorded and described.created and recorded != described.created:
-                    raise StreamRecreated(store._recreated_message(recorded, described.created))
+                    raise StreamRecreated(store.recreated_message(recorded, described.created))
             elif (bp := key_partition(entry.key, need_epoch, "blocked")) is not None:
                 if deleted:
                     blocked.pop(bp, None)

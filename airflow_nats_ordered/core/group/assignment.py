@@ -3,12 +3,14 @@
 Guarantees: both live in the state bucket (keys ``assignment`` and ``policy``) and are only
 ever written by compare-and-set on the revision the writer read (``last=0``: must not
 exist yet), so two would-be leaders cannot overwrite each other's plan: the loser gets None
-and reads again. :class:`GroupAssignment` holds these verbs of :class:`~.store.GroupStore`.
+and reads again. :class:`GroupAssignment` holds these verbs; :class:`~.store.GroupStore` has
+one.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from nats.js.errors import KeyDeletedError, KeyNotFoundError, KeyWrongLastSequenceError
@@ -59,22 +61,26 @@ class RebalancePolicy:
 
 
 class GroupAssignment:
-    """The assignment and policy verbs of :class:`~.store.GroupStore` (a mixin: it supplies
-    the state bucket ``state``)."""
+    """The assignment and policy verbs on a group's state bucket ``state``.
 
-    state: KeyValue
-    epoch: int = 0  # the layout epoch: each epoch has its own assignment (e<k>.assignment)
+    ``epoch`` gives the layout epoch the group works on now (each epoch has its own
+    assignment, ``e<k>.assignment``): the store's, which moves when the group moves to
+    another layout."""
+
+    def __init__(self, state: KeyValue, epoch: Callable[[], int]) -> None:
+        self.state = state
+        self.epoch = epoch
 
     async def read_assignment(self) -> tuple[bytes | None, int]:
         try:
-            e = await self.state.get(state_key(self.epoch, "assignment"))
+            e = await self.state.get(state_key(self.epoch(), "assignment"))
         except (KeyNotFoundError, KeyDeletedError):
             return None, 0
         return e.value, e.revision or 0
 
     async def write_assignment(self, data: bytes, last: int) -> int | None:
         try:
-            key = state_key(self.epoch, "assignment")
+            key = state_key(self.epoch(), "assignment")
             if last == 0:
                 return await self.state.create(key, data)
             return await self.state.update(key, data, last=last)

@@ -9,7 +9,8 @@ every earlier one even when ``c.<n>`` is deleted or the bucket re-created. A com
 that disappeared is never silently taken as "start from the beginning": the group's
 ``missing_commit`` policy decides (:class:`CommitRecordMissing` by default). A failed
 compare-and-set that still carries this owner's token is the lost reply of an applied
-write, and is adopted. :class:`GroupCommits` holds these verbs of :class:`~.store.GroupStore`.
+write, and is adopted. :class:`GroupCommits` holds these verbs; :class:`~.store.GroupStore`
+has one.
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ import contextlib
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from nats.aio.client import Client as NATS
 from nats.js.errors import (
     APIError,
     KeyDeletedError,
@@ -28,9 +31,11 @@ from nats.js.errors import (
     KeyWrongLastSequenceError,
     NotFoundError,
 )
+from nats.js.kv import KeyValue
 
 from airflow_nats_ordered.core.errors import NatsOrderedError
 from airflow_nats_ordered.core.group.cas_writes import Answer, CasWrites
+from airflow_nats_ordered.core.group.config import GroupConfig
 from airflow_nats_ordered.core.group.leases import GroupLeases
 from airflow_nats_ordered.core.group.stream_identity import GroupStreamIdentity, StreamRecreated
 from airflow_nats_ordered.core.stream.continuity import AtSeq
@@ -116,18 +121,40 @@ def _commit_value(seq: int, token: int, member: str, stream: str, msg_id: str = 
     return compact_json(d)
 
 
-class GroupCommits(GroupStreamIdentity, GroupLeases):
-    """The commit and fencing verbs of :class:`~.store.GroupStore` (a mixin: a grant checks
-    the stream's identity first, and a reset takes the holder's lease away)."""
+class GroupCommits:
+    """The commit and fencing verbs on a group's state bucket ``state``, for the ``stream``
+    the group's store was opened on. A grant checks the stream's ``identity`` first, and a
+    reset takes the holder's lease away (``leasing``).
 
-    #: the pipelined commit writes of the store's connection (created on first use)
-    _cas: CasWrites | None = None
+    ``epoch`` gives the layout epoch the group works on now (its commit records and blocked
+    markers are that epoch's, see :func:`~..stream.layout.state_key`): the store's, which
+    moves when the group moves to another layout."""
+
+    def __init__(
+        self,
+        nc: NATS,
+        cfg: GroupConfig,
+        state: KeyValue,
+        stream: PartitionedStream | None,
+        identity: GroupStreamIdentity,
+        leasing: GroupLeases,
+        epoch: Callable[[], int],
+    ) -> None:
+        self.nc = nc
+        self.cfg = cfg
+        self.state = state
+        self.stream = stream
+        self.identity = identity
+        self.leasing = leasing
+        self.epoch = epoch
+        #: the pipelined commit writes of the connection (created on first use)
+        self._cas: CasWrites | None = None
 
     async def read_commit(self, partition: int) -> tuple[CommitRecord | None, int]:
         """Partition's commit record and its revision, read from the stream leader.
         A deleted record gives ``(None, revision of the delete marker)``, a record never
         written ``(None, 0)``."""
-        key = state_key(self.epoch, "c", partition)
+        key = state_key(self.epoch(), "c", partition)
         found = await latest_entry(self.nc, self.cfg.state_bucket, key)
         if found is None:
             return None, 0
@@ -144,17 +171,17 @@ class GroupCommits(GroupStreamIdentity, GroupLeases):
         decides: CommitRecordMissing, or resume at the partition's earliest or latest
         message. Raises StreamRecreated if the stream is not the one the group's positions
         refer to."""
-        live = await self.check_stream()
-        key = state_key(self.epoch, "c", partition)
+        live = await self.identity.check_stream()
+        key = state_key(self.epoch(), "c", partition)
         for _ in range(20):
             rec, rev = await self.read_commit(partition)
             if rec is not None and rec.stream and live.created and rec.stream != live.created:
-                raise StreamRecreated(self._recreated_message(rec.stream, live.created))
+                raise StreamRecreated(self.identity.recreated_message(rec.stream, live.created))
             msg_id = ""
             # a sink's floor says a record existed only in the stream's oldest layout epoch:
             # in a later one the sink has seen tokens of the earlier layout's partition of
             # that number, and a group that lost its state starts at the oldest epoch again
-            floor_says = floor > 0 and self.epoch <= live.oldest_epoch
+            floor_says = floor > 0 and self.epoch() <= live.oldest_epoch
             if rec is None and (rev > 0 or floor_says):
                 seq = await self._resume_without_record(live, partition, rev, floor)
             else:
@@ -165,7 +192,7 @@ class GroupCommits(GroupStreamIdentity, GroupLeases):
                 new_rev = await self._put_commit(key, value, rev)
             except KeyWrongLastSequenceError:
                 continue  # a previous owner committed meanwhile: read again
-            return Grant(partition, token, seq, new_rev, member, live.created, msg_id, self.epoch)
+            return Grant(partition, token, seq, new_rev, member, live.created, msg_id, self.epoch())
         raise NatsOrderedError(f"could not bump the fencing token of partition {partition}")
 
     async def _put_commit(self, key: str, value: bytes, rev: int) -> int:
@@ -180,10 +207,10 @@ class GroupCommits(GroupStreamIdentity, GroupLeases):
         """Where a partition whose commit record is missing resumes, by ``missing_commit``."""
         c = self.cfg
         why = (
-            f"its commit record {state_key(self.epoch, 'c', partition)} was deleted or purged"
+            f"its commit record {state_key(self.epoch(), 'c', partition)} was deleted or purged"
             if marker_rev
             else f"the sink has seen fencing token {floor} for it but the group has no commit "
-            f"record {state_key(self.epoch, 'c', partition)} (the state bucket "
+            f"record {state_key(self.epoch(), 'c', partition)} (the state bucket "
             f"{c.state_bucket} was re-created or purged)"
         )
         if c.missing_commit == "fail":
@@ -215,12 +242,12 @@ class GroupCommits(GroupStreamIdentity, GroupLeases):
         renewal), it stops and hands the partition over, and whoever claims it next resumes
         from ``seq``. Clears a ``blocked`` marker (a reset past a poison message is
         how an operator skips it). Returns ``(previous position, token)``."""
-        live = await self.check_stream()
-        key = state_key(self.epoch, "c", partition)
+        live = await self.identity.check_stream()
+        key = state_key(self.epoch(), "c", partition)
         # the lease as it is before the new token: only that holder is taken away (a new
         # owner claiming after the reset keeps its lease)
         held = await latest_entry(
-            self.nc, self.cfg.lease_bucket, state_key(self.epoch, "p", partition)
+            self.nc, self.cfg.lease_bucket, state_key(self.epoch(), "p", partition)
         )
         # the msg-id of the message at seq, so the position can be checked (continuity)
         at = await self.stored_at(seq) if seq > 0 else None
@@ -237,7 +264,7 @@ class GroupCommits(GroupStreamIdentity, GroupLeases):
             # take the lease away too: an idle owner would never commit, so never notice the
             # new token; its next renewal now fails and it hands the partition over
             if held is not None and held[0] is not None:
-                await self._take_lease_from(partition, json.loads(held[0]).get("claim"))
+                await self.leasing.take_lease_from(partition, json.loads(held[0]).get("claim"))
             return (rec.seq if rec else 0), token
         raise NatsOrderedError(f"could not reset partition {partition}: its record keeps changing")
 
@@ -319,7 +346,7 @@ class GroupCommits(GroupStreamIdentity, GroupLeases):
         return False
 
     async def set_blocked(self, partition: int, reason: str | None) -> None:
-        key = state_key(self.epoch, "blocked", partition)
+        key = state_key(self.epoch(), "blocked", partition)
         if reason is None:
             # only an existing marker is deleted: every claim clears it, and a needless
             # delete marker would wake every drain watcher of the group

@@ -37,10 +37,10 @@ from airflow_nats_ordered.core.group.store import GroupStore
 from airflow_nats_ordered.core.stream.partitioned import (
     PartitionedStream,
     PartitionStats,
-    Strays,
     partition_stats,
     stream_contents,
 )
+from airflow_nats_ordered.core.stream.strays import Strays
 
 #: seconds one count may take (a request the server answers from its subject index)
 COUNT_TIMEOUT = 10.0

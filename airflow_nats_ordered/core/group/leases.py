@@ -6,7 +6,8 @@ it as lost at (time the claim or renewal was *sent* + TTL - margin) on the monot
 so it never believes in a lease the server may already have expired. A failed
 compare-and-set is checked against the key's latest value (read from the stream leader): if
 it still carries this claim's nonce, the lost reply of an applied write is adopted, never a
-newer owner's lease. :class:`GroupLeases` holds these verbs of :class:`~.store.GroupStore`.
+newer owner's lease. :class:`GroupLeases` holds these verbs; :class:`~.store.GroupStore` has
+one.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,13 +51,19 @@ class Lease:
 
 
 class GroupLeases:
-    """The lease verbs of :class:`~.store.GroupStore` (a mixin: it supplies ``nc``, ``cfg``
-    and the lease bucket ``leases``)."""
+    """The lease verbs on a group's lease bucket ``leases``.
 
-    nc: NATS
-    cfg: GroupConfig
-    leases: KeyValue
-    epoch: int = 0  # the layout epoch of the partition keys (see .layout.state_key)
+    ``epoch`` gives the layout epoch the group works on now (its partition keys are that
+    epoch's, see :func:`~..stream.layout.state_key`): the store's, which moves when the
+    group moves to another layout."""
+
+    def __init__(
+        self, nc: NATS, cfg: GroupConfig, leases: KeyValue, epoch: Callable[[], int]
+    ) -> None:
+        self.nc = nc
+        self.cfg = cfg
+        self.leases = leases
+        self.epoch = epoch
 
     def _deadline(self, sent: float) -> float:
         return sent + self.cfg.lease_ttl - self.cfg.safety_margin
@@ -153,10 +161,10 @@ class GroupLeases:
         lease.valid_until = self._deadline(sent)
         return lease
 
-    async def _take_lease_from(self, partition: int, claim: str | None) -> None:
+    async def take_lease_from(self, partition: int, claim: str | None) -> None:
         """Delete partition's lease while it is still the claim ``claim`` (renewals of it
         change its revision, not its claim); never a newer owner's lease."""
-        key = state_key(self.epoch, "p", partition)
+        key = state_key(self.epoch(), "p", partition)
         for _ in range(5):
             cur = await latest_entry(self.nc, self.cfg.lease_bucket, key)
             if cur is None or cur[0] is None or json.loads(cur[0]).get("claim") != claim:

@@ -7,20 +7,23 @@ deleted commit record, a deleted or re-created stream, a repartition whose switc
 is not recorded yet (once, with the command that completes it), and each member's own
 reported problems, and a stopped global-order reader's error (from its position), each with the
 action that fixes it.
-:class:`GroupSnapshot` holds this verb of :class:`~.store.GroupStore`.
+:class:`GroupSnapshot` holds this verb; :class:`~.store.GroupStore` has one.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from nats.aio.client import Client as NATS
 from nats.js.errors import KeyDeletedError, KeyNotFoundError
 from nats.js.kv import KeyValue
 
 from airflow_nats_ordered.core.errors import StreamNotFoundError
 from airflow_nats_ordered.core.group.commits import CommitRecord
+from airflow_nats_ordered.core.group.config import GroupConfig
 from airflow_nats_ordered.core.group.global_position import POSITION_KEY, READER_KEY, GlobalPosition
 from airflow_nats_ordered.core.group.stream_identity import GroupStreamIdentity
 from airflow_nats_ordered.core.stream.kv import bucket_keys
@@ -69,11 +72,29 @@ def blocked_problems(blocked: dict[int, str]) -> list[str]:
     ]
 
 
-class GroupSnapshot(GroupStreamIdentity):
-    """The ``status`` snapshot of :class:`~.store.GroupStore` (a mixin: it supplies the
-    lease bucket ``leases`` and the state bucket ``state``)."""
+class GroupSnapshot:
+    """The ``status`` snapshot of a group, read from its lease bucket ``leases`` and state
+    bucket ``state``; a re-created stream is told as its ``identity`` tells it.
 
-    leases: KeyValue
+    ``epoch`` gives the layout epoch the group works on now (the snapshot shows that
+    epoch's keys, see :func:`~..stream.layout.state_key`): the store's, which moves when
+    the group moves to another layout."""
+
+    def __init__(
+        self,
+        nc: NATS,
+        cfg: GroupConfig,
+        leases: KeyValue,
+        state: KeyValue,
+        identity: GroupStreamIdentity,
+        epoch: Callable[[], int],
+    ) -> None:
+        self.nc = nc
+        self.cfg = cfg
+        self.leases = leases
+        self.state = state
+        self.identity = identity
+        self.epoch = epoch
 
     async def snapshot(self) -> GroupState:
         """Read the group's state for ``status``, with ``problems`` an operator must act on."""
@@ -91,7 +112,7 @@ class GroupSnapshot(GroupStreamIdentity):
                     continue
                 val = e.value or b""
                 if prefix == "lease":
-                    if (p := key_partition(key, self.epoch, "p")) is not None:
+                    if (p := key_partition(key, self.epoch(), "p")) is not None:
                         snap.leases[p] = (json.loads(val)["member"], e.revision or 0)
                     elif key.startswith("m."):
                         snap.members[key[2:]] = json.loads(val)
@@ -103,17 +124,17 @@ class GroupSnapshot(GroupStreamIdentity):
                         snap.members[member] = snap.global_reader
                 else:
                     # keys of the group's layout epoch only (see .layout.state_key)
-                    if (p := key_partition(key, self.epoch, "c")) is not None:
+                    if (p := key_partition(key, self.epoch(), "c")) is not None:
                         snap.commits[p] = CommitRecord.from_json(val)
-                    elif key == state_key(self.epoch, "assignment"):
+                    elif key == state_key(self.epoch(), "assignment"):
                         snap.assignment = val
-                    elif (p := key_partition(key, self.epoch, "blocked")) is not None:
+                    elif (p := key_partition(key, self.epoch(), "blocked")) is not None:
                         snap.blocked[p] = val.decode()
                     elif key == POSITION_KEY:
                         snap.global_position = GlobalPosition.from_json(val)
                     elif key == "stream":
                         recorded_stream = json.loads(val).get("created", "")
-        snap.epoch = self.epoch
+        snap.epoch = self.epoch()
         snap.problems = await self._stream_problems(recorded_stream, snap)
         snap.problems += blocked_problems(snap.blocked)
         snap.problems += await self._deleted_commit_problems(snap.commits)
@@ -135,7 +156,7 @@ class GroupSnapshot(GroupStreamIdentity):
         try:
             live = await describe(self.nc, self.cfg.stream)
         except StreamNotFoundError:
-            snap.stream_epoch = self.epoch
+            snap.stream_epoch = self.epoch()
             return [
                 f"stream {self.cfg.stream} does not exist: the group's positions refer to a "
                 f"deleted stream (remove the group: `nats-ordered group delete --stream "
@@ -144,7 +165,7 @@ class GroupSnapshot(GroupStreamIdentity):
         snap.stream_epoch = live.current_epoch
         snap.switch_seq = max((lay.switch_seq for lay in live.layouts), default=0)
         if recorded and live.created and recorded != live.created:
-            return [self._recreated_message(recorded, live.created)]
+            return [self.identity.recreated_message(recorded, live.created)]
         pending = live.pending_switch
         if pending is not None:
             # its records may not all be stored, and no group moves past it: the operator
@@ -160,7 +181,7 @@ class GroupSnapshot(GroupStreamIdentity):
     async def _deleted_commit_problems(self, commits: dict[int, CommitRecord]) -> list[str]:
         """Partitions whose ``c.<n>`` has a delete marker (it existed, then was deleted);
         not one whose record appeared after ``commits`` was read."""
-        prefix = f"$KV.{self.cfg.state_bucket}.{state_key(self.epoch, 'c')}."
+        prefix = f"$KV.{self.cfg.state_bucket}.{state_key(self.epoch(), 'c')}."
         info = await self.nc.jetstream().stream_info(
             f"KV_{self.cfg.state_bucket}", subjects_filter=f"{prefix}*"
         )
@@ -174,11 +195,11 @@ class GroupSnapshot(GroupStreamIdentity):
         gone = []
         for p in candidates:
             try:
-                await self.state.get(state_key(self.epoch, "c", p))
+                await self.state.get(state_key(self.epoch(), "c", p))
             except (KeyNotFoundError, KeyDeletedError):
                 gone.append(p)
         return [
-            f"partition {p}: commit record {state_key(self.epoch, 'c', p)} was deleted; the "
+            f"partition {p}: commit record {state_key(self.epoch(), 'c', p)} was deleted; the "
             "member that claims it next applies its missing_commit policy: fail (the default: "
             "the partition is not processed), earliest or latest (--missing-commit earliest|latest)"
             for p in gone

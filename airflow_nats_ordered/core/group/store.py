@@ -1,7 +1,8 @@
 """The consumer group's store (:class:`GroupStore`): its two KV buckets and how they are opened.
 
 Every verb on the group's state is a method of :class:`GroupStore`; each concept lives in
-the module named after it, mixed into the store:
+the module named after it, and the store has one of each part (given the bucket, config and
+stream it needs), its methods handing the verbs to them:
 
 * :mod:`.config` - :class:`GroupConfig` (names, lease TTL, replicas, missing_commit)
 * :mod:`.leases` - claim, renew, release, heartbeat (:class:`Lease`, :class:`LeaseLost`)
@@ -50,13 +51,16 @@ claim nonce (leases), the lost reply of an applied write is adopted.
 
 from __future__ import annotations
 
+from typing import Any
+
 from nats.aio.client import Client as NATS
 from nats.js import api
-from nats.js.errors import BucketNotFoundError, NotFoundError
+from nats.js.errors import APIError, BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 
 from airflow_nats_ordered.core.errors import ConfigError, NatsOrderedError, StreamNotFoundError
 from airflow_nats_ordered.core.group.assignment import GroupAssignment, RebalancePolicy
+from airflow_nats_ordered.core.group.cas_writes import Answer
 from airflow_nats_ordered.core.group.commits import (
     CommitRecord,
     CommitRecordMissing,
@@ -71,9 +75,14 @@ from airflow_nats_ordered.core.group.config import (
     MissingCommitPolicy,
     default_member_id,
 )
-from airflow_nats_ordered.core.group.leases import Lease, LeaseLost
+from airflow_nats_ordered.core.group.leases import GroupLeases, Lease, LeaseLost
 from airflow_nats_ordered.core.group.status import GroupSnapshot, GroupState
-from airflow_nats_ordered.core.group.stream_identity import StateWentBack, StreamRecreated
+from airflow_nats_ordered.core.group.stream_identity import (
+    GroupStreamIdentity,
+    StateWentBack,
+    StreamRecreated,
+)
+from airflow_nats_ordered.core.stream.continuity import AtSeq
 from airflow_nats_ordered.core.stream.kv import ensure_replicas, latest_entry
 from airflow_nats_ordered.core.stream.layout import GROUP_EPOCH_KEY, group_epoch_of
 from airflow_nats_ordered.core.stream.partitioned import PartitionedStream, describe
@@ -98,11 +107,20 @@ __all__ = [
 ]
 
 
-class GroupStore(GroupCommits, GroupSnapshot, GroupAssignment):
+class GroupStore:
     """The two buckets of one group and the operations on them.
 
     ``stream`` is the partitioned stream as described when the store was opened (``None``
-    only for :meth:`attach` when the stream no longer exists)."""
+    only for :meth:`attach` when the stream no longer exists). ``epoch`` is the layout
+    epoch the group works on (see :mod:`..stream.layout`): every part reads it from here,
+    so moving the group to another layout is setting it.
+
+    The parts: ``leasing`` (:class:`~.leases.GroupLeases`), ``identity``
+    (:class:`~.stream_identity.GroupStreamIdentity`), ``commits``
+    (:class:`~.commits.GroupCommits`), ``snapshots`` (:class:`~.status.GroupSnapshot`) and
+    ``assignments`` (:class:`~.assignment.GroupAssignment`), each given the connection,
+    config, buckets and stream it needs when the store is made (none of them changes
+    after)."""
 
     def __init__(
         self,
@@ -117,6 +135,18 @@ class GroupStore(GroupCommits, GroupSnapshot, GroupAssignment):
         self.leases = leases
         self.state = state
         self.stream = stream
+        #: the layout epoch the group's keys and partitions refer to (see .layout)
+        self.epoch = 0
+        self.leasing = GroupLeases(nc, cfg, leases, self._epoch)
+        self.identity = GroupStreamIdentity(nc, cfg, state, stream, self._epoch)
+        self.commits = GroupCommits(
+            nc, cfg, state, stream, self.identity, self.leasing, self._epoch
+        )
+        self.snapshots = GroupSnapshot(nc, cfg, leases, state, self.identity, self._epoch)
+        self.assignments = GroupAssignment(state, self._epoch)
+
+    def _epoch(self) -> int:
+        return self.epoch
 
     @classmethod
     async def attach(cls, nc: NATS, stream: str, group: str) -> GroupStore:
@@ -200,5 +230,98 @@ class GroupStore(GroupCommits, GroupSnapshot, GroupAssignment):
                 )
             )
         store = cls(nc, cfg, leases, state, stream)
-        await store._record_stream(stream)
+        await store.identity.record_stream(stream)
         return store
+
+    # leases (.leases)
+
+    async def acquire(self, key: str, member: str) -> Lease | None:
+        """See :meth:`.GroupLeases.acquire`."""
+        return await self.leasing.acquire(key, member)
+
+    async def renew(self, lease: Lease) -> Lease:
+        """See :meth:`.GroupLeases.renew`."""
+        return await self.leasing.renew(lease)
+
+    async def release(self, lease: Lease) -> None:
+        """See :meth:`.GroupLeases.release`."""
+        await self.leasing.release(lease)
+
+    async def heartbeat(self, member: str, lease: Lease | None, info: dict[str, Any]) -> Lease:
+        """See :meth:`.GroupLeases.heartbeat`."""
+        return await self.leasing.heartbeat(member, lease, info)
+
+    # the stream's identity (.stream_identity)
+
+    async def check_stream(self) -> PartitionedStream:
+        """See :meth:`.GroupStreamIdentity.check_stream`."""
+        return await self.identity.check_stream()
+
+    def recreated_message(self, recorded: str, now: str) -> str:
+        """See :meth:`.GroupStreamIdentity.recreated_message`."""
+        return self.identity.recreated_message(recorded, now)
+
+    # commits and fencing tokens (.commits)
+
+    async def read_commit(self, partition: int) -> tuple[CommitRecord | None, int]:
+        """See :meth:`.GroupCommits.read_commit`."""
+        return await self.commits.read_commit(partition)
+
+    async def grant(self, partition: int, member: str, *, floor: int = 0) -> Grant:
+        """See :meth:`.GroupCommits.grant`."""
+        return await self.commits.grant(partition, member, floor=floor)
+
+    async def reset(self, partition: int, seq: int, *, by: str = "reset") -> tuple[int, int]:
+        """See :meth:`.GroupCommits.reset`."""
+        return await self.commits.reset(partition, seq, by=by)
+
+    async def stored_at(self, seq: int) -> AtSeq:
+        """See :meth:`.GroupCommits.stored_at`."""
+        return await self.commits.stored_at(seq)
+
+    async def commit(self, grant: Grant, seq: int, msg_id: str | None = None) -> None:
+        """See :meth:`.GroupCommits.commit`."""
+        await self.commits.commit(grant, seq, msg_id)
+
+    async def send_commit(
+        self, grant: Grant, seq: int, msg_id: str | None, answer: Answer, timeout: float
+    ) -> None:
+        """See :meth:`.GroupCommits.send_commit`."""
+        await self.commits.send_commit(grant, seq, msg_id, answer, timeout)
+
+    @staticmethod
+    def commit_accepted(grant: Grant, seq: int, msg_id: str | None, revision: int) -> None:
+        """See :meth:`.GroupCommits.commit_accepted`."""
+        GroupCommits.commit_accepted(grant, seq, msg_id, revision)
+
+    async def commit_refused(self, grant: Grant, seq: int, exc: APIError) -> bool:
+        """See :meth:`.GroupCommits.commit_refused`."""
+        return await self.commits.commit_refused(grant, seq, exc)
+
+    async def set_blocked(self, partition: int, reason: str | None) -> None:
+        """See :meth:`.GroupCommits.set_blocked`."""
+        await self.commits.set_blocked(partition, reason)
+
+    # status (.status)
+
+    async def snapshot(self) -> GroupState:
+        """See :meth:`.GroupSnapshot.snapshot`."""
+        return await self.snapshots.snapshot()
+
+    # the assignment and rebalance policy (.assignment)
+
+    async def read_assignment(self) -> tuple[bytes | None, int]:
+        """See :meth:`.GroupAssignment.read_assignment`."""
+        return await self.assignments.read_assignment()
+
+    async def write_assignment(self, data: bytes, last: int) -> int | None:
+        """See :meth:`.GroupAssignment.write_assignment`."""
+        return await self.assignments.write_assignment(data, last)
+
+    async def read_policy(self) -> tuple[RebalancePolicy, int]:
+        """See :meth:`.GroupAssignment.read_policy`."""
+        return await self.assignments.read_policy()
+
+    async def write_policy(self, policy: RebalancePolicy, last: int) -> int | None:
+        """See :meth:`.GroupAssignment.write_policy`."""
+        return await self.assignments.write_policy(policy, last)

@@ -5,8 +5,8 @@ Guarantees: the group records the stream's identity (its creation time) once; a 
 deleted and created again under the same name is detected (:class:`StreamRecreated`, with
 the operator's fix) instead of being read from the old stream's sequence numbers.
 :class:`StateWentBack` is what the worker raises when a recorded position is no longer part
-of the stream's history. :class:`GroupStreamIdentity` holds these checks of
-:class:`~.store.GroupStore`.
+of the stream's history. :class:`GroupStreamIdentity` holds these checks;
+:class:`~.store.GroupStore` has one.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 
 from nats.aio.client import Client as NATS
 from nats.errors import TimeoutError as NatsTimeoutError
@@ -47,17 +48,29 @@ class StateWentBack(NatsOrderedError):
 
 
 class GroupStreamIdentity:
-    """The stream-identity checks of :class:`~.store.GroupStore` (a mixin: it supplies
-    ``nc``, ``cfg``, the state bucket ``state`` and the ``stream`` it was opened on)."""
+    """The stream-identity checks of a group: its identity record in the state bucket
+    ``state``, and the ``stream`` the group's store was opened on (``None`` if it no longer
+    existed then).
 
-    nc: NATS
-    cfg: GroupConfig
-    state: KeyValue
-    stream: PartitionedStream | None
-    #: the layout epoch the group's keys and partitions refer to (see :mod:`..stream.layout`)
-    epoch: int = 0
+    ``epoch`` gives the layout epoch the group's keys and partitions refer to now (see
+    :mod:`..stream.layout`): the store's, which moves when the group moves to another
+    layout."""
 
-    async def _record_stream(self, stream: PartitionedStream) -> None:
+    def __init__(
+        self,
+        nc: NATS,
+        cfg: GroupConfig,
+        state: KeyValue,
+        stream: PartitionedStream | None,
+        epoch: Callable[[], int],
+    ) -> None:
+        self.nc = nc
+        self.cfg = cfg
+        self.state = state
+        self.stream = stream
+        self.epoch = epoch
+
+    async def record_stream(self, stream: PartitionedStream) -> None:
         """Record the stream's identity in the state bucket, or check it against the one
         recorded; raises StreamRecreated if they differ. Rides out the moments after a
         bucket is created in a cluster, before its leader and subject interest are known."""
@@ -69,7 +82,7 @@ class GroupStreamIdentity:
                 if found is not None and found[0] is not None:
                     recorded = json.loads(found[0]).get("created", "")
                     if recorded and stream.created and recorded != stream.created:
-                        raise StreamRecreated(self._recreated_message(recorded, stream.created))
+                        raise StreamRecreated(self.recreated_message(recorded, stream.created))
                     return
                 if found is None:
                     await self.state.create("stream", value)
@@ -83,7 +96,9 @@ class GroupStreamIdentity:
                     raise
                 await asyncio.sleep(0.2)
 
-    def _recreated_message(self, recorded: str, now: str) -> str:
+    def recreated_message(self, recorded: str, now: str) -> str:
+        """Why a group whose recorded stream identity is ``recorded`` refuses the stream
+        created at ``now``, and the operator's fix."""
         c = self.cfg
         return (
             f"stream {c.stream} was deleted and created again (group {c.group} recorded a "
@@ -101,6 +116,7 @@ class GroupStreamIdentity:
         live = await describe(self.nc, self.cfg.stream)
         opened = self.stream.created if self.stream is not None else ""
         if opened and live.created and opened != live.created:
-            raise StreamRecreated(self._recreated_message(opened, live.created))
+            raise StreamRecreated(self.recreated_message(opened, live.created))
         # as a reader of the group's layout epoch sees it (partition count, subjects)
-        return live if live.epoch == self.epoch else live.at_epoch(self.epoch)
+        epoch = self.epoch()
+        return live if live.epoch == epoch else live.at_epoch(epoch)

@@ -33,12 +33,13 @@ be used from several threads (calls are serialized by a lock).
 A file written by an earlier version (fences keyed by partition only) is refused;
 :meth:`FencedSqliteSink.migrate_partition_keyed` moves it into one (stream, group).
 
-Around the sink, each in its own module (and importable from this one):
+Around the sink, each in its own module: :mod:`.fencing` (the rule every write is judged
+by), :mod:`.partition_rows` (a partition's fence row and applied history in the file),
 :mod:`.schema` (its tables, schema version and the earlier format's migration),
-:mod:`.audit` (:class:`AuditRow`, :class:`FenceEvent`), :mod:`.errors`
-(:class:`SinkBusyError`, :class:`SinkUsageError`, :class:`SinkOrderError`) and
-:mod:`.running_totals` (:class:`RunningTotals` and :func:`add_to_totals`, a ready-made
-``fn``: a keyed table of running counts and sums, plus an optional per-event row holding
+:mod:`.audit` (:class:`~.audit.AuditRow`, :class:`~.audit.FenceEvent`) and :mod:`.errors`
+(:class:`~.errors.SinkBusyError`, :class:`~.errors.SinkUsageError`,
+:class:`~.errors.SinkOrderError`). :mod:`.running_totals` builds on the sink: a ready-made
+``fn`` (a keyed table of running counts and sums, plus an optional per-event row holding
 the running values right after that event).
 """
 
@@ -49,10 +50,10 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from airflow_nats_ordered.core.sink import partition_rows as rows
 from airflow_nats_ordered.core.sink.audit import (
     AuditRow,
     FenceEvent,
@@ -62,48 +63,19 @@ from airflow_nats_ordered.core.sink.audit import (
 )
 from airflow_nats_ordered.core.sink.errors import SinkBusyError, SinkOrderError, SinkUsageError
 from airflow_nats_ordered.core.sink.fencing import FenceState, Verdict, advance, judge, raise_fence
-from airflow_nats_ordered.core.sink.running_totals import RunningTotals, add_to_totals
+from airflow_nats_ordered.core.sink.partition_rows import PartitionRow
 from airflow_nats_ordered.core.sink.schema import (
-    APPLIED_TABLE,
-    AUDIT_TABLE,
     SCHEMA,
     SCHEMA_VERSION,
-    STATE_TABLE,
     move_partition_keyed,
     refuse_partition_keyed,
 )
 from airflow_nats_ordered.core.stream.continuity import delivered_id
 
-__all__ = [
-    "APPLIED_TABLE",
-    "AUDIT_TABLE",
-    "SCHEMA_VERSION",
-    "STATE_TABLE",
-    "ApplyFn",
-    "AuditRow",
-    "BatchItem",
-    "FenceEvent",
-    "FencedSqliteSink",
-    "RunningTotals",
-    "SinkBusyError",
-    "SinkOrderError",
-    "SinkUsageError",
-    "add_to_totals",
-]
-
 T = TypeVar("T")
 ApplyFn = Callable[[sqlite3.Connection], None]
 #: one message of :meth:`FencedSqliteSink.apply_batch`: ``(seq, fn)`` or ``(seq, fn, msg_id)``
 BatchItem = tuple[int, ApplyFn | None] | tuple[int, ApplyFn | None, str | None]
-
-
-@dataclass(frozen=True)
-class _Stored:
-    """A partition's row: its fence state and how much of its applied history is kept."""
-
-    state: FenceState
-    remembered_from: int = 0
-    remembered: int = 0
 
 
 class _OutOfOrder(Exception):  # noqa: N818 - internal: carries the refused item out of the txn
@@ -282,75 +254,10 @@ class FencedSqliteSink:
     def _scope(self) -> tuple[str, str]:
         return (self.stream, self.group)
 
-    def _load(self, conn: sqlite3.Connection, partition: int) -> _Stored:
-        row = conn.execute(
-            f"SELECT highest_token, last_seq, remembered_from, remembered FROM {STATE_TABLE} "
-            "WHERE stream = ? AND grp = ? AND partition = ?",
-            (*self._scope, partition),
-        ).fetchone()
-        return _Stored(FenceState(row[0], row[1]), row[2], row[3]) if row else _Stored(FenceState())
-
-    def _store(self, conn: sqlite3.Connection, partition: int, stored: _Stored) -> None:
-        conn.execute(
-            f"INSERT INTO {STATE_TABLE} (stream, grp, partition, highest_token, last_seq, "
-            "remembered_from, remembered) VALUES (?, ?, ?, ?, ?, ?, ?) "
-            "ON CONFLICT(stream, grp, partition) DO UPDATE SET "
-            "highest_token = excluded.highest_token, last_seq = excluded.last_seq, "
-            "remembered_from = excluded.remembered_from, remembered = excluded.remembered",
-            (
-                *self._scope,
-                partition,
-                stored.state.highest_token,
-                stored.state.last_seq,
-                stored.remembered_from,
-                stored.remembered,
-            ),
-        )
-
     def _audit(
         self, conn: sqlite3.Connection, partition: int, token: int, seq: int, v: Verdict
     ) -> None:
         record_apply(conn, self._scope, partition, token, seq, v)
-
-    def _applied_before(
-        self,
-        conn: sqlite3.Connection,
-        partition: int,
-        stored: _Stored,
-        seq: int,
-        msg_id: str | None,
-    ) -> tuple[bool | None, str | None]:
-        """Whether ``seq`` (<= last_seq) was applied as this message: (answer, stored msg id).
-
-        None if the sink no longer remembers ``seq``; a missing ``msg_id`` on either side
-        matches any message (the sequence alone decides).
-        """
-        if seq < stored.remembered_from:
-            return None, None
-        row = conn.execute(
-            f"SELECT msg_id FROM {APPLIED_TABLE} "
-            "WHERE stream = ? AND grp = ? AND partition = ? AND seq = ?",
-            (*self._scope, partition, seq),
-        ).fetchone()
-        if row is None:
-            return False, None
-        return (msg_id is None or row[0] is None or row[0] == msg_id), row[0]
-
-    def _forget_old(self, conn: sqlite3.Connection, partition: int, stored: _Stored) -> _Stored:
-        """Keep the last ``remember`` applied sequences once twice as many are stored."""
-        if stored.remembered < 2 * self.remember:
-            return stored
-        (boundary,) = conn.execute(
-            f"SELECT seq FROM {APPLIED_TABLE} WHERE stream = ? AND grp = ? AND partition = ? "
-            "ORDER BY seq DESC LIMIT 1 OFFSET ?",
-            (*self._scope, partition, self.remember - 1),
-        ).fetchone()
-        conn.execute(
-            f"DELETE FROM {APPLIED_TABLE} "
-            "WHERE stream = ? AND grp = ? AND partition = ? AND seq < ?",
-            (*self._scope, partition, boundary),
-        )
-        return _Stored(stored.state, boundary, self.remember)
 
     def _out_of_order(
         self, partition: int, seq: int, state: FenceState, msg_id: str | None, was: str | None
@@ -413,9 +320,10 @@ class FencedSqliteSink:
         _check_int("partition", partition, 0)
         _check_int("token", token, 0)
         with self._write_txn() as conn:
-            stored = self._load(conn, partition)
+            stored = rows.load(conn, self._scope, partition)
             state = raise_fence(stored.state, token)
-            self._store(conn, partition, _Stored(state, stored.remembered_from, stored.remembered))
+            row = PartitionRow(state, stored.remembered_from, stored.remembered)
+            rows.store(conn, self._scope, partition, row)
             record_fence(conn, self._scope, partition, token, state.highest_token)
 
     def rewind(self, to: Mapping[int, int], fn: ApplyFn | None = None) -> None:
@@ -432,21 +340,13 @@ class FencedSqliteSink:
             if fn is not None:
                 self._run_user_fn(conn, fn, min(to.values(), default=0))
             for p, seq in to.items():
-                stored = self._load(conn, p)
+                stored = rows.load(conn, self._scope, p)
                 if seq >= stored.state.last_seq:
                     continue  # nothing after it was applied
-                conn.execute(
-                    f"DELETE FROM {APPLIED_TABLE} WHERE stream = ? AND grp = ? AND partition = ? "
-                    "AND seq > ?",
-                    (*self._scope, p, seq),
-                )
-                kept = conn.execute(
-                    f"SELECT COUNT(*) FROM {APPLIED_TABLE} WHERE stream = ? AND grp = ? "
-                    "AND partition = ?",
-                    (*self._scope, p),
-                ).fetchone()[0]
+                kept = rows.forget_after(conn, self._scope, p, seq)
                 state = FenceState(stored.state.highest_token, seq)
-                self._store(conn, p, _Stored(state, min(stored.remembered_from, seq + 1), kept))
+                row = PartitionRow(state, min(stored.remembered_from, seq + 1), kept)
+                rows.store(conn, self._scope, p, row)
 
     def fencing_floor(self, partition: int) -> int:
         """The highest fencing token this sink has seen for ``partition`` (0 if none).
@@ -467,14 +367,10 @@ class FencedSqliteSink:
         _check_int("partition", partition, 0)
 
         def read(conn: sqlite3.Connection) -> tuple[int, str | None] | None:
-            last = self._load(conn, partition).state.last_seq
+            last = rows.load(conn, self._scope, partition).state.last_seq
             if last == 0:
                 return None
-            row = conn.execute(
-                f"SELECT msg_id FROM {APPLIED_TABLE} "
-                "WHERE stream = ? AND grp = ? AND partition = ? AND seq = ?",
-                (*self._scope, partition, last),
-            ).fetchone()
+            row = rows.applied_id(conn, self._scope, partition, last)
             return last, (row[0] if row else None)
 
         return self.read(read)
@@ -536,12 +432,14 @@ class FencedSqliteSink:
         token: int,
         writes: list[tuple[int, ApplyFn | None, str | None]],
     ) -> list[Verdict]:
-        stored = start = self._load(conn, partition)
+        stored = start = rows.load(conn, self._scope, partition)
         verdicts: list[Verdict] = []
         for seq, fn, msg_id in writes:
             applied, was = None, None
             if seq <= stored.state.last_seq and token >= stored.state.highest_token:
-                applied, was = self._applied_before(conn, partition, stored, seq, msg_id)
+                applied, was = rows.applied_before(
+                    conn, self._scope, partition, stored, seq, msg_id
+                )
             verdict = judge(stored.state, token, seq, applied=applied)
             if verdict is Verdict.OUT_OF_ORDER:
                 raise _OutOfOrder(
@@ -550,24 +448,21 @@ class FencedSqliteSink:
             if verdict is Verdict.APPLY:
                 if fn is not None:
                     self._run_user_fn(conn, fn, seq)
-                conn.execute(
-                    f"INSERT INTO {APPLIED_TABLE} (stream, grp, partition, seq, msg_id) "
-                    "VALUES (?, ?, ?, ?, ?)",
-                    (*self._scope, partition, seq, msg_id),
-                )
-                stored = _Stored(
+                rows.remember_applied(conn, self._scope, partition, seq, msg_id)
+                stored = PartitionRow(
                     advance(stored.state, token, seq), stored.remembered_from, stored.remembered + 1
                 )
             self._audit(conn, partition, token, seq, verdict)
             verdicts.append(verdict)
         if stored != start:
-            self._store(conn, partition, self._forget_old(conn, partition, stored))
+            kept = rows.forget_old(conn, self._scope, partition, stored, self.remember)
+            rows.store(conn, self._scope, partition, kept)
         return verdicts
 
     def state(self, partition: int) -> FenceState:
         """The committed fence state of ``partition`` (``FenceState()`` if never written)."""
         _check_int("partition", partition, 0)
-        return self.read(lambda conn: self._load(conn, partition).state)
+        return self.read(lambda conn: rows.load(conn, self._scope, partition).state)
 
     def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``fn(conn)`` on one consistent snapshot and return its result; nothing is kept."""

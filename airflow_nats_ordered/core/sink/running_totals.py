@@ -12,10 +12,9 @@ from __future__ import annotations
 import math
 import re
 import sqlite3
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from airflow_nats_ordered.core.sink.fenced import ApplyFn
+from airflow_nats_ordered.core.sink.fenced import ApplyFn
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 _RESERVED = {"key", "count", "event"}

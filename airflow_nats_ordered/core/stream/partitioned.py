@@ -21,6 +21,7 @@ import asyncio
 import dataclasses
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -38,6 +39,7 @@ from airflow_nats_ordered.core.stream.layout import (
     Layout,
     is_partition_subject,
     layout_subject,
+    partition_of,
     read_layouts,
     subjects_layout,
 )
@@ -48,12 +50,7 @@ from airflow_nats_ordered.core.stream.partitioning import (
     partition_subjects,
     partition_wildcard,
 )
-from airflow_nats_ordered.core.stream.strays import (
-    Strays as Strays,  # re-exported: stray messages live in .strays
-)
-from airflow_nats_ordered.core.stream.strays import _strays_in
-from airflow_nats_ordered.core.stream.strays import purge_strays as purge_strays
-from airflow_nats_ordered.core.stream.strays import stray_messages as stray_messages
+from airflow_nats_ordered.core.stream.strays import Strays
 
 META_PARTITIONS = "nats-ordered.partitions"
 META_HASH = "nats-ordered.hash"
@@ -642,6 +639,46 @@ async def stream_contents(nc: NATS, stream: PartitionedStream | str) -> StreamCo
         for p in range(stream.partitions)
     ]
     return StreamContents(stats, strays)
+
+
+async def stray_messages(nc: NATS, stream: PartitionedStream) -> Strays:
+    """The stream's stray messages, from one stream-info read (no per-partition reads)."""
+    info = await nc.jetstream().stream_info(stream.name, subjects_filter=">")
+    return _strays_in(stream, info.state.subjects or {})
+
+
+def _strays_in(stream: PartitionedStream, counts: Mapping[str, int]) -> Strays:
+    """The strays among a stream's per-subject counts (every stored subject)."""
+    return Strays(
+        stream.name,
+        stream.partitions,
+        {s: int(n) for s, n in sorted(counts.items()) if n and not _layout_subject(stream, s)},
+        accepting=not stream.explicit_subjects,
+    )
+
+
+def _layout_subject(stream: PartitionedStream, subject: str) -> bool:
+    """True when ``subject`` is a partition subject of the stream's current layout or of
+    an earlier one (messages of an earlier layout are read by groups that have not yet
+    passed its switch; they are no strays)."""
+    cur = stream.at_epoch(stream.current_epoch)
+    return any(
+        partition_of(stream.prefix, lay.epoch, lay.partitions, subject) is not None
+        for lay in (*stream.layouts, cur.layout)
+    )
+
+
+async def purge_strays(nc: NATS, stream: PartitionedStream | str) -> Strays:
+    """Remove every stray message; returns what was removed. The partitions are untouched:
+    each purge names one stray subject (a literal subject, never a wildcard). Narrow the
+    stream first (:func:`provision`), or new strays may arrive right after."""
+    if isinstance(stream, str):
+        stream = await describe(nc, stream)
+    strays = await stray_messages(nc, stream)
+    js = nc.jetstream()
+    for subject in strays.subjects:
+        await js.purge_stream(strays.stream, subject=subject)
+    return strays
 
 
 async def partition_bounds(nc: NATS, stream: PartitionedStream, partition: int) -> tuple[int, int]:

@@ -1,19 +1,16 @@
 """Stray messages: what a partitioned stream holds on subjects that are not partition
-subjects of any of its layouts (see :mod:`.partitioned`). Split out of :mod:`.partitioned`, which
-re-exports every name."""
+subjects of any of its layouts, and how they are reported to an operator (:class:`Strays`).
+
+Guarantees: a report names how many stray messages there are and on which subjects, why no
+group will ever process them, and the commands that remove them. :mod:`.partitioned` finds
+them (:func:`~.partitioned.stray_messages`; :func:`~.partitioned.stream_contents` counts them
+from the same read as the partitions) and purges them (:func:`~.partitioned.purge_strays`).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
-from nats.aio.client import Client as NATS
-
-from airflow_nats_ordered.core.stream.layout import partition_of
-
-if TYPE_CHECKING:
-    from airflow_nats_ordered.core.stream.partitioned import PartitionedStream
 
 
 @dataclass(frozen=True)
@@ -24,7 +21,7 @@ class Strays:
     have them: a foreign producer published to ``.p.<P>``, ``.p.00``, ``.p.x``... No worker
     reads them, so a group can never process them. ``subjects`` maps each stray subject to
     its message count; ``accepting`` is True while the stream still stores such publishes
-    (not yet narrowed by :func:`provision`).
+    (not yet narrowed by :func:`~.partitioned.provision`).
     """
 
     stream: str
@@ -66,45 +63,3 @@ class Strays:
             f"No worker reads them, so no group ever processes them; {why}. Republish what is "
             f"needed with a key, then remove them: `{self.purge_commands()[0]}`"
         )
-
-
-async def stray_messages(nc: NATS, stream: PartitionedStream) -> Strays:
-    """The stream's stray messages, from one stream-info read (no per-partition reads)."""
-    info = await nc.jetstream().stream_info(stream.name, subjects_filter=">")
-    return _strays_in(stream, info.state.subjects or {})
-
-
-def _strays_in(stream: PartitionedStream, counts: Mapping[str, int]) -> Strays:
-    """The strays among a stream's per-subject counts (every stored subject)."""
-    return Strays(
-        stream.name,
-        stream.partitions,
-        {s: int(n) for s, n in sorted(counts.items()) if n and not _layout_subject(stream, s)},
-        accepting=not stream.explicit_subjects,
-    )
-
-
-def _layout_subject(stream: PartitionedStream, subject: str) -> bool:
-    """True when ``subject`` is a partition subject of the stream's current layout or of
-    an earlier one (messages of an earlier layout are read by groups that have not yet
-    passed its switch; they are no strays)."""
-    cur = stream.at_epoch(stream.current_epoch)
-    return any(
-        partition_of(stream.prefix, lay.epoch, lay.partitions, subject) is not None
-        for lay in (*stream.layouts, cur.layout)
-    )
-
-
-async def purge_strays(nc: NATS, stream: PartitionedStream | str) -> Strays:
-    """Remove every stray message; returns what was removed. The partitions are untouched:
-    each purge names one stray subject (a literal subject, never a wildcard). Narrow the
-    stream first (:func:`provision`), or new strays may arrive right after."""
-    if isinstance(stream, str):
-        from airflow_nats_ordered.core.stream.partitioned import describe
-
-        stream = await describe(nc, stream)
-    strays = await stray_messages(nc, stream)
-    js = nc.jetstream()
-    for subject in strays.subjects:
-        await js.purge_stream(strays.stream, subject=subject)
-    return strays

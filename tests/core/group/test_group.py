@@ -179,7 +179,7 @@ def test_taking_a_lease_over_retries_when_a_renewal_lands_between_read_and_delet
     landing in between makes the server refuse the delete (wrong last sequence), which
     nats-py raises as a plain BadRequestError from KeyValue.delete. It must be read again
     and retried, not fail the reset (seen in a loaded CI run: err_code=10071)."""
-    from airflow_nats_ordered.core.group.store import leases as leases_mod
+    from airflow_nats_ordered.core.group import leases as leases_mod
 
     real = leases_mod.latest_entry
 
@@ -199,7 +199,7 @@ def test_taking_a_lease_over_retries_when_a_renewal_lands_between_read_and_delet
             return entry
 
         monkeypatch.setattr(leases_mod, "latest_entry", renewal_in_between)
-        await store._take_lease_from(0, claim)
+        await store.leasing.take_lease_from(0, claim)
         after = await real(nc, store.cfg.lease_bucket, "p.0")
         await nc.close()
         return calls, after

@@ -33,7 +33,8 @@ def test_a_commit_record_written_after_the_key_listing_is_not_called_deleted(
             await store.state.put("c.1", record)
             await store.state.delete("c.1")
             # as if the key listing ran before c.0 was written
-            return await store._deleted_commit_problems({}), (await store.snapshot()).problems
+            deleted = await store.snapshots._deleted_commit_problems({})
+            return deleted, (await store.snapshot()).problems
         finally:
             await nc.close()
 

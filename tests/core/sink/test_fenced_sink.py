@@ -13,14 +13,10 @@ from typing import Any
 
 import pytest
 
-from airflow_nats_ordered.core.sink.fenced import (
-    FencedSqliteSink,
-    RunningTotals,
-    SinkBusyError,
-    SinkUsageError,
-    add_to_totals,
-)
+from airflow_nats_ordered.core.sink.errors import SinkBusyError, SinkUsageError
+from airflow_nats_ordered.core.sink.fenced import FencedSqliteSink
 from airflow_nats_ordered.core.sink.fencing import FenceState, Verdict
+from airflow_nats_ordered.core.sink.running_totals import RunningTotals, add_to_totals
 
 A, D, S = Verdict.APPLY, Verdict.DUPLICATE, Verdict.STALE_TOKEN
 SCOPE = {"stream": "FLIGHTS", "group": "totals"}

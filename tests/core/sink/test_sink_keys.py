@@ -13,15 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from airflow_nats_ordered.core.sink.fenced import (
-    APPLIED_TABLE,
-    FencedSqliteSink,
-    RunningTotals,
-    SinkOrderError,
-    SinkUsageError,
-    add_to_totals,
-)
+from airflow_nats_ordered.core.sink.errors import SinkOrderError, SinkUsageError
+from airflow_nats_ordered.core.sink.fenced import FencedSqliteSink
 from airflow_nats_ordered.core.sink.fencing import FenceState, Verdict
+from airflow_nats_ordered.core.sink.running_totals import RunningTotals, add_to_totals
+from airflow_nats_ordered.core.sink.schema import APPLIED_TABLE
 
 A, D, S, X = Verdict.APPLY, Verdict.DUPLICATE, Verdict.STALE_TOKEN, Verdict.OUT_OF_ORDER
 TOTALS = RunningTotals()

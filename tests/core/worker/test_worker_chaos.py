@@ -49,7 +49,8 @@ from nats.js.errors import BucketNotFoundError, NotFoundError
 
 from airflow_nats_ordered.core.group.store import GroupConfig
 from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
-from airflow_nats_ordered.core.sink.fenced import AuditRow, FencedSqliteSink, FenceEvent
+from airflow_nats_ordered.core.sink.audit import AuditRow, FenceEvent
+from airflow_nats_ordered.core.sink.fenced import FencedSqliteSink
 from airflow_nats_ordered.core.sink.fencing import Verdict
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
 
