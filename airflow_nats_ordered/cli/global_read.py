@@ -98,7 +98,7 @@ def configure(p: argparse.ArgumentParser) -> None:
         "time: the time-window mode for records of any producer, ordered by the time the "
         "server stored them and released --lateness after it; event-time: the same window, "
         "ordered by the producers' event time in --time-header (ties: stream sequence), so "
-        "several producers, foreign clients too, share one order (see docs/architecture.md, "
+        "several producers, foreign clients too, share one order (see docs/architecture/order.md, "
         "Time-window mode)",
     )
     p.add_argument(
@@ -265,5 +265,5 @@ COMMAND = Command(
     "late record, or (event-time, unless --late dead-letter) a record without a usable "
     "--time-header. --order-by event-time --watermarks merges several GlobalProducer "
     "producers exactly, with no window (see `global-producers`). `status` shows why a "
-    "reader stopped. See docs/architecture.md, Global order.",
+    "reader stopped. See docs/architecture/order.md.",
 )

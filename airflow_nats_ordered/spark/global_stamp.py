@@ -3,7 +3,7 @@ row with ``Nats-Global-Seq`` in (``order_by``, tie-breaker) order over the whole
 so a :class:`~airflow_nats_ordered.core.order.reader.GlobalOrderReader` hands the run's rows
 to its handler in that one order across all keys and partitions (issue 18 part 1).
 
-How the core's guarantees carry over (``docs/architecture.md``, *Global order*):
+How the core's guarantees carry over (``docs/architecture/order.md``, *Global order*):
 
 * **One sequencer.** The driver takes the stream's sequencer claim before any Spark job runs
   (:class:`~airflow_nats_ordered.core.order.sequencer.SequencerBusy` while another

@@ -13,7 +13,7 @@ sequences are unique: one sequencer numbers them), so the order handed out is ex
 guessed. Input that breaks the premises (a ``g`` below its
 partition's bound or at most the last one handed out, the same ``g`` on two partitions) is
 refused with :class:`GlobalOrderViolation` and changes nothing. Why the bounds are true is
-in ``docs/architecture.md`` (*Global order*).
+in ``docs/architecture/order.md`` (*Global order*).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ and one reader: ``GlobalOrderReader(nc, "ORDERS", "ledger", handle, order_by="ev
 watermarks=True)`` (CLI ``global-read --order-by event-time --watermarks``).
 
 Guarantees (the wire parts are in :mod:`.producers`; the proof in
-``docs/architecture.md``, *Several producers in one exact order*):
+``docs/architecture/order.md``, *Several producers in one exact order*):
 
 * **Per-producer order.** Event times are non-decreasing per producer: a record whose event
   time is below the previous one accepted (or, after a restart with the same id, below the

@@ -74,7 +74,7 @@ class ProducerMerge:
         self._per_epoch[key[1], key[2]] = self._per_epoch.get((key[1], key[2]), 0) + 1
 
     def set_marks(self, bounds: dict[str, Key | None], closed: dict[str, int]) -> None:
-        """The registered producers as confirmed by the reader (see the architecture doc):
+        """The registered producers as confirmed by the reader (see docs/architecture/order.md):
         ``bounds`` of the open ones, ``closed`` the closed ones with the epoch their closed
         mark closed. Bounds never go down."""
         for p, b in bounds.items():

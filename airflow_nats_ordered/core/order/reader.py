@@ -11,7 +11,7 @@ Usage::
     ...
     await reader.stop()        # finishes the record in hand and writes the position
 
-Guarantees (design and proof: ``docs/architecture.md``, *Global order*):
+Guarantees (design and proof: ``docs/architecture/order.md``, *Global order*):
 
 * **Exact total order.** The handler gets records in strictly increasing global sequence,
   and a record only once nothing smaller can still arrive on any partition (its buffer or

@@ -1,7 +1,7 @@
 """The global sequence's wire parts: the ``Nats-Global-Seq`` header, the watermark bucket
 ``nor_<stream>_global`` and the publisher's watermark writer (:class:`WatermarkWriter`).
 
-Guarantees (the promise a watermark makes, and why it holds, is in ``docs/architecture.md``,
+Guarantees (the promise a watermark makes, and why it holds, is in ``docs/architecture/order.md``,
 *Global order*; the wire format in ``docs/protocol.md`` section 12):
 
 * :func:`global_base` is above every global sequence stored on the stream or promised by a

@@ -15,7 +15,7 @@ released is **late** (:meth:`WindowMerge.add` returns True and keeps it out of t
 the reader applies its late-record policy to it. Records of one partition are still handed
 over (or set aside) in stream order, so a partition's handled records are a prefix of it.
 
-What is guaranteed (the bound, ``docs/architecture.md``, *Time-window mode*): a record is
+What is guaranteed (the bound, ``docs/architecture/order.md``, *Time-window mode*): a record is
 late only if it reached the reader more than ``lateness`` after the server stored it, as
 the reader's clock tells (so the reader's clock running ahead of the server's counts
 against the window, one behind adds to it). Nothing else is late, and the on-time records

@@ -2,7 +2,7 @@
 ``order_by="time"`` and ``"event-time"``): reading partitions into the
 :class:`~.window.WindowMerge`, releasing in key order, and the late-record policy.
 
-Two keys (``docs/architecture.md``, *Time-window mode*):
+Two keys (``docs/architecture/order.md``, *Time-window mode*):
 
 * ``order_by="time"``: ``(stored time, stream seq)``, the time the server stored a record;
 * ``order_by="event-time"``: ``(event time, stream seq)``, the producer's time from the

@@ -71,7 +71,7 @@ class PublisherConfig:
     ``global_order``: stamp every record with ``Nats-Global-Seq`` (publish order over the
     whole stream) and write per-partition watermarks every ``watermark_interval`` seconds,
     for :class:`~..order.reader.GlobalOrderReader`. One such publisher per stream at a time
-    (see ``docs/architecture.md``, *Global order*).
+    (see ``docs/architecture/order.md``, *Global order*).
 
     The stream's ``duplicate_window`` must cover :attr:`longest_resend`, the longest time
     after its first send that a record can be sent again; :meth:`OrderedPublisher.start`
