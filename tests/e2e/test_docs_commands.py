@@ -22,7 +22,11 @@ from locations import ROOT
 
 from airflow_nats_ordered.cli import build_parser
 
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [
+    ROOT / "README.md",
+    *sorted((ROOT / "docs").glob("*.md")),
+    *sorted((ROOT / "docs" / "architecture").glob("*.md")),
+]
 
 _FENCE = re.compile(r"^```(\w*)\s*$")
 _INLINE = re.compile(r"`(nats-ordered [^`]+)`")
