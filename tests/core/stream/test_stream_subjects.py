@@ -18,7 +18,8 @@ import pytest
 from nats.js.errors import NoStreamResponseError
 
 from airflow_nats_ordered.cli import main as cli
-from airflow_nats_ordered.core.admin.drain import StrayMessagesError, wait_drained
+from airflow_nats_ordered.core.admin.drain import wait_drained
+from airflow_nats_ordered.core.admin.drain_errors import StrayMessagesError
 from airflow_nats_ordered.core.errors import ConfigError, StreamConflictError
 from airflow_nats_ordered.core.group.store import GroupConfig, GroupStore
 from airflow_nats_ordered.core.stream.partitioned import (
