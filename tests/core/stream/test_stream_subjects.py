@@ -343,7 +343,7 @@ def test_a_members_metrics_count_strays_and_do_not_say_drained(
     import urllib.request
 
     from airflow_nats_ordered.core.worker.worker import Worker, WorkerConfig
-    from airflow_nats_ordered.embedded.servers import free_port
+    from airflow_nats_ordered.embedded.process import free_port
     from airflow_nats_ordered.members.metrics import serve_member
 
     port = free_port()
