@@ -21,7 +21,7 @@ started a moment ago, or are about to be) is waited for, within the same two bou
 Stray messages (stored on subjects that are not partition subjects, see
 :class:`..stream.strays.Strays`) are never read by any worker, so a stream holding them is
 never drained: :attr:`..group.lag.GroupLag.drained` is False and :func:`wait_drained` fails
-with :class:`~.drain_errors.StrayMessagesError`, which says how to remove them.
+with :class:`StrayMessagesError`, which says how to remove them.
 """
 
 from __future__ import annotations
@@ -119,8 +119,8 @@ async def wait_drained(
     Raises :class:`StrayMessagesError` when the stream holds stray messages (checked at the
     start, and every :data:`CHECK_EVERY` seconds while the stream still accepts them),
     :class:`PartitionBlockedError` as soon as a partition still short of its mark is
-    blocked on a poison message, :class:`DrainTimeoutError` when ``timeout`` passes,
-    :class:`NoMembersError` when no member of the group has been alive for
+    blocked on a poison message, :class:`~.drain_errors.DrainTimeoutError` when ``timeout`` passes,
+    :class:`~.drain_errors.NoMembersError` when no member of the group has been alive for
     ``no_members_timeout`` seconds, or the group still has no state then (membership is
     checked every :data:`CHECK_EVERY` seconds: an expired heartbeat sends no event),
     ``StreamRecreated`` when the stream was deleted and created again (the group's positions
@@ -133,7 +133,7 @@ async def wait_drained(
     compared once the switch point is recorded (the stream is read every
     :data:`CHECK_EVERY` seconds meanwhile); it raises :class:`RepartitionUnfinishedError`,
     naming the command that completes the repartition, when that has not happened within
-    ``no_members_timeout`` seconds of the call, and the :class:`DrainTimeoutError` at
+    ``no_members_timeout`` seconds of the call, and the :class:`~.drain_errors.DrainTimeoutError` at
     ``timeout`` says the same.
     """
     t0 = time.monotonic()
@@ -346,10 +346,11 @@ async def _wait_for_group(
     on_progress: Callable[[DrainProgress], None] | None,
 ) -> None:
     """Return once the group has state (its first member created its buckets); raise
-    :class:`DrainTimeoutError` at ``timeout`` and :class:`NoMembersError` at
-    ``no_members_timeout`` (both from ``t0``), :class:`StrayMessagesError` when a stray
-    lands on a wildcard stream meanwhile. Polls every :data:`GROUP_CHECK_EVERY` seconds:
-    bucket creation sends no event a client could watch without the buckets."""
+    :class:`~.drain_errors.DrainTimeoutError` at ``timeout`` and
+    :class:`~.drain_errors.NoMembersError` at ``no_members_timeout`` (both from ``t0``),
+    :class:`StrayMessagesError` when a stray lands on a wildcard stream meanwhile. Polls
+    every :data:`GROUP_CHECK_EVERY` seconds: bucket creation sends no event a client could
+    watch without the buckets."""
     stream = described.name
     next_check = time.monotonic() + CHECK_EVERY
     while not await group_exists(nc, stream, group):

@@ -79,7 +79,7 @@ def no_members_error(
     waiting_epoch: int | None = None,
 ) -> NoMembersError:
     """The error of a wait nobody serves: ``behind`` holds only the partitions still short
-    of their mark (``partition -> (committed, mark)``, as :attr:`DrainProgress.behind`),
+    of their mark (``partition -> (committed, mark)``, as :attr:`.marks.DrainProgress.behind`),
     so the count it gives is the one the wait logged."""
     why = (
         f"the group has no state yet: no worker joined it within {after:g}s"

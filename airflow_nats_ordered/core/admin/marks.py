@@ -55,7 +55,7 @@ def marks_to_wait(
 ) -> dict[int, int]:
     """The marks a drain wait still compares with commit records of the stream's current
     layout (``partitions`` partitions, last switch point ``switch_seq``; 0 if never
-    repartitioned). The one rule for every way of waiting (:func:`wait_drained`, its
+    repartitioned). The one rule for every way of waiting (:func:`~.drain.wait_drained`, its
     trigger, the poke-mode sensor).
 
     A mark at or below the switch point is of an earlier layout, whatever partition number
