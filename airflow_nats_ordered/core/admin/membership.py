@@ -4,8 +4,9 @@ A group exists once its first member has created its two KV buckets,
 ``nor_<stream>_<group>_leases`` and ``nor_<stream>_<group>_state`` (see :mod:`..group.store`),
 and until ``group delete`` removes them. Its live members are those whose heartbeat
 (``m.<id>`` in the lease bucket) has not expired, plus a running global-order reader of the
-group (its heartbeat, key ``global``). Every check reads the buckets with plain gets and
-decides nothing: a drain wait, a delete, a reset or a rebalance use it to refuse or report.
+group (its heartbeat, key ``global``). Each check is a read, never used to decide
+ownership: a drain wait, a delete, a reset or a rebalance use it to refuse or to report.
+:class:`GroupNotFoundError` is the error of an operation on a group that does not exist.
 """
 
 from __future__ import annotations
