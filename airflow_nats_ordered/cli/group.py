@@ -19,7 +19,8 @@ from airflow_nats_ordered.cli.common import (
     print_json,
     stream_name,
 )
-from airflow_nats_ordered.core.admin.groups import GroupInUseError, GroupNotFoundError, delete_group
+from airflow_nats_ordered.core.admin.delete import GroupInUseError, delete_group
+from airflow_nats_ordered.core.admin.membership import GroupNotFoundError
 from airflow_nats_ordered.core.connection.connect import ConnectionOptions
 from airflow_nats_ordered.core.group.store import GroupConfig
 

@@ -18,8 +18,8 @@ from airflow_nats_ordered.cli.common import (
     print_json,
     stream_name,
 )
-from airflow_nats_ordered.core.admin.groups import partition_rates, rebalance_group
 from airflow_nats_ordered.core.admin.listing import require_group
+from airflow_nats_ordered.core.admin.rebalance import partition_rates, rebalance_group
 from airflow_nats_ordered.core.connection.connect import ConnectionOptions
 from airflow_nats_ordered.core.errors import ConfigError
 from airflow_nats_ordered.core.group.store import GroupConfig

@@ -38,13 +38,8 @@ from airflow_nats_ordered.core.publish.publisher import (
     check_producer_id,
 )
 from airflow_nats_ordered.core.publish.runs import Refusals, publish_record
-from airflow_nats_ordered.inputs.files import (
-    FORMATS,
-    InputError,
-    InputRecord,
-    content_digest,
-    open_records,
-)
+from airflow_nats_ordered.inputs.files import FORMATS, content_digest, open_records
+from airflow_nats_ordered.inputs.records import InputError, InputRecord
 
 #: The flag that publishes keyless records (named in refusals, in this interface's terms).
 _KEYLESS = "--allow-keyless"

@@ -37,18 +37,17 @@ from airflow_nats_ordered.cli.common import (
     print_json,
     stream_name,
 )
-from airflow_nats_ordered.core.admin.drain import (
-    DEFAULT_NO_MEMBERS_TIMEOUT,
-    DrainProgress,
+from airflow_nats_ordered.core.admin.dlq import dead_letters
+from airflow_nats_ordered.core.admin.drain import DEFAULT_NO_MEMBERS_TIMEOUT, wait_drained
+from airflow_nats_ordered.core.admin.drain_errors import (
     DrainTimeoutError,
     NoMembersError,
     PartitionBlockedError,
     RepartitionUnfinishedError,
     StrayMessagesError,
-    group_exists,
-    wait_drained,
 )
-from airflow_nats_ordered.core.admin.groups import dead_letters
+from airflow_nats_ordered.core.admin.marks import DrainProgress
+from airflow_nats_ordered.core.admin.membership import group_exists
 from airflow_nats_ordered.core.connection.connect import ConnectionOptions
 from airflow_nats_ordered.core.errors import ConfigError, NatsOrderedError
 from airflow_nats_ordered.core.group.assignor import Assignment

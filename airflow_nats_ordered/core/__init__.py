@@ -98,6 +98,8 @@ if TYPE_CHECKING:
         StreamSpec,
         describe,
         provision,
+        purge_strays,
+        stray_messages,
     )
     from airflow_nats_ordered.core.stream.partitioning import partition_for, partition_subject
     from airflow_nats_ordered.core.stream.repartition import (
@@ -105,7 +107,7 @@ if TYPE_CHECKING:
         RepartitionRunning,
         repartition,
     )
-    from airflow_nats_ordered.core.stream.strays import Strays, purge_strays, stray_messages
+    from airflow_nats_ordered.core.stream.strays import Strays
     from airflow_nats_ordered.core.worker.config import WorkerConfig
     from airflow_nats_ordered.core.worker.pool import WorkerPool
     from airflow_nats_ordered.core.worker.presence import GroupDeletedError
@@ -143,6 +145,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "LayoutMismatchError",
         "provision",
         "describe",
+        "stray_messages",
+        "purge_strays",
     ),
     "airflow_nats_ordered.core.stream.partitioning": (
         "partition_for",
@@ -159,11 +163,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "RepartitionResult",
         "RepartitionRunning",
     ),
-    "airflow_nats_ordered.core.stream.strays": (
-        "Strays",
-        "stray_messages",
-        "purge_strays",
-    ),
+    "airflow_nats_ordered.core.stream.strays": ("Strays",),
     "airflow_nats_ordered.core.publish.publisher": ("OrderedPublisher",),
     "airflow_nats_ordered.core.publish.config": ("PublisherConfig",),
     "airflow_nats_ordered.core.publish.summary": (

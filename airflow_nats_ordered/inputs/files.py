@@ -1,23 +1,22 @@
 """Record readers for the ``nats-ordered publish`` command: JSON lines, CSV and Parquet files.
 
 This module reads files (:func:`open_records`) and in-memory rows (:func:`records_from_rows`);
-what a row becomes is :mod:`.input_records` and the ``order_by`` rule :mod:`.input_order`
-(every name stays importable from here).
+what a row becomes is :mod:`.records` and the ``order_by`` rule :mod:`.order`.
 
 Every input row becomes an :class:`InputRecord`:
 
 * ``payload``: the row as compact JSON (UTF-8). JSON lines are re-serialized compactly; a CSV
   row is the object of its header names to their (string) values; a Parquet row has its
-  values made JSON-safe (see :func:`json_safe`: timestamps and dates become ISO 8601
+  values made JSON-safe (see :func:`~.records.json_safe`: timestamps and dates become ISO 8601
   strings, decimals strings, binary base64, NaN/inf null).
-* ``key``: the canonical text of the row's ``key_field`` value (see :func:`key_text`:
-  strings as they are, integers as exact decimal digits, UTF-8 binary as its text), or
-  ``None`` when the field is missing, null or empty; the publisher refuses such a record
-  with ``MissingKeyError`` (unless keyless round-robin was asked for), and the CLI counts
-  it. A value with no canonical text (a float, decimal, boolean, object, array, date or
-  timestamp), invalid text, or a key over 4096 UTF-8 bytes is an :class:`InputError`
-  naming the row, the field and the value (for Parquet, a key column of such a type is
-  refused when the file is opened, before anything is published).
+* ``key``: the canonical text of the row's ``key_field`` value (see
+  :func:`~..core.stream.keys.key_text`: strings as they are, integers as exact decimal
+  digits, UTF-8 binary as its text), or ``None`` when the field is missing, null or empty;
+  the publisher refuses such a record with ``MissingKeyError`` (unless keyless round-robin
+  was asked for), and the CLI counts it. A value with no canonical text (a float, decimal,
+  boolean, object, array, date or timestamp), invalid text, or a key over 4096 UTF-8 bytes
+  is an :class:`InputError` naming the row, the field and the value (for Parquet, a key
+  column of such a type is refused when the file is opened, before anything is published).
 * ``msg_id``: the text of the row's ``msg_id_field`` value when that field was given
   (``None`` if the row has none), by the same rule, else ``None`` (the publisher derives
   one).
@@ -49,7 +48,6 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, cast
 
-from airflow_nats_ordered.core.stream.keys import key_text
 from airflow_nats_ordered.inputs.order import numeric_columns, sorted_rows
 from airflow_nats_ordered.inputs.records import (
     CLI_NAMES,
@@ -60,20 +58,6 @@ from airflow_nats_ordered.inputs.records import (
     json_safe,
     key_and_msg_id,
 )
-
-__all__ = [
-    "FORMATS",
-    "PROBE_ROWS",
-    "InputError",
-    "InputRecord",
-    "RecordReader",
-    "content_digest",
-    "detect_format",
-    "json_safe",
-    "key_text",
-    "open_records",
-    "records_from_rows",
-]
 
 #: Input formats and the file extensions that select them (a trailing ``.gz`` is allowed
 #: for JSON lines and CSV).
@@ -383,7 +367,7 @@ class RecordReader:
 
     def _check_key_types(self, schema: Any) -> None:
         """Refuse, before anything is published, a key or msg-id column whose type has no
-        canonical key text (see :func:`key_text`)."""
+        canonical key text (see :func:`~..core.stream.keys.key_text`)."""
         import pyarrow.types as pat
 
         for what, name in (("key_field", self.key_field), ("msg_id_field", self.msg_id_field)):

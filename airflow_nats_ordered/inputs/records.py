@@ -3,7 +3,7 @@
 Guarantees: the payload is the row as compact UTF-8 JSON with every value made JSON-safe
 (:func:`json_safe`: timestamps and dates ISO 8601, decimals exact strings, binary base64,
 NaN/inf null), the same for every reader; the key and msg-id are the canonical key text of
-the row's values as read (:func:`~.core.keys.key_text`), or an :class:`InputError` naming
+the row's values as read (:func:`~..core.stream.keys.key_text`), or an :class:`InputError` naming
 the row, the field (as a CLI flag or a Python parameter) and the value.
 """
 

@@ -1,1 +1,4 @@
-"""What runs a group member outside the core: its handler loaded by name, its metrics endpoint."""
+"""What a group member process runs around the core's worker: the handler it loads by name
+(:mod:`.handlers`; ``nats-ordered worker``, ``pool`` and ``global-read``) and its Prometheus
+metrics and health endpoint (:mod:`.metrics`; ``worker`` and ``pool``).
+"""

@@ -17,7 +17,7 @@ Where modules are found: ``nats-ordered worker`` and ``pool`` call
 :func:`current_directory_first`, so a module in the directory they are started from is
 found first, as with ``python -m`` and gunicorn. Every problem with a handler (a bad path,
 a module that cannot be imported or raises while importing, a missing attribute, a class
-that cannot be created) is a :class:`~.core.errors.ConfigError` saying what to fix.
+that cannot be created) is a :class:`~..core.errors.ConfigError` saying what to fix.
 """
 
 from __future__ import annotations

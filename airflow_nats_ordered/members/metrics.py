@@ -10,7 +10,7 @@ A member (:class:`MemberMetrics`) exports, labelled ``stream``, ``group`` (and `
 * the group view, read from NATS at scrape time: per partition ``owner`` (1 for the live
   lease holder's id, ``owner=""`` 0 when unowned), ``committed``, ``last``, ``lag``,
   ``blocked``; the group's total lag, live members and assignment generation. The lags
-  are :mod:`.core.lag`'s, exactly what ``status`` and ``group list`` show;
+  are :mod:`..core.group.lag`'s, exactly what ``status`` and ``group list`` show;
 * its own counters (every key of ``Worker.stats``: processed, retries, dead-lettered,
   fenced, leases lost, ...), owned partitions and the NATS round-trip time.
 
@@ -47,7 +47,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from airflow_nats_ordered.core.group.lag import GroupLag, read_group_lag
-from airflow_nats_ordered.core.group.store import GroupState, GroupStore
+from airflow_nats_ordered.core.group.status import GroupState
+from airflow_nats_ordered.core.group.store import GroupStore
 from airflow_nats_ordered.core.stream.partitioned import describe
 from airflow_nats_ordered.core.worker.worker import Worker
 
@@ -290,7 +291,7 @@ class MemberMetrics(Collector):
 
 def group_metrics(lag: GroupLag, snap: GroupState, stream: str, group: str) -> Iterator[Metric]:
     """The group view (per partition owner, committed, last, lag, blocked; totals) from a
-    :class:`~.core.lag.GroupLag` and a :class:`~.core.group.GroupState`."""
+    :class:`~..core.group.lag.GroupLag` and a :class:`~..core.group.status.GroupState`."""
     names, base = ["stream", "group", "partition"], [stream, group]
     fams = {
         "committed": GaugeMetricFamily(

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from airflow_nats_ordered.core.admin.drain import PartitionBlockedError, StrayMessagesError
+from airflow_nats_ordered.core.admin.drain_errors import PartitionBlockedError, StrayMessagesError
 from airflow_nats_ordered.core.errors import (
     AuthError,
     ConfigError,

@@ -8,12 +8,9 @@ from typing import Any, Literal
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowSkipException
 
-from airflow_nats_ordered.core.admin.groups import (
-    live_members,
-    partition_rates,
-    rebalance_group,
-    reset_group,
-)
+from airflow_nats_ordered.core.admin.membership import live_members
+from airflow_nats_ordered.core.admin.rebalance import partition_rates, rebalance_group
+from airflow_nats_ordered.core.admin.reset import reset_group
 from airflow_nats_ordered.core.errors import ConfigError
 from airflow_nats_ordered.core.group.assignor import Assignment, assign, imbalance
 from airflow_nats_ordered.core.group.store import GroupStore

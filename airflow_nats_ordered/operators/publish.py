@@ -15,7 +15,8 @@ from airflow_nats_ordered.core.publish.publisher import PublisherConfig, check_p
 from airflow_nats_ordered.core.publish.runs import RunResult, publish_run
 from airflow_nats_ordered.hooks.arguments import refuse_unknown_operator_arguments
 from airflow_nats_ordered.hooks.nats import NatsHook
-from airflow_nats_ordered.inputs.files import InputRecord, open_records, records_from_rows
+from airflow_nats_ordered.inputs.files import open_records, records_from_rows
+from airflow_nats_ordered.inputs.records import InputRecord
 from airflow_nats_ordered.operators.failures import failing_at_once
 from airflow_nats_ordered.operators.lineage import NatsLineageMixin
 

@@ -12,14 +12,10 @@ from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.configuration import conf
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSensorTimeout
 
-from airflow_nats_ordered.core.admin.drain import (
-    DEFAULT_NO_MEMBERS_TIMEOUT,
-    group_exists,
-    marks_to_wait,
-    no_members_error,
-    read_lag,
-)
-from airflow_nats_ordered.core.admin.groups import live_members
+from airflow_nats_ordered.core.admin.drain import DEFAULT_NO_MEMBERS_TIMEOUT, read_lag
+from airflow_nats_ordered.core.admin.drain_errors import no_members_error
+from airflow_nats_ordered.core.admin.marks import marks_to_wait
+from airflow_nats_ordered.core.admin.membership import group_exists, live_members
 from airflow_nats_ordered.core.publish.runs import RunLedger
 from airflow_nats_ordered.core.stream.layout import pending_switch_problem
 from airflow_nats_ordered.core.stream.partitioned import describe, stream_contents

@@ -8,14 +8,13 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_nats_ordered.core.admin.drain import (
-    DEFAULT_NO_MEMBERS_TIMEOUT,
-    DrainProgress,
+from airflow_nats_ordered.core.admin.drain import DEFAULT_NO_MEMBERS_TIMEOUT, wait_drained
+from airflow_nats_ordered.core.admin.drain_errors import (
     DrainTimeoutError,
     NoMembersError,
     PartitionBlockedError,
-    wait_drained,
 )
+from airflow_nats_ordered.core.admin.marks import DrainProgress
 from airflow_nats_ordered.core.errors import NatsOrderedError
 from airflow_nats_ordered.hooks.arguments import refuse_unknown_arguments
 from airflow_nats_ordered.hooks.nats import NatsHook

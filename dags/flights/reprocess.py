@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_nats_ordered.core.admin.groups import reset_group
+from airflow_nats_ordered.core.admin.reset import reset_group
 from airflow_nats_ordered.hooks.nats import NatsHook
 from flights.handlers import rewind_sink
 from flights.settings import FlightsSettings

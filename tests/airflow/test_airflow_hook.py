@@ -123,7 +123,7 @@ def test_test_connection_says_credentials_were_rejected(userpass_server, airflow
 
 
 def test_test_connection_says_server_unreachable(airflow_conn) -> None:
-    from airflow_nats_ordered.embedded.servers import free_port
+    from airflow_nats_ordered.embedded.process import free_port
 
     conn = airflow_conn(
         "nats_hook_down", host=f"127.0.0.1:{free_port()}", extra={"connect_timeout": 1}

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 from airflow_dags import nats_connection
 
-from airflow_nats_ordered.embedded.servers import free_port
+from airflow_nats_ordered.embedded.process import free_port
 from airflow_nats_ordered.sensors.drain import NatsGroupDrainSensor
 from airflow_nats_ordered.triggers.drain import NatsGroupDrainTrigger
 

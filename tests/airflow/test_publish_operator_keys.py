@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_nats_ordered.inputs.files import InputError
+from airflow_nats_ordered.inputs.records import InputError
 from airflow_nats_ordered.operators.publish import NatsPublishOperator
 
 

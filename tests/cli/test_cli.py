@@ -597,7 +597,7 @@ def test_missing_stream_and_partition_expectation(
 def test_unreachable_server_is_exit_2_with_a_clear_message(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    from airflow_nats_ordered.embedded.servers import free_port
+    from airflow_nats_ordered.embedded.process import free_port
 
     url = f"nats://127.0.0.1:{free_port()}"
     rc, out, err = run_cli(capsys, "info", "--stream", "S", "--server", url)

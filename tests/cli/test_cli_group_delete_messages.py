@@ -12,8 +12,9 @@ import pytest
 from streamcheck import write_jsonl
 
 from airflow_nats_ordered.cli import main as cli
+from airflow_nats_ordered.core.admin.delete import delete_group
 from airflow_nats_ordered.core.admin.drain import wait_drained
-from airflow_nats_ordered.core.admin.groups import GroupNotFoundError, delete_group
+from airflow_nats_ordered.core.admin.membership import GroupNotFoundError
 from airflow_nats_ordered.core.worker.pool import WorkerPool
 from airflow_nats_ordered.core.worker.worker import WorkerConfig
 

@@ -18,7 +18,8 @@ from locations import TESTS
 
 from airflow_nats_ordered.cli import main as cli
 from airflow_nats_ordered.cli.pool import Supervisor
-from airflow_nats_ordered.embedded.servers import NatsServer, free_port
+from airflow_nats_ordered.embedded.process import free_port
+from airflow_nats_ordered.embedded.servers import NatsServer
 
 
 def _pythonpath() -> str:

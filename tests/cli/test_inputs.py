@@ -15,16 +15,9 @@ from typing import Any
 import pytest
 from streamcheck import write_jsonl
 
-from airflow_nats_ordered.core.stream.keys import KeyTextError
-from airflow_nats_ordered.inputs.files import (
-    PROBE_ROWS,
-    InputError,
-    InputRecord,
-    detect_format,
-    json_safe,
-    key_text,
-    open_records,
-)
+from airflow_nats_ordered.core.stream.keys import KeyTextError, key_text
+from airflow_nats_ordered.inputs.files import PROBE_ROWS, detect_format, open_records
+from airflow_nats_ordered.inputs.records import InputError, InputRecord, json_safe
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")

@@ -15,7 +15,7 @@ from metrics_scrape import get, sample, scrape, wait_for
 from streamcheck import write_jsonl
 
 from airflow_nats_ordered.cli import main as cli
-from airflow_nats_ordered.embedded.servers import free_port
+from airflow_nats_ordered.embedded.process import free_port
 
 
 def provision_and_publish(url: str, stream: str, tmp_path: Path, n: int, partitions: int) -> None:

@@ -18,7 +18,7 @@ from locations import TESTS
 
 from airflow_nats_ordered.cli import build_parser
 from airflow_nats_ordered.cli import main as cli
-from airflow_nats_ordered.embedded.servers import free_port
+from airflow_nats_ordered.embedded.process import free_port
 
 
 def _pythonpath() -> str:

@@ -37,7 +37,7 @@ from packaging.version import Version
 from airflow_nats_ordered.cli import build_parser
 from airflow_nats_ordered.cli import main as cli_main
 from airflow_nats_ordered.core.connection.connect import ConnectionOptions
-from airflow_nats_ordered.embedded.servers import find_nats_server, free_port
+from airflow_nats_ordered.embedded.process import find_nats_server, free_port
 
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 SERVICES: dict[str, dict[str, Any]] = COMPOSE["services"]

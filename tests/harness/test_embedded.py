@@ -15,13 +15,8 @@ from pathlib import Path
 import nats
 import pytest
 
-from airflow_nats_ordered.embedded.servers import (
-    NatsCluster,
-    NatsServer,
-    NatsServerError,
-    find_nats_server,
-    free_port,
-)
+from airflow_nats_ordered.embedded.process import find_nats_server, free_port
+from airflow_nats_ordered.embedded.servers import NatsCluster, NatsServer, NatsServerError
 
 
 def _alive(pid: int) -> bool:

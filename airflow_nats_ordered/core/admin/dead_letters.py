@@ -41,11 +41,9 @@ from typing import Any
 from nats.aio.client import Client as NATS
 from nats.js.errors import BucketNotFoundError, NotFoundError
 
-from airflow_nats_ordered.core.admin.groups import (
-    GroupNotFoundError,
-    dead_letter_prefix,
-    dead_letter_stream,
-)
+from airflow_nats_ordered.core.admin.dlq import dead_letter_prefix, dead_letter_stream
+from airflow_nats_ordered.core.admin.listing import find_groups
+from airflow_nats_ordered.core.admin.membership import GroupNotFoundError
 from airflow_nats_ordered.core.errors import ConfigError, NatsOrderedError
 from airflow_nats_ordered.core.group.config import GroupConfig
 from airflow_nats_ordered.core.publish.msg_ids import HDR_MSG_ID, HDR_PRODUCER, HDR_SEQ
@@ -167,10 +165,6 @@ async def dead_letter_place(nc: NATS, stream: str, group: str) -> DeadLetterPlac
         info = await nc.jetstream().stream_info(place.stream, subjects_filter=place.subjects())
         if info.state.subjects:
             return place
-    from airflow_nats_ordered.core.admin.listing import (
-        find_groups,  # group_listing reads dead letters too
-    )
-
     known = [r.group for r in await find_groups(nc, stream)]
     raise GroupNotFoundError(
         f"group {group} of stream {stream} does not exist: it has no state and no dead "

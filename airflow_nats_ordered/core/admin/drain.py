@@ -1,28 +1,27 @@
-"""How far behind a consumer group is, and waiting until it has caught up (drained).
+"""How far behind a consumer group is now, and waiting until it has caught up (drained).
 
-A partition's *lag* (:mod:`..group.lag`, re-exported here) is the number of its records after the
-group's committed position (``c.<n>`` in the group's state bucket; for a global-order
-reader's group, the partition's stream sequence in the reader's position, key ``global``),
-counted exactly by the server. A group is *drained* up to a
-set of *marks* (partition -> stream sequence) when every partition's committed position
-is at or past its mark; by default the marks are the partitions' last sequences at the
-time of the call, so "drained" means "everything published before I asked has been
+A partition's *lag* (:mod:`..group.lag`) is the number of its records after the group's
+committed position (``c.<n>`` in the group's state bucket; for a global-order reader's
+group, the partition's stream sequence in the reader's position, key ``global``), counted
+exactly by the server; :func:`read_lag` reads it now. A group is *drained* up to a set of
+*marks* (:mod:`.marks`: partition -> stream sequence) when every partition's committed
+position is at or past its mark; by default the marks are the partitions' last sequences at
+the time of the call, so "drained" means "everything published before I asked has been
 processed and committed".
 
 :func:`wait_drained` watches the commit records with a KV watcher (the server pushes each
 commit; nothing is polled), so an Airflow trigger can sit on it for hours at no cost. It
-fails fast when a partition is blocked on a poison message (``poison="block"``), because
-waiting longer cannot help, when nobody consumes the group (no live member for
-``no_members_timeout``, :data:`DEFAULT_NO_MEMBERS_TIMEOUT` by default), and it raises
-:class:`DrainTimeoutError` naming the partitions still behind when ``timeout`` passes. A
-group that has no state yet (no worker has joined it: the workers were started a moment ago,
-or are about to be) is waited for, within the same two bounds.
+fails fast (:mod:`.drain_errors`) when a partition is blocked on a poison message
+(``poison="block"``), because waiting longer cannot help, when nobody consumes the group (no
+live member for ``no_members_timeout``, :data:`DEFAULT_NO_MEMBERS_TIMEOUT` by default), and
+it raises :class:`~.drain_errors.DrainTimeoutError` naming the partitions still behind when
+``timeout`` passes. A group that has no state yet (no worker has joined it: the workers were
+started a moment ago, or are about to be) is waited for, within the same two bounds.
 
 Stray messages (stored on subjects that are not partition subjects, see
-:class:`..stream.partitioned.Strays`) are never read by any worker, so a stream holding them is
-never
-drained: :attr:`GroupLag.drained` is False and :func:`wait_drained` fails with
-:class:`StrayMessagesError`, which says how to remove them.
+:class:`..stream.strays.Strays`) are never read by any worker, so a stream holding them is
+never drained: :attr:`..group.lag.GroupLag.drained` is False and :func:`wait_drained` fails
+with :class:`StrayMessagesError`, which says how to remove them.
 """
 
 from __future__ import annotations
@@ -31,25 +30,26 @@ import asyncio
 import json
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
 import nats.errors
 from nats.aio.client import Client as NATS
-from nats.js.errors import BucketNotFoundError, KeyDeletedError, KeyNotFoundError, NotFoundError
 from nats.js.kv import KV_DEL, KV_PURGE
 
-from airflow_nats_ordered.core.admin.groups import live_members
-from airflow_nats_ordered.core.errors import ConfigError, NatsOrderedError
-from airflow_nats_ordered.core.group.config import GroupConfig
-from airflow_nats_ordered.core.group.global_position import POSITION_KEY, READER_KEY, GlobalPosition
-from airflow_nats_ordered.core.group.lag import (
-    GroupLag as GroupLag,  # re-exported: lag is defined in .lag
+from airflow_nats_ordered.core.admin.drain_errors import (
+    NoGroupStateError,
+    PartitionBlockedError,
+    RepartitionUnfinishedError,
+    StrayMessagesError,
+    no_members_error,
+    timeout_error,
 )
-from airflow_nats_ordered.core.group.lag import PartitionLag as PartitionLag
-from airflow_nats_ordered.core.group.lag import group_lag as group_lag
-from airflow_nats_ordered.core.group.lag import later_messages as later_messages
-from airflow_nats_ordered.core.group.lag import read_group_lag
-from airflow_nats_ordered.core.group.store import CommitRecord, GroupStore, StreamRecreated
+from airflow_nats_ordered.core.admin.marks import DrainProgress, marks_to_wait, recorded_switch
+from airflow_nats_ordered.core.admin.membership import group_exists, live_members, reader_alive
+from airflow_nats_ordered.core.group.commits import CommitRecord
+from airflow_nats_ordered.core.group.global_position import POSITION_KEY, GlobalPosition
+from airflow_nats_ordered.core.group.lag import GroupLag, read_group_lag
+from airflow_nats_ordered.core.group.store import GroupStore
+from airflow_nats_ordered.core.group.stream_identity import StreamRecreated
 from airflow_nats_ordered.core.stream.kv import latest_entry
 from airflow_nats_ordered.core.stream.layout import (
     GROUP_EPOCH_KEY,
@@ -64,7 +64,6 @@ from airflow_nats_ordered.core.stream.partitioned import (
     stray_messages,
     stream_contents,
 )
-from airflow_nats_ordered.core.stream.strays import Strays
 
 #: seconds between checks of what the server does not push: live members, the stream
 CHECK_EVERY = 2.0
@@ -81,77 +80,6 @@ GROUP_CHECK_EVERY = 0.5
 DEFAULT_NO_MEMBERS_TIMEOUT = 60.0
 
 
-class DrainTimeoutError(NatsOrderedError):
-    """The group did not reach its marks in time. ``behind`` maps each partition still
-    behind to ``(committed, mark)``."""
-
-    def __init__(self, message: str, behind: dict[int, tuple[int, int]]) -> None:
-        super().__init__(message)
-        self.behind = behind
-
-
-class NoMembersError(NatsOrderedError):
-    """No member of the group has been alive for the allowed time: nothing is consuming
-    the group, so waiting longer cannot help until workers are started."""
-
-
-class NoGroupStateError(NatsOrderedError):
-    """The group has no state yet: no worker has ever joined it (its KV buckets do not
-    exist). A wrong group name looks the same, so the message names both causes."""
-
-    def __init__(self, stream: str, group: str) -> None:
-        super().__init__(
-            f"group {group} of stream {stream} has no state yet: no worker has joined it. "
-            f"Start a worker (`nats-ordered worker --stream {stream} --group {group} "
-            "--handler ...`), or check the group name"
-        )
-        self.stream = stream
-        self.group = group
-
-
-class StrayMessagesError(NatsOrderedError):
-    """The stream holds messages on subjects that are not partition subjects: no worker
-    reads them, so waiting cannot drain them. ``strays`` says where they are."""
-
-    def __init__(self, strays: Strays) -> None:
-        super().__init__(strays.problem())
-        self.strays = strays
-
-
-class RepartitionUnfinishedError(NatsOrderedError):
-    """The stream's repartition has not recorded its switch point for the allowed time: no
-    group moves past the closed layout and whether all its records are stored is not known,
-    so waiting longer cannot help until the repartition is completed (the message names the
-    command). ``epoch`` is the closed layout's."""
-
-    def __init__(self, message: str, epoch: int) -> None:
-        super().__init__(message)
-        self.epoch = epoch
-
-
-class PartitionBlockedError(NatsOrderedError):
-    """A partition is blocked on a poison message before reaching its mark: it will not
-    drain until the handler is fixed (or the message is dealt with)."""
-
-    def __init__(self, message: str, partition: int, reason: str) -> None:
-        super().__init__(message)
-        self.partition = partition
-        self.reason = reason
-
-
-async def group_exists(nc: NATS, stream: str, group: str) -> bool:
-    """Whether the group has state: its buckets exist (the first member to join creates
-    them, and only ``group delete`` removes them)."""
-    js = nc.jetstream()
-    cfg = GroupConfig(stream, group)
-    try:
-        await js.key_value(cfg.lease_bucket)
-        await js.key_value(cfg.state_bucket)
-    except (BucketNotFoundError, NotFoundError):
-        return False
-    return True
-
-
 async def read_lag(nc: NATS, stream: str, group: str) -> GroupLag:
     """Read a group's lag now (:func:`..group.lag.read_group_lag`), with the stream's strays
     (raises :class:`NoGroupStateError`, a NatsOrderedError, if the group has no state yet)."""
@@ -160,71 +88,6 @@ async def read_lag(nc: NATS, stream: str, group: str) -> GroupLag:
         raise NoGroupStateError(stream, group)
     store = await GroupStore.attach(nc, stream, group)
     return await read_group_lag(nc, described, store, await store.snapshot())
-
-
-@dataclass(frozen=True)
-class DrainProgress:
-    """Where a wait stands: each awaited partition's committed position and mark."""
-
-    marks: Mapping[int, int]
-    committed: Mapping[int, int]
-    elapsed: float
-    #: True while the group has no state yet (no worker has joined it): nothing committed
-    group_missing: bool = False
-    #: the stream's layout epoch while the group still processes an earlier one (it was
-    #: repartitioned and the group has not finished the old partitions); None once reached
-    waiting_epoch: int | None = None
-    #: the epoch of a layout whose switch point is not recorded yet (a repartition running
-    #: or interrupted): the marks are compared once it is (``marks`` is empty meanwhile)
-    pending_switch: int | None = None
-
-    @property
-    def behind(self) -> dict[int, tuple[int, int]]:
-        """Partitions not yet at their mark: ``partition -> (committed, mark)``."""
-        return {
-            p: (self.committed.get(p, 0), m)
-            for p, m in sorted(self.marks.items())
-            if self.committed.get(p, 0) < m
-        }
-
-    @property
-    def done(self) -> bool:
-        return not self.behind and self.waiting_epoch is None and self.pending_switch is None
-
-
-def marks_to_wait(
-    marks: Mapping[int, int] | Mapping[str, int],
-    *,
-    partitions: int,
-    switch_seq: int,
-    stream: str,
-) -> dict[int, int]:
-    """The marks a drain wait still compares with commit records of the stream's current
-    layout (``partitions`` partitions, last switch point ``switch_seq``; 0 if never
-    repartitioned). The one rule for every way of waiting (:func:`wait_drained`, its
-    trigger, the poke-mode sensor).
-
-    A mark at or below the switch point is of an earlier layout, whatever partition number
-    it names (the old layout may have had more partitions): it is met once the group reads
-    the current layout, because the group moves only after every earlier partition is
-    applied to its last record, so it is left out here and the caller waits for that move.
-    A later mark must name a partition of the current layout, else :class:`ConfigError`.
-    """
-    given = {int(p): int(m) for p, m in marks.items()}
-    pending = {p: m for p, m in given.items() if m > switch_seq} if switch_seq else given
-    wrong = sorted(p for p in pending if not 0 <= p < partitions)
-    if wrong:
-        raise ConfigError(
-            f"marks name partitions {wrong} but stream {stream} has partitions 0 to "
-            f"{partitions - 1}; pass the marks the publisher reported for it"
-        )
-    return pending
-
-
-def recorded_switch(described: PartitionedStream) -> int:
-    """The last recorded switch point of ``described`` (0 if never repartitioned); a
-    pending layout's 0 is no switch point."""
-    return max((lay.switch_seq for lay in described.layouts if not lay.pending), default=0)
 
 
 async def wait_drained(
@@ -256,8 +119,8 @@ async def wait_drained(
     Raises :class:`StrayMessagesError` when the stream holds stray messages (checked at the
     start, and every :data:`CHECK_EVERY` seconds while the stream still accepts them),
     :class:`PartitionBlockedError` as soon as a partition still short of its mark is
-    blocked on a poison message, :class:`DrainTimeoutError` when ``timeout`` passes,
-    :class:`NoMembersError` when no member of the group has been alive for
+    blocked on a poison message, :class:`~.drain_errors.DrainTimeoutError` when ``timeout`` passes,
+    :class:`~.drain_errors.NoMembersError` when no member of the group has been alive for
     ``no_members_timeout`` seconds, or the group still has no state then (membership is
     checked every :data:`CHECK_EVERY` seconds: an expired heartbeat sends no event),
     ``StreamRecreated`` when the stream was deleted and created again (the group's positions
@@ -270,7 +133,7 @@ async def wait_drained(
     compared once the switch point is recorded (the stream is read every
     :data:`CHECK_EVERY` seconds meanwhile); it raises :class:`RepartitionUnfinishedError`,
     naming the command that completes the repartition, when that has not happened within
-    ``no_members_timeout`` seconds of the call, and the :class:`DrainTimeoutError` at
+    ``no_members_timeout`` seconds of the call, and the :class:`~.drain_errors.DrainTimeoutError` at
     ``timeout`` says the same.
     """
     t0 = time.monotonic()
@@ -372,7 +235,7 @@ async def wait_drained(
             now = time.monotonic()
             wait = None if timeout is None else timeout - (now - t0)
             if wait is not None and wait <= 0:
-                raise _timeout_error(
+                raise timeout_error(
                     stream,
                     group,
                     timeout or 0.0,
@@ -472,16 +335,6 @@ async def wait_drained(
         await asyncio.shield(watcher.stop())
 
 
-async def reader_alive(store: GroupStore) -> bool:
-    """Whether a global-order reader of the group is running (its heartbeat, key
-    ``global`` of the lease bucket, has not expired)."""
-    try:
-        await store.leases.get(READER_KEY)
-    except (KeyNotFoundError, KeyDeletedError):
-        return False
-    return True
-
-
 async def _wait_for_group(
     nc: NATS,
     described: PartitionedStream,
@@ -493,17 +346,18 @@ async def _wait_for_group(
     on_progress: Callable[[DrainProgress], None] | None,
 ) -> None:
     """Return once the group has state (its first member created its buckets); raise
-    :class:`DrainTimeoutError` at ``timeout`` and :class:`NoMembersError` at
-    ``no_members_timeout`` (both from ``t0``), :class:`StrayMessagesError` when a stray
-    lands on a wildcard stream meanwhile. Polls every :data:`GROUP_CHECK_EVERY` seconds:
-    bucket creation sends no event a client could watch without the buckets."""
+    :class:`~.drain_errors.DrainTimeoutError` at ``timeout`` and
+    :class:`~.drain_errors.NoMembersError` at ``no_members_timeout`` (both from ``t0``),
+    :class:`StrayMessagesError` when a stray lands on a wildcard stream meanwhile. Polls
+    every :data:`GROUP_CHECK_EVERY` seconds: bucket creation sends no event a client could
+    watch without the buckets."""
     stream = described.name
     next_check = time.monotonic() + CHECK_EVERY
     while not await group_exists(nc, stream, group):
         now = time.monotonic()
         elapsed = now - t0
         if timeout is not None and elapsed >= timeout:
-            raise _timeout_error(stream, group, timeout, marks, {}, group_missing=True)
+            raise timeout_error(stream, group, timeout, marks, {}, group_missing=True)
         if no_members_timeout is not None and elapsed > no_members_timeout:
             raise no_members_error(
                 stream,
@@ -527,71 +381,10 @@ async def _wait_for_group(
         await asyncio.sleep(step)
 
 
-def no_members_error(
-    stream: str,
-    group: str,
-    after: float,
-    behind: Mapping[int, tuple[int, int]],
-    group_missing: bool = False,
-    waiting_epoch: int | None = None,
-) -> NoMembersError:
-    """The error of a wait nobody serves: ``behind`` holds only the partitions still short
-    of their mark (``partition -> (committed, mark)``, as :attr:`DrainProgress.behind`),
-    so the count it gives is the one the wait logged."""
-    why = (
-        f"the group has no state yet: no worker joined it within {after:g}s"
-        if group_missing
-        else f"no member has been alive for {after:g}s"
-    )
-    left = f"{len(behind)} partition(s) are behind their mark"
-    if waiting_epoch is not None:
-        left += (
-            f" and the group has not yet finished the partitions of its earlier layout "
-            f"(the stream is at layout epoch {waiting_epoch})"
-        )
-    return NoMembersError(
-        f"no worker pool is consuming group {group} of stream {stream}: {why} while "
-        f"{left}. Start the workers (`nats-ordered "
-        f"worker --stream {stream} --group {group} --handler ...`, or `nats-ordered "
-        "global-read ...` for a global-order group), then retry"
-        + ("; or check the group name" if group_missing else "")
-    )
-
-
 def _unfinished_problem(described: PartitionedStream, unfinished: Layout | None) -> str | None:
     """What a wait says while ``unfinished`` (a layout of ``described``) is pending."""
     if unfinished is None:
         return None
     return pending_switch_problem(
         described.name, described.current_partitions, described.current_epoch, unfinished.epoch
-    )
-
-
-def _timeout_error(
-    stream: str,
-    group: str,
-    timeout: float,
-    marks: Mapping[int, int],
-    committed: Mapping[int, int],
-    group_missing: bool = False,
-    waiting_epoch: int | None = None,
-    unfinished: str | None = None,
-) -> DrainTimeoutError:
-    behind = DrainProgress(marks, committed, timeout).behind
-    shown = ", ".join(f"{p} at {c} of {m}" for p, (c, m) in list(behind.items())[:5])
-    more = f" and {len(behind) - 5} more" if len(behind) > 5 else ""
-    missing = " (the group has no state yet: no worker has joined it)" if group_missing else ""
-    if unfinished is not None:
-        missing += f" ({unfinished})"
-    elif waiting_epoch is not None:
-        missing += (
-            f" (the stream was repartitioned: the group has not yet finished the partitions "
-            f"of its earlier layout, so it has not reached layout epoch {waiting_epoch})"
-        )
-    return DrainTimeoutError(
-        f"group {group} of stream {stream} did not drain within {timeout:g}s{missing}: "
-        f"{len(behind)} partition(s) behind their mark (partition {shown}{more}). Check that "
-        f"its workers are running and making progress (`nats-ordered status --stream {stream} "
-        f"--group {group}`), or pass a longer timeout",
-        behind,
     )

@@ -18,10 +18,12 @@ from typing import Any
 from nats.aio.client import Client as NATS
 from nats.js.errors import BucketNotFoundError, NotFoundError
 
-from airflow_nats_ordered.core.admin.groups import GroupNotFoundError, dead_letters
+from airflow_nats_ordered.core.admin.dlq import dead_letters
+from airflow_nats_ordered.core.admin.membership import GroupNotFoundError
 from airflow_nats_ordered.core.errors import StreamNotFoundError
+from airflow_nats_ordered.core.group.config import GroupConfig
 from airflow_nats_ordered.core.group.lag import read_group_lag
-from airflow_nats_ordered.core.group.store import GroupConfig, GroupStore
+from airflow_nats_ordered.core.group.store import GroupStore
 from airflow_nats_ordered.core.stream.kv import latest_entry
 from airflow_nats_ordered.core.stream.partitioned import describe
 

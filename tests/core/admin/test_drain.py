@@ -1,4 +1,4 @@
-"""Waiting for a group to drain (core.drain) against a real server and real workers."""
+"""Waiting for a group to drain (core.admin.drain) against a real server and real workers."""
 
 from __future__ import annotations
 
@@ -9,12 +9,11 @@ import time
 import nats
 import pytest
 
-from airflow_nats_ordered.core.admin.drain import (
+from airflow_nats_ordered.core.admin.drain import read_lag, wait_drained
+from airflow_nats_ordered.core.admin.drain_errors import (
     DrainTimeoutError,
     NoMembersError,
     PartitionBlockedError,
-    read_lag,
-    wait_drained,
 )
 from airflow_nats_ordered.core.connection.connect import ConnectionOptions
 from airflow_nats_ordered.core.errors import ConfigError

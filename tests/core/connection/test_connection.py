@@ -20,7 +20,8 @@ import pytest
 
 from airflow_nats_ordered.core.connection.connect import ConnectionOptions, connect
 from airflow_nats_ordered.core.errors import AuthError, ConfigError, ConnectError
-from airflow_nats_ordered.embedded.servers import NatsServer, free_port
+from airflow_nats_ordered.embedded.process import free_port
+from airflow_nats_ordered.embedded.servers import NatsServer
 
 PASSWORD = "pw-Zq8s1Xx-secret"
 TOKEN = "tok-9fj3kQ-secret"

@@ -10,7 +10,7 @@ import time
 import nats
 import pytest
 
-from airflow_nats_ordered.core.admin.groups import live_members
+from airflow_nats_ordered.core.admin.membership import live_members
 from airflow_nats_ordered.core.errors import ConfigError
 from airflow_nats_ordered.core.group.store import Fenced, GroupConfig, GroupStore, LeaseLost
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision

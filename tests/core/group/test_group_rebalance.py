@@ -10,7 +10,7 @@ import nats
 import pytest
 
 from airflow_nats_ordered.core.admin.drain import wait_drained
-from airflow_nats_ordered.core.admin.groups import partition_rates, rebalance_group
+from airflow_nats_ordered.core.admin.rebalance import partition_rates, rebalance_group
 from airflow_nats_ordered.core.errors import NatsOrderedError
 from airflow_nats_ordered.core.group.assignor import Assignment
 from airflow_nats_ordered.core.group.store import GroupStore
@@ -112,7 +112,7 @@ def test_a_policy_the_leader_cannot_obey_is_reported_and_never_stops_the_group(
     """Bad weights are refused before they are written; and a policy written behind the
     admin function's back (another version, a hand edit) is reported by the leader, which
     keeps the plain assignment instead of crashing every member in turn."""
-    from airflow_nats_ordered.core.admin.groups import live_members
+    from airflow_nats_ordered.core.admin.membership import live_members
     from airflow_nats_ordered.core.errors import ConfigError
     from airflow_nats_ordered.core.group.store import RebalancePolicy
 

@@ -7,7 +7,7 @@ import json
 
 import nats
 
-from airflow_nats_ordered.core.admin.groups import live_members
+from airflow_nats_ordered.core.admin.membership import live_members
 from airflow_nats_ordered.core.group.store import GroupStore
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
 from airflow_nats_ordered.core.worker.worker import WorkerConfig

@@ -17,7 +17,8 @@ from pathlib import Path
 import nats
 import pytest
 
-from airflow_nats_ordered.core.admin.groups import dead_letters, reset_group
+from airflow_nats_ordered.core.admin.dlq import dead_letters
+from airflow_nats_ordered.core.admin.reset import reset_group
 from airflow_nats_ordered.core.group.store import Fenced, GroupStore
 from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
 from airflow_nats_ordered.core.sink.fenced import FencedSqliteSink

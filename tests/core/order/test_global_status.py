@@ -10,7 +10,8 @@ import json
 import nats
 
 from airflow_nats_ordered.cli import main as cli
-from airflow_nats_ordered.core.admin.drain import DrainProgress, read_lag, wait_drained
+from airflow_nats_ordered.core.admin.drain import read_lag, wait_drained
+from airflow_nats_ordered.core.admin.marks import DrainProgress
 from airflow_nats_ordered.core.order.reader import GlobalMessage, GlobalOrderReader
 from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
@@ -154,7 +155,8 @@ def test_a_running_global_reader_is_a_live_member_and_keeps_its_group_from_delet
     """A drain's no-members check and `group delete` (without --force) look for live
     members: a running global-order reader is one (it was ignored: its group could be
     deleted under it without --force)."""
-    from airflow_nats_ordered.core.admin.groups import GroupInUseError, delete_group, live_members
+    from airflow_nats_ordered.core.admin.delete import GroupInUseError, delete_group
+    from airflow_nats_ordered.core.admin.membership import live_members
 
     async def go():
         nc = await nats.connect(nats_url)

@@ -26,7 +26,7 @@ from streamcheck import read_stream
 from airflow_nats_ordered.core.publish.runs import RunLedger, publish_run
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
 from airflow_nats_ordered.core.stream.partitioning import partition_for
-from airflow_nats_ordered.inputs.files import InputRecord
+from airflow_nats_ordered.inputs.records import InputRecord
 
 #: seconds a child may take: generous (a loaded 2-core machine), and far below "for ever"
 DEADLINE = 120
@@ -264,7 +264,7 @@ import nats
 from airflow_nats_ordered.core.publish.publisher import PublisherConfig
 from airflow_nats_ordered.core.stream.repartition import repartition
 from airflow_nats_ordered.core.publish.runs import publish_run
-from airflow_nats_ordered.inputs.files import InputRecord
+from airflow_nats_ordered.inputs.records import InputRecord
 
 URL, STREAM, ROWS, SWITCH_AT = sys.argv[1], sys.argv[2], json.loads(sys.argv[4]), 60
 

@@ -15,7 +15,7 @@ import nats
 from airflow_nats_ordered.core.publish.runs import RunLedger, example_key, publish_run
 from airflow_nats_ordered.core.stream.keys import MAX_KEY_BYTES
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
-from airflow_nats_ordered.inputs.files import InputRecord
+from airflow_nats_ordered.inputs.records import InputRecord
 
 
 def test_a_refused_examples_key_is_json_safe_and_says_its_form():

@@ -10,7 +10,7 @@ import time
 import nats
 
 from airflow_nats_ordered.core.admin.drain import read_lag
-from airflow_nats_ordered.core.admin.groups import plan_reset, reset_group
+from airflow_nats_ordered.core.admin.reset import plan_reset, reset_group
 from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
 from airflow_nats_ordered.core.stream.repartition import repartition

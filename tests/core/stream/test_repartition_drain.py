@@ -12,8 +12,9 @@ import time
 import nats
 
 from airflow_nats_ordered import cli
-from airflow_nats_ordered.core.admin.drain import group_lag, read_lag, wait_drained
+from airflow_nats_ordered.core.admin.drain import read_lag, wait_drained
 from airflow_nats_ordered.core.admin.listing import GroupRef, summarize_group
+from airflow_nats_ordered.core.group.lag import group_lag
 from airflow_nats_ordered.core.group.store import GroupStore
 from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision, stream_contents

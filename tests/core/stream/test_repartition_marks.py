@@ -13,7 +13,8 @@ import nats
 import pytest
 from airflow_dags import nats_connection
 
-from airflow_nats_ordered.core.admin.drain import marks_to_wait, wait_drained
+from airflow_nats_ordered.core.admin.drain import wait_drained
+from airflow_nats_ordered.core.admin.marks import marks_to_wait
 from airflow_nats_ordered.core.errors import ConfigError
 from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision, stream_contents

@@ -30,14 +30,13 @@ import pytest
 from airflow_dags import nats_connection
 
 from airflow_nats_ordered import cli
-from airflow_nats_ordered.core.admin.drain import (
-    DrainProgress,
+from airflow_nats_ordered.core.admin.drain import read_lag, wait_drained
+from airflow_nats_ordered.core.admin.drain_errors import (
     DrainTimeoutError,
     RepartitionUnfinishedError,
-    read_lag,
-    wait_drained,
 )
 from airflow_nats_ordered.core.admin.listing import GroupRef, summarize_group
+from airflow_nats_ordered.core.admin.marks import DrainProgress
 from airflow_nats_ordered.core.group.lag import GroupLag, PartitionLag
 from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, describe, provision

@@ -18,7 +18,8 @@ import pytest
 from nats.js.errors import NoStreamResponseError
 
 from airflow_nats_ordered.cli import main as cli
-from airflow_nats_ordered.core.admin.drain import StrayMessagesError, wait_drained
+from airflow_nats_ordered.core.admin.drain import wait_drained
+from airflow_nats_ordered.core.admin.drain_errors import StrayMessagesError
 from airflow_nats_ordered.core.errors import ConfigError, StreamConflictError
 from airflow_nats_ordered.core.group.store import GroupConfig, GroupStore
 from airflow_nats_ordered.core.stream.partitioned import (
@@ -342,7 +343,7 @@ def test_a_members_metrics_count_strays_and_do_not_say_drained(
     import urllib.request
 
     from airflow_nats_ordered.core.worker.worker import Worker, WorkerConfig
-    from airflow_nats_ordered.embedded.servers import free_port
+    from airflow_nats_ordered.embedded.process import free_port
     from airflow_nats_ordered.members.metrics import serve_member
 
     port = free_port()

@@ -23,7 +23,8 @@ from airflow_nats_ordered.core.group.leases import Lease
 from airflow_nats_ordered.core.group.store import GroupConfig, GroupStore
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
 from airflow_nats_ordered.core.worker.committer import PartitionCommitter
-from airflow_nats_ordered.embedded.servers import NatsServer, free_port
+from airflow_nats_ordered.embedded.process import free_port
+from airflow_nats_ordered.embedded.servers import NatsServer
 
 
 def test_a_commit_write_over_a_websocket_reaches_the_server(tmp_path, unique_name):

@@ -19,7 +19,7 @@ import threading
 import nats
 from test_worker import _publish, _until
 
-from airflow_nats_ordered.core.admin.groups import reset_group
+from airflow_nats_ordered.core.admin.reset import reset_group
 from airflow_nats_ordered.core.group.store import GroupConfig
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
 from airflow_nats_ordered.core.worker.worker import Worker, WorkerConfig

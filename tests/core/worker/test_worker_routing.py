@@ -11,7 +11,7 @@ import time
 
 import nats
 
-from airflow_nats_ordered.core.admin.groups import dead_letters
+from airflow_nats_ordered.core.admin.dlq import dead_letters
 from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
 from airflow_nats_ordered.core.stream.partitioning import partition_for, partition_subject

@@ -17,7 +17,8 @@ import authfixtures as af
 import pytest
 from test_worker_commit_outages import _check, _run
 
-from airflow_nats_ordered.embedded.servers import NatsServer, free_port
+from airflow_nats_ordered.embedded.process import free_port
+from airflow_nats_ordered.embedded.servers import NatsServer
 
 
 def test_a_member_over_a_websocket_survives_a_server_restart(tmp_path, unique_name):

@@ -11,7 +11,7 @@ import nats
 import pytest
 
 from airflow_nats_ordered.core.admin.drain import read_lag, wait_drained
-from airflow_nats_ordered.core.admin.groups import reset_group
+from airflow_nats_ordered.core.admin.reset import reset_group
 from airflow_nats_ordered.core.errors import ConfigError
 from airflow_nats_ordered.core.group.store import GroupStore
 from airflow_nats_ordered.core.publish.publisher import OrderedPublisher

@@ -1,4 +1,4 @@
-"""Deleting a consumer group (core.group_admin) against a real server and real workers."""
+"""Deleting a consumer group (core.admin.delete) against a real server and real workers."""
 
 from __future__ import annotations
 
@@ -9,15 +9,10 @@ import nats
 import pytest
 from nats.js.errors import BucketNotFoundError, NotFoundError
 
+from airflow_nats_ordered.core.admin.delete import GroupInUseError, delete_group
+from airflow_nats_ordered.core.admin.dlq import dead_letter_stream, dead_letters
 from airflow_nats_ordered.core.admin.drain import wait_drained
-from airflow_nats_ordered.core.admin.groups import (
-    GroupInUseError,
-    GroupNotFoundError,
-    dead_letter_stream,
-    dead_letters,
-    delete_group,
-    live_members,
-)
+from airflow_nats_ordered.core.admin.membership import GroupNotFoundError, live_members
 from airflow_nats_ordered.core.group.store import GroupConfig
 from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
