@@ -25,24 +25,20 @@ if TYPE_CHECKING:
         read_dead_letters,
         replay_dead_letters,
     )
-    from airflow_nats_ordered.core.admin.drain import (
+    from airflow_nats_ordered.core.admin.delete import GroupInUseError, delete_group
+    from airflow_nats_ordered.core.admin.drain import read_lag, wait_drained
+    from airflow_nats_ordered.core.admin.drain_errors import (
         DrainTimeoutError,
         NoGroupStateError,
         NoMembersError,
         PartitionBlockedError,
         RepartitionUnfinishedError,
         StrayMessagesError,
-        read_lag,
-        wait_drained,
-    )
-    from airflow_nats_ordered.core.admin.groups import (
-        GroupInUseError,
-        GroupNotFoundError,
-        delete_group,
-        rebalance_group,
-        reset_group,
     )
     from airflow_nats_ordered.core.admin.listing import GroupSummary, find_groups, summarize_group
+    from airflow_nats_ordered.core.admin.membership import GroupNotFoundError
+    from airflow_nats_ordered.core.admin.rebalance import rebalance_group
+    from airflow_nats_ordered.core.admin.reset import reset_group
     from airflow_nats_ordered.core.connection.connect import connect
     from airflow_nats_ordered.core.connection.options import ConnectionOptions
     from airflow_nats_ordered.core.errors import (
@@ -210,19 +206,6 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "airflow_nats_ordered.core.admin.drain": (
         "wait_drained",
         "read_lag",
-        "DrainTimeoutError",
-        "NoMembersError",
-        "NoGroupStateError",
-        "StrayMessagesError",
-        "RepartitionUnfinishedError",
-        "PartitionBlockedError",
-    ),
-    "airflow_nats_ordered.core.admin.groups": (
-        "reset_group",
-        "rebalance_group",
-        "delete_group",
-        "GroupInUseError",
-        "GroupNotFoundError",
     ),
     "airflow_nats_ordered.core.admin.listing": (
         "find_groups",
@@ -236,6 +219,21 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "DeadLetter",
         "DeadLetterNotFoundError",
     ),
+    "airflow_nats_ordered.core.admin.delete": (
+        "GroupInUseError",
+        "delete_group",
+    ),
+    "airflow_nats_ordered.core.admin.drain_errors": (
+        "DrainTimeoutError",
+        "NoGroupStateError",
+        "NoMembersError",
+        "PartitionBlockedError",
+        "RepartitionUnfinishedError",
+        "StrayMessagesError",
+    ),
+    "airflow_nats_ordered.core.admin.membership": ("GroupNotFoundError",),
+    "airflow_nats_ordered.core.admin.rebalance": ("rebalance_group",),
+    "airflow_nats_ordered.core.admin.reset": ("reset_group",),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 
