@@ -178,7 +178,7 @@ def rewind_sink(path: str | Path, *, stream: str, group: str, day: str) -> dict[
     sequences from there on are applied again instead of being taken for re-deliveries.
 
     Returns ``{partition: last sequence kept}`` - the positions to reset the group to
-    (:func:`airflow_nats_ordered.core.admin.groups.reset_group` ``to=``), so that the group
+    (:func:`airflow_nats_ordered.core.admin.reset.reset_group` ``to=``), so that the group
     re-delivers exactly what was forgotten. Call it only while nothing is published and the
     group is idle (pause the DAG, let the drain finish), and reset the group right after.
     """

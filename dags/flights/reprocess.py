@@ -8,7 +8,7 @@ twice, the fenced sink applies each message once). To apply days again:
 2. :func:`reprocess_from` ``day``: the sink forgets the flights from ``day`` on and rewinds
    its fences (:func:`flights.handlers.rewind_sink`), then the group's positions are reset
    to just before ``day`` in each partition involved
-   (:func:`airflow_nats_ordered.core.admin.groups.reset_group`, fenced: a running member
+   (:func:`airflow_nats_ordered.core.admin.reset.reset_group`, fenced: a running member
    cannot write an old position back), so the pool applies those days again, in order;
 3. clear the runs from ``day`` on (``airflow tasks clear flights_ordered_pipeline -s <day>
    -y``) and unpause: each day publishes nothing (its run is complete in the ledger), waits

@@ -1,6 +1,6 @@
 """Is the group a member joined still there? (:class:`GroupPresence`, :class:`GroupWatch`)
 
-``nats-ordered group delete --force`` (:func:`~..admin.groups.delete_group` with
+``nats-ordered group delete --force`` (:func:`~..admin.delete.delete_group` with
 ``force=True``) deletes a group's two KV buckets under its running members. Every lease
 renewal, claim and commit of such a member then fails (the server has no stream for the
 bucket's subjects: "no response from stream"), and nothing it does can succeed again: its
