@@ -7,9 +7,9 @@ to the handler one by one (or batch by batch; the calls in :mod:`.handler_calls`
 retries, the poison policy (dead letters in :mod:`.dead_letters`), commits at a cadence
 (:mod:`.committer`), and on hand-over a last commit, the lease's release and ``on_revoke``.
 Before anything of a newly granted partition is handled, the group's committed position
-and the sink's applied position are checked against the stream's history
-(:mod:`..stream.continuity`); a partition whose positions are not part of it any more, or
-whose sink can neither apply nor skip a message, is held for an operator.
+and the sink's applied position are checked against the stream's history; a partition
+whose positions are not part of it any more, or whose sink can neither apply nor skip a
+message, is held for an operator (:mod:`.continuity`).
 
 Guarantees (each tested by breaking it in ``tests/core/worker/test_worker_chaos.py``)
 ------------------------------------------------------------------------
@@ -56,7 +56,6 @@ from airflow_nats_ordered.core.group.store import (
     StateWentBack,
     StreamRecreated,
 )
-from airflow_nats_ordered.core.stream.continuity import Position, divergence, stopped_reason
 from airflow_nats_ordered.core.stream.keys import HDR_KEY, HDR_KEY_B64
 from airflow_nats_ordered.core.stream.message import (
     HDR_MSG_ID,
@@ -71,6 +70,7 @@ from airflow_nats_ordered.core.stream.routing_check import route_key
 from airflow_nats_ordered.core.worker.backoff import ClaimBackoff
 from airflow_nats_ordered.core.worker.committer import PartitionCommitter
 from airflow_nats_ordered.core.worker.context import MemberContext
+from airflow_nats_ordered.core.worker.continuity import Continuity
 from airflow_nats_ordered.core.worker.dead_letters import DeadLetters
 from airflow_nats_ordered.core.worker.handler_calls import HandlerCalls
 from airflow_nats_ordered.core.worker.owned import OwnedPartition
@@ -110,8 +110,8 @@ class Delivery:
         #: a partition handed back because a sink hook failed is claimed again later
         self.backoff = backoff
         self.on_revoke = on_revoke
-        #: the sink's applied position of a partition, in the member's layout epoch
-        self.applied_position = applied_position
+        #: a partition's positions checked against the stream's history; held if not
+        self.continuity = Continuity(ctx, applied_position)
         self._is_async = self.calls.is_async
         #: when a synchronous handler's partition last gave the event loop up
         self._last_yield = time.monotonic()
@@ -128,7 +128,7 @@ class Delivery:
             grant.committed + 1,
             self.cfg.fetch_batch,
             self._buffer_share,
-            lambda seq, msg_id: self._verify_position(p, seq, msg_id),
+            lambda seq, msg_id: self.continuity.verify_position(p, seq, msg_id),
             grant.committed_id or None,
         )
         #: commit writes leave the hot path: one in flight, coalesced to the latest position
@@ -148,7 +148,7 @@ class Delivery:
         one_sync = not is_async and not self.cfg.batch_handler  # (the fast path below)
         every, interval = self.cfg.commit_every, self.cfg.commit_interval
         try:
-            stopped = await self._continuity(o)
+            stopped = await self.continuity.check(o)
             while stopped is None and not o.revoke.is_set() and not halted:
                 if not o.lease.valid:
                     raise LeaseLost(f"lease of partition {p} expired locally")
@@ -156,7 +156,7 @@ class Delivery:
                 try:
                     fetched = await reader.fetch(timeout=wait)
                 except StateWentBack as exc:
-                    stopped = self._went_back(p, str(exc), None, exc.last_seq)
+                    stopped = self.continuity.went_back(p, str(exc), None, exc.last_seq)
                     break
                 msgs, rejected = self._messages(o, fetched)
                 step = max(1, len(msgs)) if self.cfg.batch_handler else 1
@@ -182,7 +182,7 @@ class Delivery:
                         else:
                             done = await self._deliver(o, chunk, rejected)
                     except OrderConflict as exc:
-                        stopped = self._refused(chunk[0], exc)
+                        stopped = self.continuity.refused(chunk[0], exc)
                         break
                     if done:
                         last = chunk[done - 1].stream_seq
@@ -223,7 +223,7 @@ class Delivery:
             if stopped is not None:
                 # no commit: what was handled since the last one may be past the stream's end
                 given_up = True
-                await self._hold(o, stopped)
+                await self.continuity.hold(o, stopped)
             else:
                 graceful = True
         except Fenced as exc:
@@ -297,102 +297,6 @@ class Delivery:
                     if inspect.isawaitable(r):
                         await r
             log.info("member %s released partition %d at seq %d", self.member, p, last)
-
-    async def _sink_position(self, p: int) -> tuple[int, str | None] | None:
-        """The sink's applied position of ``p`` from the handler's ``applied_position``
-        hook (None without a hook, or if the sink applied nothing)."""
-        if self.applied_position is None:
-            return None
-        try:
-            r = self.applied_position(p)
-            r = await r if inspect.isawaitable(r) else r
-            if r is None:
-                return None
-            seq, msg_id = r
-            return int(seq), (str(msg_id) if msg_id else None)
-        except Exception as exc:
-            raise NatsOrderedError(
-                f"applied_position({p}) failed: {type(exc).__name__}: {exc}"
-            ) from exc
-
-    async def _continuity(self, o: OwnedPartition) -> str | None:
-        """Check, before anything of a newly granted partition is handled, that the group's
-        committed position and the sink's applied position are still part of the stream's
-        history. The blocked reason (with the operator action) if not, else None."""
-        p, grant = o.partition, o.grant
-        subject = self.ctx.stream.subject(p)
-        positions = [
-            Position(
-                grant.committed, grant.committed_id or None, f"the group's commit record c.{p}"
-            )
-        ]
-        sink = await self._sink_position(p)
-        if sink is not None:
-            positions.append(Position(sink[0], sink[1], "the sink's applied position"))
-        problems: list[str] = []
-        anchor: int | None = None
-        last_seq = 0
-        for pos in positions:
-            # (a position before the first message is in every history: a new group's
-            # partitions start without a stream info round trip each)
-            why = None
-            if pos.seq > 0:
-                found = await self.ctx.store.stored_at(pos.seq)
-                last_seq = found.last_seq
-                why = divergence(pos, subject, found)
-            if why is not None:
-                problems.append(why)
-            elif pos is positions[0]:
-                anchor = pos.seq
-        if not problems:
-            self.ctx.report(f"continuity.{p}", None)
-            return None
-        return self._went_back(p, "; ".join(problems), anchor, last_seq)
-
-    def _went_back(self, p: int, problem: str, anchor: int | None, last_seq: int) -> str:
-        return stopped_reason(self.ctx.stream.name, self.cfg.group, p, problem, anchor, last_seq)
-
-    async def _verify_position(self, p: int, seq: int, msg_id: str | None) -> None:
-        """Before the reader of ``p`` re-creates its consumer: the stream is the one the
-        group's positions refer to, and still holds the last message handed out."""
-        await self.ctx.store.check_stream()
-        found = await self.ctx.store.stored_at(seq)
-        why = divergence(
-            Position(seq, msg_id, "the reader's position"), self.ctx.stream.subject(p), found
-        )
-        if why is not None:
-            raise StateWentBack(why, found.last_seq)
-
-    def _refused(self, m: Message, exc: OrderConflict) -> str:
-        return (
-            f"stopped at seq {m.stream_seq}: the handler's sink can neither apply nor skip it "
-            f"({type(exc).__name__}: {exc}), so it is not retried or dead-lettered. If the "
-            "stream's stored state went back, the operator action is to rewind the sink and "
-            "reset the group to the last sequence both still agree on"
-        )
-
-    async def _hold(self, o: OwnedPartition, reason: str) -> None:
-        """Stop handling ``o`` and say why (blocked marker, problems) until it is revoked
-        (e.g. by an operator's reset, which takes the lease): the lease is kept, so no other
-        member resumes it meanwhile, and nothing is committed."""
-        p = o.partition
-        o.blocked = reason
-        self.stats["stopped"] += 1
-        log.error("member %s: partition %d %s", self.member, p, reason)
-        self.ctx.report(f"continuity.{p}", f"partition {p}: {reason}")
-        if o.committer is not None:
-            # nothing more is committed, and the marker goes after any write already sent
-            o.committer.cancel()
-            await o.committer.settle(0.0)
-        written = False
-        while not o.revoke.is_set():
-            if not written:
-                with contextlib.suppress(NatsError, TimeoutError):
-                    await self.ctx.store.set_blocked(p, reason)
-                    written = True
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(1.0):
-                    await o.revoke.wait()
 
     def _messages(
         self, o: OwnedPartition, fetched: list[tuple[int, Any]]

@@ -3,18 +3,20 @@ tick the member reads the assignment the leader wrote, revokes the partitions th
 away and claims those that moved to it.
 
 A claim takes the partition's lease (:func:`~.lease_claims.claim_lease`), is granted a
-fencing token above the sink's floor (``fencing_floor``), calls ``on_assign`` and then
-starts the partition's delivery (:meth:`~.delivery.Delivery.run_partition`).
+fencing token (above the highest the sink has seen, if the handler's ``fencing_floor``
+says), calls ``on_assign`` and then starts the partition's delivery
+(:meth:`~.delivery.Delivery.run_partition`).
 
-Guarantees
-----------
-* **Cooperative, sticky rebalancing.** Only partitions that move are revoked (their
+Guarantees (its share of cooperative rebalancing, see :mod:`.worker`)
+---------------------------------------------------------------------
+* **Only what moves pauses.** Only partitions the assignment moved away are revoked (their
   delivery commits and releases them at once); the others go on undisturbed.
 * **Hooks in order.** ``on_assign(p)`` never runs before this member's previous
   ``on_revoke(p)`` has returned: a partition is claimed again only once its last task ended.
-* **No lease left to a newer owner's harm.** A lease that lapsed between claim and grant,
-  or while ``on_assign`` ran, is given back and the partition claimed afresh (a newer owner
-  may exist); a claim cancelled by ``stop()`` gives back what it got.
+* **A lapsed claim is given up.** A lease that lapsed between claim and grant, or while
+  ``on_assign`` ran, is given back before anything is processed (a newer owner may exist)
+  and the partition is claimed afresh; a claim cancelled by ``stop()`` gives back what it
+  got (:mod:`.lease_claims`).
 * **Failures back off.** A blip (server restart, leader change) is retried next tick;
   anything else (:mod:`.backoff`) later and later, reported in the member's problems.
 """

@@ -11,7 +11,7 @@ problems, audit trail, whether it is stopping) is one :class:`~.context.MemberCo
   claimed (:mod:`.lease_claims`, :mod:`.backoff`) and revoked
 * :mod:`.delivery` - :class:`~.delivery.Delivery`: a partition's messages to the handler
   (:mod:`.handler_calls`; retries, poison policy and :mod:`.dead_letters`, batches,
-  commits in :mod:`.committer`, continuity checks)
+  commits in :mod:`.committer`, positions checked in :mod:`.continuity`)
 * :mod:`.presence` - :class:`~.presence.GroupWatch`: the group deleted under the member
 * :mod:`.epochs` - :class:`~.epochs.EpochSwitch`: the member across a repartition
 * :mod:`.owned` - :class:`~.owned.OwnedPartition` (a partition this member holds),
@@ -104,7 +104,7 @@ class Worker:
     Its parts, each constructed here with what it needs (what several share is its
     :class:`~.context.MemberContext`): :attr:`watch` (the group's presence, and the error
     the member stopped with), :attr:`delivery` (owned partitions to the handler),
-    :attr:`claims` (the reconcile loop), :attr:`leader`, :attr:`heartbeat` and
+    :attr:`reconciler` (the reconcile loop), :attr:`leader`, :attr:`heartbeat` and
     :attr:`epochs` (the layout epoch). Its background loops, in :attr:`_tasks` in this
     order: the heartbeat, the leader's, the reconcile and the epoch loop."""
 
@@ -139,7 +139,7 @@ class Worker:
         self.applied_position = self.epochs.applied if sink_applied is not None else None
         backoff = ClaimBackoff(config, ctx.report)
         self.delivery = Delivery(ctx, handler, backoff, on_revoke, self.applied_position)
-        self.claims = Reconciler(ctx, self.delivery, backoff, trouble, on_assign, fencing_floor)
+        self.reconciler = Reconciler(ctx, self.delivery, backoff, trouble, on_assign, fencing_floor)
         self.leader = Leader(ctx, trouble)
         self.heartbeat = Heartbeat(ctx, self.leader, trouble)
         #: the background loops: the heartbeat, the leader's, the reconcile and the epoch loop
@@ -177,7 +177,7 @@ class Worker:
     @property
     def generation(self) -> int:
         """The assignment's generation the member last read."""
-        return self.claims.generation
+        return self.reconciler.generation
 
     @property
     def renew_seconds(self) -> float:
@@ -197,12 +197,12 @@ class Worker:
     @property
     def claimed(self) -> set[int]:
         """The partitions this member is processing (claimed, ``on_assign`` returned)."""
-        return self.claims.claimed()
+        return self.reconciler.claimed()
 
     @property
     def assigned(self) -> set[int]:
         """The partitions the latest assignment this member read gives it."""
-        return set(self.claims.mine)
+        return set(self.reconciler.mine)
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -220,7 +220,7 @@ class Worker:
                 log.warning("member %s: %s", self.member, exc)
                 ctx.report("dead-letter", str(exc))
         await self.heartbeat.join()
-        loops = (self.heartbeat.run(), self.leader.run(), self.claims.run(), self.epochs.run())
+        loops = (self.heartbeat.run(), self.leader.run(), self.reconciler.run(), self.epochs.run())
         for coro in loops:  # the second and third: see _pause_claims
             self._tasks.append(asyncio.ensure_future(self._guard(coro)))
         log.info(
@@ -296,7 +296,7 @@ class Worker:
         gives no partition, with more members than partitions, waits until then), and
         NatsOrderedError if the member stops first."""
         waits = [
-            asyncio.ensure_future(self.claims.assigned.wait()),
+            asyncio.ensure_future(self.reconciler.assigned.wait()),
             asyncio.ensure_future(self.stopped.wait()),
         ]
         try:
@@ -305,13 +305,13 @@ class Worker:
         except TimeoutError:
             raise TimeoutError(
                 f"member {self.member} has not claimed its assignment after {timeout:g}s "
-                f"(assigned {sorted(self.claims.mine)}, claimed {sorted(self.owned)}; "
+                f"(assigned {sorted(self.reconciler.mine)}, claimed {sorted(self.owned)}; "
                 f"problems: {sorted(self.problems.values()) or 'none'})"
             ) from None
         finally:
             for w in waits:
                 w.cancel()
-        if not self.claims.assigned.is_set():
+        if not self.reconciler.assigned.is_set():
             raise NatsOrderedError(f"member {self.member} stopped before it was assigned")
 
     async def run(self) -> None:
@@ -348,11 +348,11 @@ class Worker:
         """Claim afresh (after an epoch switch): forget the old epoch's assignment, claims'
         back-offs and partition tasks, and start the leader's and the reconcile loop again
         (unless the member is stopping)."""
-        self.claims.forget()
+        self.reconciler.forget()
         if self.ctx.stopping:
             return
         self._tasks[1] = asyncio.ensure_future(self._guard(self.leader.run()))
-        self._tasks[2] = asyncio.ensure_future(self._guard(self.claims.run()))
+        self._tasks[2] = asyncio.ensure_future(self._guard(self.reconciler.run()))
 
 
 async def run_worker(

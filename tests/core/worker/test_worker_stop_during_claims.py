@@ -27,7 +27,7 @@ P = 16
 def stopped_at_its_first_claim(w: Worker) -> None:
     """Make ``w`` stop itself (a task, as a signal handler would) once its first claim
     began."""
-    try_claim = w.claims.try_claim
+    try_claim = w.reconciler.try_claim
     stopping: list[asyncio.Task[None]] = []
 
     async def first_claim_stops(p: int) -> None:
@@ -35,7 +35,7 @@ def stopped_at_its_first_claim(w: Worker) -> None:
             stopping.append(asyncio.ensure_future(w.stop()))
         await try_claim(p)
 
-    w.claims.try_claim = first_claim_stops  # the reconcile loop's claims call it
+    w.reconciler.try_claim = first_claim_stops  # the reconcile loop's claims call it
 
 
 def test_a_member_stopped_while_claiming_leaves_no_lease_behind(shared_nats_server, unique_name):
