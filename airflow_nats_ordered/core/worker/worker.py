@@ -220,8 +220,8 @@ class Worker:
                 log.warning("member %s: %s", self.member, exc)
                 ctx.report("dead-letter", str(exc))
         await self.heartbeat.join()
-        loops = (self.heartbeat.run(), self.leader.run(), self.reconciler.run(), self.epochs.run())
-        for coro in loops:  # the second and third: see _pause_claims
+        loops = (self._heartbeat_loop(), self._leader_loop(), self._reconcile_loop())
+        for coro in (*loops, self._epoch_loop()):  # the second and third: see _pause_claims
             self._tasks.append(asyncio.ensure_future(self._guard(coro)))
         log.info(
             "member %s joined group %s of %s (%d partitions, lease TTL %gs)",
@@ -351,8 +351,22 @@ class Worker:
         self.reconciler.forget()
         if self.ctx.stopping:
             return
-        self._tasks[1] = asyncio.ensure_future(self._guard(self.leader.run()))
-        self._tasks[2] = asyncio.ensure_future(self._guard(self.reconciler.run()))
+        self._tasks[1] = asyncio.ensure_future(self._guard(self._leader_loop()))
+        self._tasks[2] = asyncio.ensure_future(self._guard(self._reconcile_loop()))
+
+    # the member's background loops, each its part's (named here as a task dump shows them:
+    # ``kill -USR2`` of a ``nats-ordered worker``)
+    async def _heartbeat_loop(self) -> None:
+        await self.heartbeat.run()
+
+    async def _leader_loop(self) -> None:
+        await self.leader.run()
+
+    async def _reconcile_loop(self) -> None:
+        await self.reconciler.run()
+
+    async def _epoch_loop(self) -> None:
+        await self.epochs.run()
 
 
 async def run_worker(
