@@ -6,8 +6,8 @@ Guarantees: with the poison policy ``dead-letter``, a message goes to
 from (``Nats-Ordered-Origin``: stream, group, partition, sequence, token); processing
 moves on only once the server stored it. Never a silent skip: while publishing fails it is
 retried with capped backoff and reported in the member's problems, the partition held (its
-lease renewed, nothing after the message processed). :class:`DeadLettering` holds these
-verbs of :class:`~.worker.Worker`.
+lease renewed, nothing after the message processed). :class:`DeadLetters` publishes them
+for a member's delivery.
 """
 
 from __future__ import annotations
@@ -16,9 +16,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Callable
 
-from nats.aio.client import Client as NATS
 from nats.errors import Error as NatsError
 from nats.js import api
 from nats.js.errors import NotFoundError
@@ -26,8 +24,8 @@ from nats.js.errors import NotFoundError
 from airflow_nats_ordered.core.errors import NatsOrderedError
 from airflow_nats_ordered.core.group.leases import LeaseLost
 from airflow_nats_ordered.core.stream.message import Message
-from airflow_nats_ordered.core.stream.partitioned import PartitionedStream
-from airflow_nats_ordered.core.worker.config import BACKOFF_MAX, WorkerConfig
+from airflow_nats_ordered.core.worker.config import BACKOFF_MAX
+from airflow_nats_ordered.core.worker.context import MemberContext
 from airflow_nats_ordered.core.worker.owned import OwnedPartition
 
 # the worker's logger: records keep the name they had before the worker was split up
@@ -41,23 +39,21 @@ def dead_letter_subject(prefix: str, group: str, partition: int) -> str:
     return f"{prefix}.dlq.{group}.{partition}"
 
 
-class DeadLettering:
-    """The dead-letter verbs of :class:`~.worker.Worker` (a mixin: it supplies the
-    connection, settings, stream, statistics and problem reports)."""
+class DeadLetters:
+    """A member's dead letters (see the module), for :class:`~.delivery.Delivery`."""
 
-    nc: NATS
-    cfg: WorkerConfig
-    stream: PartitionedStream
-    member: str
-    stats: dict[str, int]
-    _report: Callable[[str, str | None], None]
+    def __init__(self, ctx: MemberContext) -> None:
+        #: read here: the connection, settings, stream and member id; written: statistics
+        #: (``dead_lettered``) and problems
+        self.ctx = ctx
 
-    async def _ensure_dead_letter_stream(self) -> None:
+    async def ensure_stream(self) -> None:
         """Create ``<STREAM>_DLQ`` unless it exists; NatsOrderedError saying why if it cannot
         be created."""
-        js = self.nc.jetstream()
-        name = f"{self.stream.name}_DLQ"
-        subjects = f"{self.stream.prefix}.dlq.>"
+        stream = self.ctx.stream
+        js = self.ctx.nc.jetstream()
+        name = f"{stream.name}_DLQ"
+        subjects = f"{stream.prefix}.dlq.>"
         try:
             await js.stream_info(name)
             return
@@ -68,8 +64,8 @@ class DeadLettering:
                 name=name,
                 subjects=[subjects],
                 storage=api.StorageType.FILE,
-                num_replicas=self.stream.replicas,
-                duplicate_window=self.stream.duplicate_window or 120,
+                num_replicas=stream.replicas,
+                duplicate_window=stream.duplicate_window or 120,
             )
         except NatsError as exc:
             with contextlib.suppress(NotFoundError):
@@ -80,40 +76,41 @@ class DeadLettering:
                 f"subjects {subjects!r}, or use poison='block'"
             ) from exc
 
-    async def _dead_letter(self, o: OwnedPartition, m: Message, reason: str) -> bool:
+    async def publish(self, o: OwnedPartition, m: Message, reason: str) -> bool:
         """Publish ``m`` to its dead-letter subject, retrying with capped exponential
         backoff while the partition is held (its lease renewed, nothing after ``m``
-        processed) and reporting the failure in :attr:`problems`. False if the partition
+        processed) and reporting the failure in the member's problems. False if the partition
         was revoked meanwhile (the next owner handles ``m`` again)."""
+        ctx, cfg, stream = self.ctx, self.ctx.cfg, self.ctx.stream
         headers = dict(m.headers)
         headers[HDR_ERROR] = reason.replace("\r", " ").replace("\n", " ")[:1000]
         headers[HDR_ORIGIN] = json.dumps(
             {
-                "stream": self.stream.name,
-                "group": self.cfg.group,
+                "stream": stream.name,
+                "group": cfg.group,
                 "partition": m.partition,
                 "seq": m.stream_seq,
                 "token": m.fencing_token,
             }
         )
         if "Nats-Msg-Id" in headers:
-            headers["Nats-Msg-Id"] = f"{self.cfg.group}:{headers['Nats-Msg-Id']}"
-        subject = dead_letter_subject(self.stream.prefix, self.cfg.group, m.partition)
+            headers["Nats-Msg-Id"] = f"{cfg.group}:{headers['Nats-Msg-Id']}"
+        subject = dead_letter_subject(stream.prefix, cfg.group, m.partition)
         key = f"dead-letter.{m.partition}"
         delay = 0.0
         while True:
             try:
-                await self.nc.jetstream().publish(subject, m.data, headers=headers)
+                await ctx.nc.jetstream().publish(subject, m.data, headers=headers)
                 break
             except (NatsError, TimeoutError) as exc:
                 cause: Exception = exc
                 with contextlib.suppress(NatsError, TimeoutError):
                     try:
-                        await self._ensure_dead_letter_stream()  # deleted meanwhile?
+                        await self.ensure_stream()  # deleted meanwhile?
                     except NatsOrderedError as why:
                         cause = why
-            delay = min(BACKOFF_MAX, max(self.cfg.tick, self.cfg.retry_backoff, delay * 2))
-            self._report(
+            delay = min(BACKOFF_MAX, max(cfg.tick, cfg.retry_backoff, delay * 2))
+            ctx.report(
                 key,
                 f"partition {m.partition}: dead-lettering seq {m.stream_seq} failed: {cause}; "
                 f"retrying in {delay:.1f}s",
@@ -123,12 +120,12 @@ class DeadLettering:
                 raise LeaseLost(f"lease of partition {o.partition} expired")
             if o.revoke.is_set():
                 return False
-        self._report(key, None)
-        self._report("dead-letter", None)
-        self.stats["dead_lettered"] += 1
+        ctx.report(key, None)
+        ctx.report("dead-letter", None)
+        ctx.stats["dead_lettered"] += 1
         log.error(
             "member %s: partition %d seq %d dead-lettered after retries: %s",
-            self.member,
+            ctx.member,
             m.partition,
             m.stream_seq,
             reason,

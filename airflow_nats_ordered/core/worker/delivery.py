@@ -1,13 +1,15 @@
-"""Delivering an owned partition's messages to the handler (:class:`PartitionDelivery`).
+"""Delivering an owned partition's messages to the handler (:class:`Delivery`, a part of
+:class:`~.worker.Worker`).
 
-One task per partition a member owns (:meth:`PartitionDelivery._run_partition`) reads it
-with a :class:`~..stream.reader.PartitionReader` from the committed position and hands its messages
-to the handler one by one (or batch by batch): with retries, the poison policy (dead letters
-in :mod:`.dead_letters`), commits at a cadence, and on hand-over a last commit, the lease's
-release and ``on_revoke``. Before anything of a newly granted partition is handled, the
-group's committed position and the sink's applied position are checked against the
-stream's history (:mod:`..stream.continuity`); a partition whose positions are not part of it any
-more, or whose sink can neither apply nor skip a message, is held for an operator.
+One task per partition a member owns (:meth:`Delivery.run_partition`) reads it with a
+:class:`~..stream.reader.PartitionReader` from the committed position and hands its messages
+to the handler one by one (or batch by batch; the calls in :mod:`.handler_calls`): with
+retries, the poison policy (dead letters in :mod:`.dead_letters`), commits at a cadence
+(:mod:`.committer`), and on hand-over a last commit, the lease's release and ``on_revoke``.
+Before anything of a newly granted partition is handled, the group's committed position
+and the sink's applied position are checked against the stream's history; a partition
+whose positions are not part of it any more, or whose sink can neither apply nor skip a
+message, is held for an operator (:mod:`.continuity`).
 
 Guarantees (each tested by breaking it in ``tests/core/worker/test_worker_chaos.py``)
 ------------------------------------------------------------------------
@@ -50,12 +52,10 @@ from airflow_nats_ordered.core.errors import (
 )
 from airflow_nats_ordered.core.group.store import (
     Fenced,
-    GroupStore,
     LeaseLost,
     StateWentBack,
     StreamRecreated,
 )
-from airflow_nats_ordered.core.stream.continuity import Position, divergence, stopped_reason
 from airflow_nats_ordered.core.stream.keys import HDR_KEY, HDR_KEY_B64
 from airflow_nats_ordered.core.stream.message import (
     HDR_MSG_ID,
@@ -67,8 +67,11 @@ from airflow_nats_ordered.core.stream.message import (
 )
 from airflow_nats_ordered.core.stream.reader import PartitionReader
 from airflow_nats_ordered.core.stream.routing_check import route_key
+from airflow_nats_ordered.core.worker.backoff import ClaimBackoff
 from airflow_nats_ordered.core.worker.committer import PartitionCommitter
-from airflow_nats_ordered.core.worker.dead_letters import DeadLettering
+from airflow_nats_ordered.core.worker.context import MemberContext
+from airflow_nats_ordered.core.worker.continuity import Continuity
+from airflow_nats_ordered.core.worker.dead_letters import DeadLetters
 from airflow_nats_ordered.core.worker.handler_calls import HandlerCalls
 from airflow_nats_ordered.core.worker.owned import OwnedPartition
 
@@ -82,36 +85,54 @@ YIELD_EVERY = 0.005
 ANSWER_WAIT = 1.0
 
 
-class PartitionDelivery(HandlerCalls, DeadLettering):
-    """The processing verbs of :class:`~.worker.Worker` (a mixin: a partition's task shares
-    the member's state - its store, owned partitions, statistics and problems - and hands
-    the partition back through the member's bookkeeping when it ends)."""
+class Delivery:
+    """A member's delivery of the partitions it owns to the handler (see the module): one
+    task per partition (:meth:`run_partition`), started by the reconcile loop."""
 
-    store: GroupStore
-    handler: Handler | BatchHandler
-    on_revoke: Callable[[int], Any] | None
-    applied_position: AppliedPosition | None
-    owned: dict[int, OwnedPartition]
-    _is_async: bool
-    _last_yield: float
-    _back_off: Callable[[int, str], None]
-    _audit: Callable[..., None]
+    def __init__(
+        self,
+        ctx: MemberContext,
+        handler: Handler | BatchHandler,
+        backoff: ClaimBackoff,
+        on_revoke: Callable[[int], Any] | None,
+        applied_position: AppliedPosition | None,
+    ) -> None:
+        #: read here: the connection, store and stream; written: owned partitions (a
+        #: partition's task removes its own entry when it ends), problems, the audit trail
+        self.ctx = ctx
+        self.cfg = ctx.cfg
+        self.member = ctx.member
+        self.stats = ctx.stats  # (the context's: counted here, published by the member)
+        #: the handler, called message by message or batch by batch
+        self.calls = HandlerCalls(handler)
+        #: where poison goes with ``poison="dead-letter"``
+        self.dead_letters = DeadLetters(ctx)
+        #: a partition handed back because a sink hook failed is claimed again later
+        self.backoff = backoff
+        self.on_revoke = on_revoke
+        #: a partition's positions checked against the stream's history; held if not
+        self.continuity = Continuity(ctx, applied_position)
+        self._is_async = self.calls.is_async
+        #: when a synchronous handler's partition last gave the event loop up
+        self._last_yield = time.monotonic()
 
-    async def _run_partition(self, o: OwnedPartition) -> None:
+    async def run_partition(self, o: OwnedPartition) -> None:
+        """Process ``o`` until it is revoked, its lease is lost or it must stop (the
+        partition's task), then hand it back (see the module)."""
         p, grant = o.partition, o.grant
-        subject = self.stream.subject(p)  # the subject in the member's layout epoch
+        subject = self.ctx.stream.subject(p)  # the subject in the member's layout epoch
         reader = PartitionReader(
-            self.nc,
-            self.stream.name,
+            self.ctx.nc,
+            self.ctx.stream.name,
             subject,
             grant.committed + 1,
             self.cfg.fetch_batch,
             self._buffer_share,
-            lambda seq, msg_id: self._verify_position(p, seq, msg_id),
+            lambda seq, msg_id: self.continuity.verify_position(p, seq, msg_id),
             grant.committed_id or None,
         )
         #: commit writes leave the hot path: one in flight, coalesced to the latest position
-        committer = o.committer = PartitionCommitter(self.store, grant, o.lease, self.member)
+        committer = o.committer = PartitionCommitter(self.ctx.store, grant, o.lease, self.member)
         last, last_id = grant.committed, grant.committed_id or None
         last_commit = time.monotonic()
         since_commit = 0
@@ -123,10 +144,11 @@ class PartitionDelivery(HandlerCalls, DeadLettering):
         #: the stream's history any more, a message the sink can neither apply nor skip)
         stopped: str | None = None
         lease, revoke, is_async = o.lease, o.revoke, self._is_async
+        call_one = self.calls.call_one
         one_sync = not is_async and not self.cfg.batch_handler  # (the fast path below)
         every, interval = self.cfg.commit_every, self.cfg.commit_interval
         try:
-            stopped = await self._continuity(o)
+            stopped = await self.continuity.check(o)
             while stopped is None and not o.revoke.is_set() and not halted:
                 if not o.lease.valid:
                     raise LeaseLost(f"lease of partition {p} expired locally")
@@ -134,7 +156,7 @@ class PartitionDelivery(HandlerCalls, DeadLettering):
                 try:
                     fetched = await reader.fetch(timeout=wait)
                 except StateWentBack as exc:
-                    stopped = self._went_back(p, str(exc), None, exc.last_seq)
+                    stopped = self.continuity.went_back(p, str(exc), None, exc.last_seq)
                     break
                 msgs, rejected = self._messages(o, fetched)
                 step = max(1, len(msgs)) if self.cfg.batch_handler else 1
@@ -148,9 +170,9 @@ class PartitionDelivery(HandlerCalls, DeadLettering):
                         if one_sync and not rejected and o.processed_once:
                             # _deliver's first call of a synchronous handler, without a
                             # coroutine per message; a failure goes on in _deliver
-                            failed = self._call_one(chunk[0])
+                            failed = call_one(chunk[0])
                             if failed is not None and not isinstance(failed, Exception):
-                                failed = await self._finish_one(chunk[0], failed)
+                                failed = await self.calls.finish_one(chunk[0], failed)
                             if failed is None:
                                 o.processed += 1
                                 self.stats["processed"] += 1
@@ -160,7 +182,7 @@ class PartitionDelivery(HandlerCalls, DeadLettering):
                         else:
                             done = await self._deliver(o, chunk, rejected)
                     except OrderConflict as exc:
-                        stopped = self._refused(chunk[0], exc)
+                        stopped = self.continuity.refused(chunk[0], exc)
                         break
                     if done:
                         last = chunk[done - 1].stream_seq
@@ -201,7 +223,7 @@ class PartitionDelivery(HandlerCalls, DeadLettering):
             if stopped is not None:
                 # no commit: what was handled since the last one may be past the stream's end
                 given_up = True
-                await self._hold(o, stopped)
+                await self.continuity.hold(o, stopped)
             else:
                 graceful = True
         except Fenced as exc:
@@ -212,7 +234,7 @@ class PartitionDelivery(HandlerCalls, DeadLettering):
             # positions refer to the old (or a deleted) stream: stop without committing;
             # claims back off and report it until an operator resets the group
             given_up = True
-            self._report("stream", str(exc))
+            self.ctx.report("stream", str(exc))
             log.error("member %s: partition %d: %s", self.member, p, exc)
         except LeaseLost as exc:
             if not o.lost:  # (already counted if the heartbeat found it lost)
@@ -224,7 +246,7 @@ class PartitionDelivery(HandlerCalls, DeadLettering):
             # partition back and claim it again later, as when on_assign fails
             given_up = True
             log.warning("member %s: partition %d: %s", self.member, p, exc)
-            self._back_off(p, str(exc))
+            self.backoff.failed(p, str(exc))
         except (NatsError, TimeoutError) as exc:
             # e.g. dead-lettering failed during a server blip: hand the partition back with
             # what was done committed; it is claimed again on the next tick
@@ -246,22 +268,22 @@ class PartitionDelivery(HandlerCalls, DeadLettering):
                     o.releasing = True
                     if graceful and o.lease.valid:
                         with contextlib.suppress(Fenced, NatsError, asyncio.TimeoutError):
-                            await self.store.commit(grant, last, last_id)
+                            await self.ctx.store.commit(grant, last, last_id)
                         with contextlib.suppress(NatsError, asyncio.TimeoutError):
-                            await self.store.release(o.lease)
+                            await self.ctx.store.release(o.lease)
                     elif given_up:
                         # no commit (a newer owner may exist), but a lease key still at our
                         # revision is ours: delete it (compare-and-set, so never a newer
                         # owner's) so the partition moves at once rather than after a TTL
                         with contextlib.suppress(NatsError, asyncio.TimeoutError):
-                            await self.store.release(o.lease)
+                            await self.ctx.store.release(o.lease)
             finally:
                 # even if the clean-up above is interrupted: a partition left in `owned`
                 # without a live task would never be claimed again by this member
                 o.releasing = True
-                if self.owned.get(p) is o:  # never drop a newer claim of the same partition
-                    del self.owned[p]
-                self._audit(
+                if self.ctx.owned.get(p) is o:  # never drop a newer claim of the same partition
+                    del self.ctx.owned[p]
+                self.ctx.audit(
                     kind="released",
                     partition=p,
                     token=grant.token,
@@ -276,110 +298,14 @@ class PartitionDelivery(HandlerCalls, DeadLettering):
                         await r
             log.info("member %s released partition %d at seq %d", self.member, p, last)
 
-    async def _sink_position(self, p: int) -> tuple[int, str | None] | None:
-        """The sink's applied position of ``p`` from the handler's ``applied_position``
-        hook (None without a hook, or if the sink applied nothing)."""
-        if self.applied_position is None:
-            return None
-        try:
-            r = self.applied_position(p)
-            r = await r if inspect.isawaitable(r) else r
-            if r is None:
-                return None
-            seq, msg_id = r
-            return int(seq), (str(msg_id) if msg_id else None)
-        except Exception as exc:
-            raise NatsOrderedError(
-                f"applied_position({p}) failed: {type(exc).__name__}: {exc}"
-            ) from exc
-
-    async def _continuity(self, o: OwnedPartition) -> str | None:
-        """Check, before anything of a newly granted partition is handled, that the group's
-        committed position and the sink's applied position are still part of the stream's
-        history. The blocked reason (with the operator action) if not, else None."""
-        p, grant = o.partition, o.grant
-        subject = self.stream.subject(p)
-        positions = [
-            Position(
-                grant.committed, grant.committed_id or None, f"the group's commit record c.{p}"
-            )
-        ]
-        sink = await self._sink_position(p)
-        if sink is not None:
-            positions.append(Position(sink[0], sink[1], "the sink's applied position"))
-        problems: list[str] = []
-        anchor: int | None = None
-        last_seq = 0
-        for pos in positions:
-            # (a position before the first message is in every history: a new group's
-            # partitions start without a stream info round trip each)
-            why = None
-            if pos.seq > 0:
-                found = await self.store.stored_at(pos.seq)
-                last_seq = found.last_seq
-                why = divergence(pos, subject, found)
-            if why is not None:
-                problems.append(why)
-            elif pos is positions[0]:
-                anchor = pos.seq
-        if not problems:
-            self._report(f"continuity.{p}", None)
-            return None
-        return self._went_back(p, "; ".join(problems), anchor, last_seq)
-
-    def _went_back(self, p: int, problem: str, anchor: int | None, last_seq: int) -> str:
-        return stopped_reason(self.stream.name, self.cfg.group, p, problem, anchor, last_seq)
-
-    async def _verify_position(self, p: int, seq: int, msg_id: str | None) -> None:
-        """Before the reader of ``p`` re-creates its consumer: the stream is the one the
-        group's positions refer to, and still holds the last message handed out."""
-        await self.store.check_stream()
-        found = await self.store.stored_at(seq)
-        why = divergence(
-            Position(seq, msg_id, "the reader's position"), self.stream.subject(p), found
-        )
-        if why is not None:
-            raise StateWentBack(why, found.last_seq)
-
-    def _refused(self, m: Message, exc: OrderConflict) -> str:
-        return (
-            f"stopped at seq {m.stream_seq}: the handler's sink can neither apply nor skip it "
-            f"({type(exc).__name__}: {exc}), so it is not retried or dead-lettered. If the "
-            "stream's stored state went back, the operator action is to rewind the sink and "
-            "reset the group to the last sequence both still agree on"
-        )
-
-    async def _hold(self, o: OwnedPartition, reason: str) -> None:
-        """Stop handling ``o`` and say why (blocked marker, problems) until it is revoked
-        (e.g. by an operator's reset, which takes the lease): the lease is kept, so no other
-        member resumes it meanwhile, and nothing is committed."""
-        p = o.partition
-        o.blocked = reason
-        self.stats["stopped"] += 1
-        log.error("member %s: partition %d %s", self.member, p, reason)
-        self._report(f"continuity.{p}", f"partition {p}: {reason}")
-        if o.committer is not None:
-            # nothing more is committed, and the marker goes after any write already sent
-            o.committer.cancel()
-            await o.committer.settle(0.0)
-        written = False
-        while not o.revoke.is_set():
-            if not written:
-                with contextlib.suppress(NatsError, TimeoutError):
-                    await self.store.set_blocked(p, reason)
-                    written = True
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(1.0):
-                    await o.revoke.wait()
-
     def _messages(
         self, o: OwnedPartition, fetched: list[tuple[int, Any]]
     ) -> tuple[list[Message], dict[int, str]]:
         """The handler's view of fetched deliveries, and why those that must not reach it
         are rejected (by stream sequence): a key that does not hash to this partition, a
         missing key where the stream requires one, an undecodable key header."""
-        p, token, partitions = o.partition, o.grant.token, self.stream.partitions
-        keys_required = bool(getattr(self.stream, "keys_required", False))
+        p, token, partitions = o.partition, o.grant.token, self.ctx.stream.partitions
+        keys_required = bool(getattr(self.ctx.stream, "keys_required", False))
         msgs: list[Message] = []
         rejected: dict[int, str] = {}
         # route_key depends only on the two key headers (and the partition): a key seen
@@ -404,7 +330,7 @@ class PartitionDelivery(HandlerCalls, DeadLettering):
 
     def _buffer_share(self) -> int:
         """One partition's share of ``max_buffer_bytes``."""
-        return self.cfg.max_buffer_bytes // max(1, len(self.owned))
+        return self.cfg.max_buffer_bytes // max(1, len(self.ctx.owned))
 
     def _commit_due(self, since_commit: int, last_commit: float) -> bool:
         return since_commit > 0 and (
@@ -488,7 +414,7 @@ class PartitionDelivery(HandlerCalls, DeadLettering):
             if failed is not None:
                 applied, error, failed = 0, failed, None
             else:
-                applied, error = await self._call(chunk, batch_mode)
+                applied, error = await self.calls.call(chunk, batch_mode)
             if applied:
                 o.processed += applied
                 self.stats["processed"] += applied
@@ -542,16 +468,16 @@ class PartitionDelivery(HandlerCalls, DeadLettering):
                 # message, so a write landing after it hid the block (drains waited for
                 # their timeout instead of failing at once)
                 await o.committer.settle(timeout=max(0.1, o.lease.valid_until - time.monotonic()))
-            await self.store.set_blocked(o.partition, o.blocked)
+            await self.ctx.store.set_blocked(o.partition, o.blocked)
             # keep the lease (nobody may skip the message), stop processing
             await o.revoke.wait()
             return False
         if not o.lease.valid:
             raise LeaseLost(f"lease of partition {o.partition} expired") from error
-        return await self._dead_letter(o, m, reason)
+        return await self.dead_letters.publish(o, m, reason)
 
     async def _first_applied(self, o: OwnedPartition) -> None:
         o.processed_once = True
         # past any message an earlier owner blocked on: clear the marker
         with contextlib.suppress(NatsError, TimeoutError):
-            await self.store.set_blocked(o.partition, None)
+            await self.ctx.store.set_blocked(o.partition, None)

@@ -1,4 +1,4 @@
-"""A member across a repartition (:class:`EpochSwitch`, mixed into :class:`~.worker.Worker`).
+"""A member across a repartition (:class:`EpochSwitch`, a part of :class:`~.worker.Worker`).
 
 A group processes one layout epoch at a time (see :mod:`..stream.layout`): the epoch in its state
 key ``epoch`` (absent: the stream's oldest layout). While that is an earlier epoch than the
@@ -53,8 +53,7 @@ from airflow_nats_ordered.core.stream.partitioned import (
     describe,
     stream_contents,
 )
-from airflow_nats_ordered.core.worker.config import WorkerConfig
-from airflow_nats_ordered.core.worker.owned import OwnedPartition
+from airflow_nats_ordered.core.worker.context import MemberContext
 
 log = logging.getLogger(__name__)
 
@@ -115,73 +114,79 @@ async def advance_group_epoch(nc: NATS, store: GroupStore, stream: PartitionedSt
 
 
 class EpochSwitch:
-    """The epoch loop of a member (see the module)."""
+    """A member's part that follows the group's layout epoch (see the module)."""
 
-    nc: NATS
-    cfg: WorkerConfig
-    store: GroupStore
-    stream: PartitionedStream
-    member: str
-    owned: dict[int, OwnedPartition]
-    _tasks: list[asyncio.Task[None]]
-    _stopping: bool
-    _mine: set[int]
-    _assignment_rev: int
-    _previous: dict[int, asyncio.Task[None]]
-    _claim_backoff: dict[int, tuple[float, float]]
-    _sink_applied: AppliedPosition | None
-    _guard: Callable[[Awaitable[None]], Awaitable[None]]
-    _leader_loop: Callable[[], Awaitable[None]]
-    _reconcile_loop: Callable[[], Awaitable[None]]
-    _trouble: Callable[..., None]
-    _report: Callable[[str, str | None], None]
-    #: sequences at or below this belong to earlier layouts than the member's epoch
-    _epoch_start: int = 0
+    def __init__(
+        self,
+        ctx: MemberContext,
+        trouble: Callable[..., None],
+        sink_applied: AppliedPosition | None,
+        pause_claims: Callable[[], Awaitable[None]],
+        resume_claims: Callable[[], None],
+    ) -> None:
+        #: read here: the connection, settings, store, member id, owned partitions and
+        #: whether it is stopping; written: the store's epoch and the stream (:meth:`enter`),
+        #: owned partitions (handed back at a switch) and problems
+        self.ctx = ctx
+        self._trouble = trouble
+        #: the sink's applied position of a partition, as the handler's hook gives it
+        self._sink_applied = sink_applied
+        #: stop the leader's and the reconcile loop: nothing is claimed during a switch
+        self._pause_claims = pause_claims
+        #: start claiming over in the epoch entered (forget the old one's assignment)
+        self._resume_claims = resume_claims
+        #: sequences at or below this belong to earlier layouts than the member's epoch
+        self._epoch_start = 0
 
-    def _enter_epoch(self, described: PartitionedStream, epoch: int) -> None:
-        self.store.epoch = epoch
-        self.stream = described.at_epoch(epoch)
+    def enter(self, described: PartitionedStream, epoch: int) -> None:
+        """Process layout epoch ``epoch`` of the stream ``described``."""
+        self.ctx.store.epoch = epoch
+        self.ctx.stream = described.at_epoch(epoch)
         self._epoch_start = max(
             (lay.switch_seq for lay in described.layouts if lay.epoch < epoch), default=0
         )
 
-    async def _epoch_applied(self, p: int) -> Any:
+    async def applied(self, p: int) -> Any:
         """The sink's applied position of ``p`` if it belongs to the member's epoch: a
         position at or below the previous layout's switch point was applied under an
         earlier layout (another partition with the same number), so this epoch's
         partition has applied nothing yet."""
         assert self._sink_applied is not None
+        store, stream = self.ctx.store, self.ctx.stream
         r = self._sink_applied(p)
         pos = await r if inspect.isawaitable(r) else r
-        if pos is None or self.store.epoch == self.stream.oldest_epoch:
+        if pos is None or store.epoch == stream.oldest_epoch:
             return pos
         if self._epoch_start and int(pos[0]) <= self._epoch_start:
             return None
         # a switch point recorded too low (by an earlier version) or not at all: the
         # record at the position says which layout it belongs to
-        found = await self.store.stored_at(int(pos[0]))
-        earlier = [lay for lay in self.stream.layouts if lay.epoch < self.store.epoch]
+        found = await store.stored_at(int(pos[0]))
+        earlier = [lay for lay in stream.layouts if lay.epoch < store.epoch]
         if found.subject is not None and any(
-            partition_of(self.stream.prefix, lay.epoch, lay.partitions, found.subject) is not None
+            partition_of(stream.prefix, lay.epoch, lay.partitions, found.subject) is not None
             for lay in earlier
         ):
             return None
         return pos
 
-    async def _epoch_loop(self) -> None:
+    async def run(self) -> None:
+        """The epoch loop (a background loop of the member)."""
+        ctx = self.ctx
         while True:
             await asyncio.sleep(EPOCH_CHECK_EVERY)
-            if self._stopping:
+            if ctx.stopping:
                 return
+            store = ctx.store
             try:
-                described = await describe(self.nc, self.cfg.stream)
-                if described.current_epoch == self.store.epoch:
+                described = await describe(ctx.nc, ctx.cfg.stream)
+                if described.current_epoch == store.epoch:
                     continue
-                target = await read_group_epoch(self.nc, self.store, described)
-                if target == self.store.epoch:
+                target = await read_group_epoch(ctx.nc, store, described)
+                if target == store.epoch:
                     pending = described.pending_switch
-                    if pending is not None and pending.epoch >= self.store.epoch:
-                        self._report(
+                    if pending is not None and pending.epoch >= store.epoch:
+                        ctx.report(
                             "epoch",
                             pending_switch_problem(
                                 described.name,
@@ -191,60 +196,48 @@ class EpochSwitch:
                             ),
                         )
                         continue
-                    behind = await epoch_finished(self.nc, self.store, self.stream)
+                    behind = await epoch_finished(ctx.nc, store, ctx.stream)
                     if behind:
-                        self._report(
+                        ctx.report(
                             "epoch",
-                            f"finishing layout epoch {self.store.epoch} before the stream's "
+                            f"finishing layout epoch {store.epoch} before the stream's "
                             f"epoch {described.current_epoch}: partitions {behind} not yet "
                             "processed to their last record",
                         )
                         continue
-                    target = await advance_group_epoch(self.nc, self.store, described)
-                if target != self.store.epoch:
-                    await self._switch_epoch(described, target)
+                    target = await advance_group_epoch(ctx.nc, store, described)
+                if target != store.epoch:
+                    await self._switch(described, target)
             except (TimeoutError, NatsError, NatsOrderedError) as exc:
                 self._trouble("checking the layout epoch failed", exc)
 
-    async def _switch_epoch(self, described: PartitionedStream, target: int) -> None:
+    async def _switch(self, described: PartitionedStream, target: int) -> None:
         """Hand back everything of the old epoch, then start over on ``target``."""
-        old = self.store.epoch
+        ctx, owned = self.ctx, self.ctx.owned
+        old = ctx.store.epoch
         log.info(
             "member %s: group %s moves from layout epoch %d to %d (%d partitions)",
-            self.member,
-            self.cfg.group,
+            ctx.member,
+            ctx.cfg.group,
             old,
             target,
             described.at_epoch(target).partitions,
         )
-        # the leader's and the reconcile loop: no claims meanwhile. Cancelled again while one
-        # survives (on Python 3.11 a wait_for inside nats-py can swallow a cancellation)
-        pending = {t for t in self._tasks[1:3] if not t.done()}
-        while pending:
-            for t in pending:
-                t.cancel()
-            _, pending = await asyncio.wait(pending, timeout=1.0)
-        for o in list(self.owned.values()):
+        await self._pause_claims()
+        for o in list(owned.values()):
             o.revoke.set()
-        tasks = [o.task for o in self.owned.values() if o.task]
+        tasks = [o.task for o in owned.values() if o.task]
         if tasks:
-            await asyncio.wait(tasks, timeout=self.cfg.stop_timeout)
-        for o in list(self.owned.values()):  # still in on_assign, or stuck: give it back
+            await asyncio.wait(tasks, timeout=ctx.cfg.stop_timeout)
+        for o in list(owned.values()):  # still in on_assign, or stuck: give it back
             if o.task is not None and not o.task.done():
                 o.task.cancel()
             async with o.lock:
                 o.releasing = True
                 with contextlib.suppress(Exception):
-                    await self.store.release(o.lease)
-            if self.owned.get(o.partition) is o:
-                del self.owned[o.partition]
-        self._previous.clear()
-        self._claim_backoff.clear()
-        self._mine = set()
-        self._assignment_rev = 0
-        self._enter_epoch(described, target)
-        self._report("epoch", None)
-        if self._stopping:
-            return
-        self._tasks[1] = asyncio.ensure_future(self._guard(self._leader_loop()))
-        self._tasks[2] = asyncio.ensure_future(self._guard(self._reconcile_loop()))
+                    await ctx.store.release(o.lease)
+            if owned.get(o.partition) is o:
+                del owned[o.partition]
+        self.enter(described, target)
+        ctx.report("epoch", None)
+        self._resume_claims()

@@ -1,4 +1,4 @@
-"""Calling the worker's handler (:class:`HandlerCalls`, mixed into the delivery).
+"""Calling the worker's handler (:class:`HandlerCalls`, which the delivery has).
 
 Guarantees: the handler is called under :data:`~..stream.continuity.delivering`, which maps each
 message handed over to its Nats-Msg-Id (a fenced sink records it when the handler gives
@@ -22,12 +22,16 @@ from airflow_nats_ordered.core.stream.message import HDR_MSG_ID, BatchHandler, H
 
 
 class HandlerCalls:
-    """The handler calls of :class:`~.delivery.PartitionDelivery` (a mixin)."""
+    """Calls of one handler for :class:`~.delivery.Delivery` (see the module)."""
 
-    handler: Handler | BatchHandler
-    _is_async: bool
+    def __init__(self, handler: Handler | BatchHandler) -> None:
+        self.handler = handler
+        #: the handler is a coroutine function (or an object whose ``__call__`` is one)
+        self.is_async = inspect.iscoroutinefunction(handler) or (
+            callable(handler) and inspect.iscoroutinefunction(type(handler).__call__)
+        )
 
-    async def _call(self, chunk: list[Message], batch: bool) -> tuple[int, Exception | None]:
+    async def call(self, chunk: list[Message], batch: bool) -> tuple[int, Exception | None]:
         """Call the handler with ``chunk`` (the list in batch mode, else its one message)
         under :data:`~..stream.continuity.delivering` (the msg-ids handed over, for a sink the
         handler gives no msg_id): how many were applied, and the error (None: all).
@@ -39,7 +43,7 @@ class HandlerCalls:
         try:
             arg: Any = chunk if batch else chunk[0]
             r = self.handler(arg)
-            if self._is_async or (r is not None and inspect.isawaitable(r)):
+            if self.is_async or (r is not None and inspect.isawaitable(r)):
                 await r
             return len(chunk), None
         except (Fenced, OrderConflict):
@@ -51,10 +55,10 @@ class HandlerCalls:
         finally:
             delivering.reset(token)
 
-    def _call_one(self, m: Message) -> Any:
-        """:meth:`_call` of a synchronous handler with one message, without a coroutine:
+    def call_one(self, m: Message) -> Any:
+        """:meth:`call` of a synchronous handler with one message, without a coroutine:
         None once applied, the exception it raised, or the awaitable it returned (finish
-        that with :meth:`_finish_one`)."""
+        that with :meth:`finish_one`)."""
         i = m.headers.get(HDR_MSG_ID)
         token = delivering.set({(m.partition, m.stream_seq): i} if i else {})
         handler: Any = self.handler  # (a Handler: not in batch mode)
@@ -68,8 +72,8 @@ class HandlerCalls:
             delivering.reset(token)
         return r if r is not None and inspect.isawaitable(r) else None
 
-    async def _finish_one(self, m: Message, r: Any) -> Exception | None:
-        """Await what a synchronous handler returned for ``m`` (as :meth:`_call` does)."""
+    async def finish_one(self, m: Message, r: Any) -> Exception | None:
+        """Await what a synchronous handler returned for ``m`` (as :meth:`call` does)."""
         i = m.headers.get(HDR_MSG_ID)
         token = delivering.set({(m.partition, m.stream_seq): i} if i else {})
         try:

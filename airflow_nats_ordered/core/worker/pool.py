@@ -21,7 +21,9 @@ from nats.aio.client import Client as NATS
 
 from airflow_nats_ordered.core.connection.connect import ConnectionOptions, connect
 from airflow_nats_ordered.core.errors import ConfigError
-from airflow_nats_ordered.core.worker.worker import BatchHandler, Handler, Worker, WorkerConfig
+from airflow_nats_ordered.core.stream.message import BatchHandler, Handler
+from airflow_nats_ordered.core.worker.config import WorkerConfig
+from airflow_nats_ordered.core.worker.worker import Worker
 
 
 class WorkerPool:

@@ -8,7 +8,7 @@ leases, fencing tokens and committed positions are gone. A member that started a
 create the group afresh and begin the stream from its first message, so that is for the
 operator to decide, never something to retry.
 
-Guarantees: a member (:class:`GroupWatch`, mixed into :class:`~.worker.Worker`) checks
+Guarantees: a member (its :class:`GroupWatch`, a part of :class:`~.worker.Worker`) checks
 on a failed operation of its loops, at most once per renew interval, and stops on the first
 confirmed deletion with one logged error and :attr:`~GroupWatch.error` set to a
 :class:`GroupDeletedError`. :meth:`GroupPresence.check` reports the group as deleted only
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from typing import Any
 
 from nats.aio.client import Client as NATS
@@ -30,7 +30,7 @@ from nats.js.errors import NotFoundError
 
 from airflow_nats_ordered.core.errors import NatsOrderedError, exc_text
 from airflow_nats_ordered.core.group.config import GroupConfig
-from airflow_nats_ordered.core.worker.config import WorkerConfig
+from airflow_nats_ordered.core.worker.context import MemberContext
 
 # the worker's logger: records keep the name they had before the worker was split up
 log = logging.getLogger("airflow_nats_ordered.core.worker.worker")
@@ -110,42 +110,47 @@ class GroupPresence:
 
 
 class GroupWatch:
-    """The worker's watch on its group (a mixin of :class:`~.worker.Worker`, which supplies
-    the settings, the member id and the crash stop)."""
+    """A member's watch on its group (see the module): what its loops call when an
+    operation on the group failed (:meth:`trouble`), and the error it stopped with."""
 
-    cfg: WorkerConfig
-    member: str
-    _stopping: bool
-    _crash: asyncio.Task[None] | None
-    _crash_stop: Callable[[], Coroutine[Any, Any, None]]
-    #: why the member stopped on its own (None: it did not, or on a loop's exception)
-    error: NatsOrderedError | None = None
-    _presence: GroupPresence | None = None
-    _presence_check: asyncio.Task[None] | None = None
-    _presence_checked = 0.0
+    def __init__(self, ctx: MemberContext, crash: Callable[[], None]) -> None:
+        #: read here: the connection, settings, member id and whether it is stopping
+        self.ctx = ctx
+        #: stops the member as a crash would (once, however often it is called)
+        self._crash = crash
+        #: why the member stopped on its own (None: it did not, or on a loop's exception)
+        self.error: NatsOrderedError | None = None
+        self.presence: GroupPresence | None = None
+        self._check: asyncio.Task[None] | None = None
+        self._checked = 0.0
 
-    def _trouble(self, what: str, exc: BaseException, *args: Any) -> None:
+    async def record(self) -> None:
+        """Remember the group's buckets as they are when the member joins (their creation
+        times; :meth:`GroupPresence.record`)."""
+        self.presence = GroupPresence(self.ctx.nc, self.ctx.cfg.group_config)
+        await self.presence.record()
+
+    def trouble(self, what: str, exc: BaseException, *args: Any) -> None:
         """A loop's operation on the group failed: warn (unless the member is already
         stopping on an error) and check, at most once per renew interval, whether the group
         was deleted; if it was, the member stops with :class:`GroupDeletedError`."""
         if self.error is not None:
             return
-        log.warning("member %s: " + what + ": %s", self.member, *args, exc_text(exc))
+        log.warning("member %s: " + what + ": %s", self.ctx.member, *args, exc_text(exc))
         now = asyncio.get_running_loop().time()
         if (
-            self._presence is None
-            or self._stopping
-            or (self._presence_check is not None and not self._presence_check.done())
-            or now - self._presence_checked < self.cfg.group_config.renew_interval
+            self.presence is None
+            or self.ctx.stopping
+            or (self._check is not None and not self._check.done())
+            or now - self._checked < self.ctx.cfg.group_config.renew_interval
         ):
             return
-        self._presence_checked = now
-        self._presence_check = asyncio.ensure_future(self._check_presence(self._presence))
+        self._checked = now
+        self._check = asyncio.ensure_future(self._check_presence(self.presence))
 
     async def _check_presence(self, presence: GroupPresence) -> None:
         error = await presence.check()
         if error is not None and self.error is None:
             self.error = error
-            log.error("member %s: %s", self.member, error)
-            if self._crash is None:
-                self._crash = asyncio.ensure_future(self._crash_stop())
+            log.error("member %s: %s", self.ctx.member, error)
+            self._crash()

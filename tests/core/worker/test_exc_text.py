@@ -7,6 +7,8 @@ import asyncio
 import logging
 
 from airflow_nats_ordered.core.errors import exc_text
+from airflow_nats_ordered.core.worker.config import WorkerConfig
+from airflow_nats_ordered.core.worker.context import MemberContext
 from airflow_nats_ordered.core.worker.presence import GroupWatch
 
 
@@ -17,13 +19,12 @@ def test_an_exception_without_a_message_is_named_by_its_type():
 
 
 def test_a_group_loops_warning_names_the_exception(caplog):
-    watch = object.__new__(GroupWatch)  # the mixin's state, without a worker around it
-    watch.error = None
-    watch.member = "m-1"
-    watch._presence = None  # no presence check: only the warning
+    # a worker's watch, without the worker: no connection, and no presence recorded (so no
+    # presence check: only the warning)
+    watch = GroupWatch(MemberContext(None, WorkerConfig("S", "g", member_id="m-1")), lambda: None)
 
     async def fail() -> None:  # the loops call it on the running loop
-        watch._trouble("claiming partition %d failed", TimeoutError(), 48)
+        watch.trouble("claiming partition %d failed", TimeoutError(), 48)
 
     with caplog.at_level(logging.WARNING):
         asyncio.run(fail())

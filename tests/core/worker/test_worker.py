@@ -13,6 +13,7 @@ import pytest
 
 from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
+from airflow_nats_ordered.core.stream.reader import PartitionReader
 from airflow_nats_ordered.core.worker.worker import HDR_ERROR, Worker, WorkerConfig
 
 
@@ -428,9 +429,7 @@ def drop_deliveries(monkeypatch, numbers):
     """Make every partition reader lose the deliveries with these 1-based numbers (counted
     over all readers, status messages excluded) as a reconnect or a slow-consumer cut-off
     would; returns {"n": deliveries seen, "dropped": deliveries lost}."""
-    from airflow_nats_ordered.core.worker import worker as worker_mod
-
-    real_on_msg = worker_mod._PartitionReader._on_msg
+    real_on_msg = PartitionReader._on_msg
     seen = {"n": 0, "dropped": 0}
 
     async def lossy_on_msg(self, m):
@@ -441,7 +440,7 @@ def drop_deliveries(monkeypatch, numbers):
                 return
         await real_on_msg(self, m)
 
-    monkeypatch.setattr(worker_mod._PartitionReader, "_on_msg", lossy_on_msg)
+    monkeypatch.setattr(PartitionReader, "_on_msg", lossy_on_msg)
     return seen
 
 

@@ -16,7 +16,7 @@ from test_worker import Recorder, _cfg, _publish, _setup, _until
 from airflow_nats_ordered.core.errors import BatchFailed, ConfigError
 from airflow_nats_ordered.core.group.store import Fenced, GroupStore
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, describe, provision
-from airflow_nats_ordered.core.worker import worker as worker_mod
+from airflow_nats_ordered.core.stream.reader import PartitionReader
 from airflow_nats_ordered.core.worker.pool import WorkerPool
 from airflow_nats_ordered.core.worker.worker import HDR_ERROR, Worker, WorkerConfig
 
@@ -268,7 +268,7 @@ def test_the_reader_holds_at_most_its_byte_share_and_still_reads_a_larger_messag
     budget = 256 * 1024
     big = 400_000
     state = {"received": 0, "handled": 0, "peak": 0}
-    real_on_msg = worker_mod._PartitionReader._on_msg
+    real_on_msg = PartitionReader._on_msg
 
     async def counting_on_msg(self, m):
         if m.reply and not (m.headers and m.headers.get("Status")):
@@ -276,7 +276,7 @@ def test_the_reader_holds_at_most_its_byte_share_and_still_reads_a_larger_messag
             state["peak"] = max(state["peak"], state["received"] - state["handled"])
         await real_on_msg(self, m)
 
-    monkeypatch.setattr(worker_mod._PartitionReader, "_on_msg", counting_on_msg)
+    monkeypatch.setattr(PartitionReader, "_on_msg", counting_on_msg)
     order = []
 
     async def handler(msg):
@@ -411,13 +411,13 @@ def test_a_steady_reader_keeps_its_consumer(shared_nats_server, unique_name, mon
     Completed": that is the normal end of a request, and re-creating the consumer for it
     (once per batch) more than halved the throughput. One consumer reads the whole backlog."""
     opened = []
-    real_open = worker_mod._PartitionReader._open
+    real_open = PartitionReader._open
 
     async def counting_open(self):
         opened.append(self.next_seq)
         await real_open(self)
 
-    monkeypatch.setattr(worker_mod._PartitionReader, "_open", counting_open)
+    monkeypatch.setattr(PartitionReader, "_open", counting_open)
     rec = Recorder()
 
     async def go():

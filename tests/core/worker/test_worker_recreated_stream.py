@@ -70,7 +70,7 @@ def test_a_deleted_stream_stops_the_partition_cleanly_and_is_reported(nats_url, 
             await asyncio.sleep(9)  # the reader notices its consumer is gone
             problems = dict(pool.workers[0].problems)
             # every partition task that ended, ended cleanly (none died with the error)
-            ended = [t for t in pool.workers[0]._previous.values() if t.done()]
+            ended = [t for t in pool.workers[0].reconciler.previous.values() if t.done()]
             crashed = [repr(t.exception()) for t in ended if t.exception() is not None]
         await nc.close()
         return unhandled, problems, crashed

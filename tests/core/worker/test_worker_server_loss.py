@@ -39,14 +39,14 @@ def test_a_leader_whose_own_member_key_aged_out_keeps_the_assignment(
         await w.wait_assigned(60)
         leases = await nc.jetstream().key_value(GroupConfig(unique_name, "g").lease_bucket)
         rounds = 0
-        live_members = w._live_members
+        live_members = w.leader.live_members
 
         async def counted():
             nonlocal rounds
             rounds += 1
             return await live_members()
 
-        w._live_members = counted  # counts the leader's rounds (the real listing runs)
+        w.leader.live_members = counted  # counts the leader's rounds (the real listing runs)
         await leases.delete("m.m1")  # aged out, as during the bucket's leader election
         back = False
 

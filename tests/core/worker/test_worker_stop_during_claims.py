@@ -24,15 +24,18 @@ from airflow_nats_ordered.core.worker.worker import Worker, WorkerConfig
 P = 16
 
 
-class StoppedAtItsFirstClaim(Worker):
-    """Stops itself (a task, as a signal handler would) once its first claim began."""
+def stopped_at_its_first_claim(w: Worker) -> None:
+    """Make ``w`` stop itself (a task, as a signal handler would) once its first claim
+    began."""
+    try_claim = w.reconciler.try_claim
+    stopping: list[asyncio.Task[None]] = []
 
-    stopping: asyncio.Task[None] | None = None
+    async def first_claim_stops(p: int) -> None:
+        if not stopping:
+            stopping.append(asyncio.ensure_future(w.stop()))
+        await try_claim(p)
 
-    async def _try_claim(self, p: int) -> None:
-        if self.stopping is None:
-            self.stopping = asyncio.ensure_future(self.stop())
-        await super()._try_claim(p)
+    w.reconciler.try_claim = first_claim_stops  # the reconcile loop's claims call it
 
 
 def test_a_member_stopped_while_claiming_leaves_no_lease_behind(shared_nats_server, unique_name):
@@ -40,7 +43,8 @@ def test_a_member_stopped_while_claiming_leaves_no_lease_behind(shared_nats_serv
         nc = await nats.connect(shared_nats_server.url)
         await provision(nc, StreamSpec(unique_name, partitions=P))
         cfg = WorkerConfig(unique_name, "g", member_id="a", lease_ttl=30.0)
-        w = StoppedAtItsFirstClaim(nc, cfg, lambda m: None)
+        w = Worker(nc, cfg, lambda m: None)
+        stopped_at_its_first_claim(w)
         await w.start()
         async with asyncio.timeout(60):  # a bound on a hang
             await w.stopped.wait()
