@@ -12,6 +12,7 @@ import nats
 from airflow_nats_ordered.cli import main as cli
 from airflow_nats_ordered.core.admin.drain import DrainProgress, read_lag, wait_drained
 from airflow_nats_ordered.core.order.reader import GlobalMessage, GlobalOrderReader
+from airflow_nats_ordered.core.order.watermarks import GlobalOrder
 from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
 
@@ -19,7 +20,7 @@ WAIT = 60.0
 
 
 async def _publish(nc, stream: str, n: int, start: int = 0) -> None:
-    async with OrderedPublisher(nc, stream, global_order=True) as pub:
+    async with OrderedPublisher(nc, stream, global_order=GlobalOrder()) as pub:
         for i in range(start, start + n):
             await pub.publish(f"key-{i % 7}", b"%d" % i)
 
