@@ -47,10 +47,9 @@ This module holds :class:`OrderedPublisher`; :mod:`.config` its settings
 batches, resends, acknowledgements: the technique and its reasons are described there), in
 the steady state through the one sender task of :mod:`.sender`; both use of the publisher
 only what :class:`~.lane._LaneOwner` names, and neither imports this module.
-:mod:`.msg_ids` derives the
-``Nats-Msg-Id`` and names the headers every record carries; :mod:`.summary` holds
-:class:`PublishSummary` and :class:`PublishError`. Every name that lived here before stays
-importable from this module.
+:mod:`.msg_ids` derives the ``Nats-Msg-Id`` and names the headers every record carries;
+:mod:`.summary` holds :class:`PublishSummary` and :class:`PublishError`; :mod:`.sequence`
+is what the publisher calls to stamp a sequence over the whole stream (global order's).
 """
 
 from __future__ import annotations
