@@ -34,6 +34,7 @@ import nats
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from airflow_nats_ordered.core.order.reader import GlobalOrderReader  # noqa: E402
+from airflow_nats_ordered.core.order.watermarks import GlobalOrder
 from airflow_nats_ordered.core.publish.publisher import OrderedPublisher  # noqa: E402
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, describe, provision  # noqa: E402
 from airflow_nats_ordered.core.worker.worker import Worker, WorkerConfig  # noqa: E402
@@ -99,7 +100,7 @@ async def _live_latency(nc: Any, stream: str, window: bool) -> list[float]:
     js = nc.jetstream()
     pub = None
     if not window:
-        pub = OrderedPublisher(nc, stream, global_order=True)
+        pub = OrderedPublisher(nc, stream, global_order=GlobalOrder())
         await pub.start()
     for i in range(LIVE):
         body = json.dumps({"t": time.time(), "pad": "x" * 60}).encode()
@@ -125,7 +126,7 @@ async def main() -> None:
         nc = await nats.connect(server.url)
         stream = "GBENCH"
         await provision(nc, StreamSpec(stream, partitions=PARTITIONS))
-        async with OrderedPublisher(nc, stream, global_order=True) as pub:
+        async with OrderedPublisher(nc, stream, global_order=GlobalOrder()) as pub:
             for i in range(N):
                 await pub.publish(f"k{i % 1000}", b"x" * 100)
         print(f"global_bench: {N:,} records, {PARTITIONS} partitions, {ROUNDS} rounds")

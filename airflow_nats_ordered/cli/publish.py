@@ -31,6 +31,7 @@ from airflow_nats_ordered.cli.common import (
 )
 from airflow_nats_ordered.core.connection.connect import ConnectionOptions
 from airflow_nats_ordered.core.errors import ConfigError
+from airflow_nats_ordered.core.order.watermarks import GlobalOrder
 from airflow_nats_ordered.core.publish.publisher import (
     OrderedPublisher,
     PublishError,
@@ -384,7 +385,7 @@ def _publisher_knobs(args: argparse.Namespace) -> dict[str, Any]:
         "producer_id": _producer_id(args),
         "allow_keyless": args.allow_keyless or None,
         "max_pending_bytes": args.max_pending_bytes,
-        "global_order": args.global_order or None,
+        "global_order": GlobalOrder() if args.global_order else None,
     }
     return {k: v for k, v in knobs.items() if v is not None}
 

@@ -11,6 +11,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_nats_ordered.core.errors import ConfigError
+from airflow_nats_ordered.core.order.watermarks import GlobalOrder
 from airflow_nats_ordered.core.publish.publisher import PublisherConfig, check_producer_id
 from airflow_nats_ordered.core.publish.runs import RunResult, publish_run
 from airflow_nats_ordered.hooks.arguments import refuse_unknown_operator_arguments
@@ -218,7 +219,7 @@ class NatsPublishOperator(NatsLineageMixin, BaseOperator):
         knobs = {
             **self.publisher_config,
             "allow_keyless": self.allow_keyless,
-            "global_order": self.global_order,
+            "global_order": GlobalOrder() if self.global_order else None,
         }
         return PublisherConfig(**knobs, producer_id=producer_id)
 

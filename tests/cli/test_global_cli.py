@@ -15,6 +15,7 @@ import nats
 
 from airflow_nats_ordered.cli import main as cli
 from airflow_nats_ordered.core.group.global_position import POSITION_KEY
+from airflow_nats_ordered.core.order.watermarks import GlobalOrder
 from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
 
 HANDLER = """
@@ -31,7 +32,7 @@ def apply(msg):
 async def _publish(url: str, stream: str, first: int, n: int) -> None:
     nc = await nats.connect(url)
     try:
-        async with OrderedPublisher(nc, stream, global_order=True) as pub:
+        async with OrderedPublisher(nc, stream, global_order=GlobalOrder()) as pub:
             for i in range(first, first + n):
                 await pub.publish(f"k{i % 11}", b"%d" % i)
     finally:

@@ -18,7 +18,7 @@ from spark_helpers import on_server
 
 from airflow_nats_ordered.core.order.reader import GlobalOrderReader
 from airflow_nats_ordered.core.order.sequencer import SequencerBusy
-from airflow_nats_ordered.core.order.watermarks import HDR_GLOBAL_SEQ, watermark_bucket
+from airflow_nats_ordered.core.order.watermarks import HDR_GLOBAL_SEQ, GlobalOrder, watermark_bucket
 from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
 from airflow_nats_ordered.core.publish.runs import RunLedger
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
@@ -71,7 +71,7 @@ def test_write_ordered_global_order_is_one_order_over_all_keys(spark, nats_url, 
     assert rec.status == "complete" and rec.acked == 240, rec.to_dict()
 
     async def after(nc):  # a core global-order publisher continues the order
-        async with OrderedPublisher(nc, unique_name, global_order=True) as pub:
+        async with OrderedPublisher(nc, unique_name, global_order=GlobalOrder()) as pub:
             for j in range(20):
                 payload = json.dumps({"k": f"key-{j}", "ts": 5_000 + j, "i": 1_000 + j})
                 await pub.publish(f"key-{j}", payload.encode())
@@ -101,7 +101,7 @@ def test_a_held_sequencer_claim_refuses_the_write_before_any_job(spark, nats_url
 
     async def scenario():
         nc = await nats.connect(nats_url)
-        async with OrderedPublisher(nc, unique_name, global_order=True):
+        async with OrderedPublisher(nc, unique_name, global_order=GlobalOrder()):
             holding.set()
             with pytest.raises(SequencerBusy) as err:
                 await asyncio.to_thread(
@@ -145,7 +145,7 @@ def test_global_order_refuses_a_kafka_array_headers_column(spark, nats_url, uniq
     assert HDR_GLOBAL_SEQ in str(err.value)
 
     async def free(nc):  # the claim was given back: a core publisher may stamp now
-        async with OrderedPublisher(nc, unique_name, global_order=True) as pub:
+        async with OrderedPublisher(nc, unique_name, global_order=GlobalOrder()) as pub:
             await pub.publish("a", b"x")
 
     on_server(nats_url, free)

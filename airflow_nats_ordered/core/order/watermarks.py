@@ -1,6 +1,13 @@
 """The global sequence's wire parts: the ``Nats-Global-Seq`` header, the watermark bucket
 ``nor_<stream>_global`` and the publisher's watermark writer (:class:`WatermarkWriter`).
 
+Global order builds on the publisher: :class:`GlobalOrder` is the stream-wide sequence
+(:class:`~..publish.sequence.StreamSequence`) a caller hands the publisher
+(``PublisherConfig(global_order=GlobalOrder())``); the publisher stamps it and reports its
+idle points, and never imports this module. :func:`refuse_global_order` is the check
+callers of :func:`~..stream.repartition.repartition` pass it (``guard=``), so that a
+stream published in global order is not repartitioned.
+
 Guarantees (the promise a watermark makes, and why it holds, is in ``docs/architecture/order.md``,
 *Global order*; the wire format in ``docs/protocol.md`` section 12):
 
@@ -20,7 +27,7 @@ import contextlib
 import json
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from nats.aio.client import Client as NATS
 from nats.errors import Error as NatsError
@@ -28,12 +35,10 @@ from nats.js import api
 from nats.js.errors import BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 
+from airflow_nats_ordered.core.errors import ConfigError
 from airflow_nats_ordered.core.order.sequencer import SequencerClaim
 from airflow_nats_ordered.core.stream.kv import bucket_keys, compact_json, latest_entry
 from airflow_nats_ordered.core.stream.partitioned import PartitionedStream
-
-if TYPE_CHECKING:
-    from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
 
 log = logging.getLogger(__name__)
 
@@ -116,16 +121,26 @@ async def global_base(nc: NATS, stream: PartitionedStream) -> int:
 class WatermarkWriter:
     """Writes the publisher's watermarks: at start, every ``interval`` seconds for the
     partitions whose lane is idle and whose watermark would rise, and after a flush; it
-    renews the publisher's sequencer ``claim`` and writes nothing once the claim is lost."""
+    renews the publisher's sequencer ``claim`` and writes nothing once the claim is lost.
+
+    ``idle`` is the publisher's idle point (:data:`~..publish.sequence.IdlePoint`): its
+    next global sequence and its idle partitions, read in one synchronous step."""
 
     def __init__(
-        self, pub: OrderedPublisher, kv: KeyValue, interval: float, claim: SequencerClaim
+        self,
+        idle: Callable[[], tuple[int, list[int]]],
+        producer_id: str,
+        partitions: int,
+        kv: KeyValue,
+        interval: float,
+        claim: SequencerClaim,
     ) -> None:
-        self.pub = pub
+        self.idle = idle
+        self.producer_id = producer_id
         self.kv = kv
         self.claim = claim
         self.interval = interval
-        self.written = [0] * pub.partitions
+        self.written = [0] * partitions
         self.task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()  # one round at a time: a watermark never goes down
 
@@ -147,19 +162,11 @@ class WatermarkWriter:
     async def _write(self) -> None:
         if self.claim.lost:
             return
-        pub = self.pub
-        g = pub._next_g  # with the idle checks below, one synchronous step
-        due = [
-            lane.p
-            for lane in pub._lanes
-            if g > self.written[lane.p]
-            and lane.error is None
-            and not lane.queue
-            and not lane.inflight
-        ]
+        g, idle = self.idle()  # the next global sequence and the idle lanes: one step
+        due = [p for p in idle if g > self.written[p]]
         if not due:
             return
-        value = compact_json({"g": g, "producer": pub.producer_id, "ts": round(time.time(), 3)})
+        value = compact_json({"g": g, "producer": self.producer_id, "ts": round(time.time(), 3)})
 
         async def put(p: int) -> None:
             try:
@@ -170,6 +177,11 @@ class WatermarkWriter:
             self.written[p] = max(self.written[p], g)
 
         await asyncio.gather(*(put(p) for p in due))
+
+    async def close(self) -> None:
+        """Stop writing and release the publisher's sequencer claim."""
+        await self.stop()
+        await self.claim.release()
 
     async def _loop(self) -> None:
         while True:
@@ -183,13 +195,68 @@ class WatermarkWriter:
                 log.exception("watermark writer: unexpected error")
 
 
+class GlobalOrder:
+    """Global order for :class:`~..publish.publisher.OrderedPublisher`:
+    ``PublisherConfig(global_order=GlobalOrder())`` (or ``OrderedPublisher(nc, stream,
+    global_order=GlobalOrder())``) stamps every record with ``Nats-Global-Seq`` and writes
+    the stream's watermarks (:class:`~..publish.sequence.StreamSequence`).
+
+    :meth:`open` takes the stream's sequencer claim (:class:`~.sequencer.SequencerBusy`
+    while another publisher holds it) and, after it, the first global sequence
+    (:func:`global_base`). It holds no state: one instance serves any number of
+    publishers, one after another."""
+
+    header = HDR_GLOBAL_SEQ
+
+    async def open(
+        self,
+        nc: NATS,
+        stream: PartitionedStream,
+        producer_id: str,
+        idle: Callable[[], tuple[int, list[int]]],
+        interval: float,
+    ) -> tuple[int, WatermarkWriter]:
+        kv, claim, base = await open_global_order(nc, stream, producer_id)
+        return base, WatermarkWriter(idle, producer_id, stream.partitions, kv, interval, claim)
+
+    def __repr__(self) -> str:
+        return "GlobalOrder()"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, GlobalOrder)
+
+    def __hash__(self) -> int:
+        return hash(GlobalOrder)
+
+
+async def refuse_global_order(nc: NATS, stream: str) -> None:
+    """ConfigError for a stream published in global order (its watermark bucket exists):
+    the check callers pass :func:`~..stream.repartition.repartition` (``guard=``). Such a
+    stream has watermarks per partition of its layout, and its global-order readers merge
+    that layout's partitions: neither follows a switch yet."""
+    bucket = watermark_bucket(stream)
+    try:
+        await nc.jetstream().key_value(bucket)
+    except BucketNotFoundError:
+        return
+    raise ConfigError(
+        f"stream {stream} is published in global order (its watermarks are in KV bucket "
+        f"{bucket}), and the global-order publisher and reader follow one partition layout: "
+        "repartitioning it would stall or misorder its global-order readers. If nothing "
+        f"publishes or reads {stream} in global order any more, delete that bucket "
+        f"(`nats kv del {bucket}`) and repartition again; otherwise keep its partition count"
+    )
+
+
 __all__ = [
     "HDR_GLOBAL_SEQ",
+    "GlobalOrder",
     "WatermarkWriter",
     "global_base",
     "open_global_order",
     "open_watermarks",
     "parse_global_seq",
+    "refuse_global_order",
     "watermark_bucket",
     "watermark_of",
 ]

@@ -11,8 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from airflow_nats_ordered.core.errors import ConfigError
-from airflow_nats_ordered.core.publish.lane import _FLOW_MAX, _MAX_BACKOFF
 from airflow_nats_ordered.core.publish.msg_ids import _check_header_value
+from airflow_nats_ordered.core.publish.sequence import StreamSequence
+
+_FLOW_MAX = 500  # the server never acknowledges less often than every 500 messages
+_MAX_BACKOFF = 1.0  # seconds between resends of a failing partition, at most
 
 
 def check_producer_id(
@@ -68,9 +71,11 @@ class PublisherConfig:
     refused (ConfigError): it is what an unset variable gives, and taking it for "no id"
     would publish a rerun again instead of de-duplicating it.
 
-    ``global_order``: stamp every record with ``Nats-Global-Seq`` (publish order over the
-    whole stream) and write per-partition watermarks every ``watermark_interval`` seconds,
-    for :class:`~..order.reader.GlobalOrderReader`. One such publisher per stream at a time
+    ``global_order``: a sequence over the whole stream to stamp every record with
+    (:class:`~.sequence.StreamSequence`): global order's ``GlobalOrder()``
+    (:mod:`..order.watermarks`) stamps ``Nats-Global-Seq`` (publish order over the whole
+    stream) and writes per-partition watermarks every ``watermark_interval`` seconds, for
+    :class:`~..order.reader.GlobalOrderReader`. One such publisher per stream at a time
     (see ``docs/architecture/order.md``, *Global order*).
 
     The stream's ``duplicate_window`` must cover :attr:`longest_resend`, the longest time
@@ -88,7 +93,7 @@ class PublisherConfig:
     delivery_timeout: float = 120.0
     producer_id: str | None = None
     allow_keyless: bool = False
-    global_order: bool = False
+    global_order: StreamSequence | None = None
     watermark_interval: float = 0.2
 
     def __post_init__(self) -> None:
@@ -104,6 +109,12 @@ class PublisherConfig:
         for name in ("ack_timeout", "delivery_timeout", "watermark_interval"):
             if float(getattr(self, name)) <= 0:
                 raise ConfigError(f"{name} must be > 0 seconds, got {getattr(self, name)!r}")
+        if self.global_order is not None and not hasattr(self.global_order, "open"):
+            raise ConfigError(
+                f"global_order takes the sequence to stamp, not {self.global_order!r}: pass "
+                "global_order=GlobalOrder() (global order's, from the core's order/watermarks.py"
+                "), or leave it out"
+            )
         if self.linger < 0:
             raise ConfigError(f"linger must be >= 0 seconds, got {self.linger!r}")
         if self.producer_id is not None:

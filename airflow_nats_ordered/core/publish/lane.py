@@ -1,7 +1,9 @@
 """One partition's in-order lane of the ordered publisher: its batches, resends and acks.
 
 Internal to :class:`~.publisher.OrderedPublisher`, which owns one :class:`_Lane` per
-partition and re-exports every name here.
+partition. What a lane (and the sender, :mod:`.sender`) uses of its publisher is
+:class:`_LaneOwner`, here: the publisher sits on top of its lanes and its sender, which
+never import it.
 
 Technique (measured in ``bench/``, reasons in ``docs/benchmarks.md``)
 --------------------------------------------------------------------
@@ -35,16 +37,16 @@ import random
 import re
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from nats.aio.client import Client as NATS
 from nats.errors import Error as NatsError
 
 from airflow_nats_ordered.core.publish import wire
+from airflow_nats_ordered.core.publish.config import _MAX_BACKOFF, PublisherConfig
 from airflow_nats_ordered.core.publish.summary import PartitionSummary
+from airflow_nats_ordered.core.stream.partitioned import PartitionedStream
 from airflow_nats_ordered.core.stream.repartition import layout_refusal
-
-if TYPE_CHECKING:
-    from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
 
 # the publisher's logger, as before the lane had its own module
 log = logging.getLogger("airflow_nats_ordered.core.publish.publisher")
@@ -53,8 +55,6 @@ log = logging.getLogger("airflow_nats_ordered.core.publish.publisher")
 _ERR_BATCH_UNKNOWN = 10208  # the batch is gone (abandoned, leader change): start another
 _ERR_FAST_BATCH_DISABLED = 10205  # the stream's allow_batched is off
 _ERR_TOO_MANY_BATCHES = 10211  # HTTP 429: the stream has 1,000 batches open; retry later
-_FLOW_MAX = 500  # the server never acknowledges less often than every 500 messages
-_MAX_BACKOFF = 1.0  # seconds between resends of a failing partition, at most
 # steps of a lane in a row that changed nothing before it yields to the event loop at each
 # (a flush wakes an idle lane for one such step; the spin of issue 28 item 2 made millions)
 _IDLE_STEPS_BEFORE_YIELD = 100
@@ -86,10 +86,54 @@ class _NoStream(Exception):
 _Rec = tuple[bytes, int, int]
 
 
+class _Kicker(Protocol):
+    """The publisher's sender (:class:`~.sender._Sender`), as a lane sees it."""
+
+    def kick(self, lane: _Lane) -> None: ...
+
+
+class _LaneOwner(Protocol):
+    """What the lanes and the sender of one publisher share: the publisher's connection,
+    stream and settings, its batch slots and pending bounds, its flush and close states.
+    :class:`~.publisher.OrderedPublisher` is one; it owns the lanes and the sender."""
+
+    nc: NATS
+    stream: PartitionedStream
+    #: partitions waiting for a batch slot (lingerers yield to them)
+    _slot_waiters: int
+
+    @property
+    def config(self) -> PublisherConfig: ...
+
+    @property
+    def _inbox(self) -> str: ...
+
+    @property
+    def _batch_tag(self) -> str: ...
+
+    @property
+    def _fast(self) -> bool: ...
+
+    @property
+    def _batch_slots(self) -> asyncio.Semaphore: ...
+
+    @property
+    def _flushing(self) -> bool: ...
+
+    @property
+    def _closing(self) -> bool: ...
+
+    @property
+    def _sender(self) -> _Kicker: ...
+
+    def _release(self, n: int, nbytes: int) -> None:
+        """``n`` records of ``nbytes`` payload bytes are no longer held (stored or failed)."""
+
+
 class _Lane:
     """One partition: its queue, its current fast batch and its acknowledgements."""
 
-    def __init__(self, pub: OrderedPublisher, partition: int) -> None:
+    def __init__(self, pub: _LaneOwner, partition: int) -> None:
         self.pub = pub
         self.cfg = pub.config
         self.p = partition

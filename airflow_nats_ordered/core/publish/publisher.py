@@ -28,11 +28,13 @@ Guarantees
   its records after the first ``acked``. (An unconfirmed record may still have been stored
   when its acknowledgement was lost; republishing completes the partition exactly once.)
   A temporary server limit (too many batches in flight, err 10211) is retried, not fatal.
-* **Global order (opt-in).** With ``global_order=True`` every record also carries
-  ``Nats-Global-Seq``, taken with its position when :meth:`OrderedPublisher.publish`
-  accepts it (publish order over the whole stream, starting above everything stored), and
-  idle partitions get watermarks (:mod:`..order.watermarks`). Without it, msg-ids and
-  header blocks are exactly as before.
+* **Global order (opt-in).** With ``global_order=GlobalOrder()`` (:mod:`..order.watermarks`,
+  a :class:`~.sequence.StreamSequence`) every record also carries ``Nats-Global-Seq``,
+  taken with its position when :meth:`OrderedPublisher.publish` accepts it (publish order
+  over the whole stream, starting above everything stored), and idle partitions get
+  watermarks. The publisher only stamps the sequence and reports its idle points
+  (:mod:`.sequence`); global order builds on it. Without it, msg-ids and header blocks
+  are exactly as before.
 * **Bounded memory.** At most ``max_pending`` records and ``max_pending_bytes`` payload
   bytes are held (queued or awaiting their acknowledgement); :meth:`publish` waits when
   either is reached (a single larger record goes alone). At most ``max_open_batches``
@@ -40,13 +42,14 @@ Guarantees
 
 Where the parts live
 --------------------
-This module holds :class:`OrderedPublisher` and :class:`PublisherConfig`. Each partition is
-sent by its lane, :mod:`.lane` (fast-ingest batches, resends, acknowledgements:
-the technique and its reasons are described there), in the steady state through the one
-sender task of :mod:`.sender`; :mod:`.msg_ids` derives the
-``Nats-Msg-Id`` and names the headers every record carries; :mod:`.summary` holds
-:class:`PublishSummary` and :class:`PublishError`. Every name that lived here before stays
-importable from this module.
+This module holds :class:`OrderedPublisher`; :mod:`.config` its settings
+(:class:`PublisherConfig`). Each partition is sent by its lane, :mod:`.lane` (fast-ingest
+batches, resends, acknowledgements: the technique and its reasons are described there), in
+the steady state through the one sender task of :mod:`.sender`; both use of the publisher
+only what :class:`~.lane._LaneOwner` names, and neither imports this module.
+:mod:`.msg_ids` derives the ``Nats-Msg-Id`` and names the headers every record carries;
+:mod:`.summary` holds :class:`PublishSummary` and :class:`PublishError`; :mod:`.sequence`
+is what the publisher calls to stamp a sequence over the whole stream (global order's).
 """
 
 from __future__ import annotations
@@ -77,25 +80,13 @@ from airflow_nats_ordered.core.errors import (
     RecordError,
     RecordTooLargeError,
 )
-from airflow_nats_ordered.core.order.watermarks import (
-    HDR_GLOBAL_SEQ,
-    WatermarkWriter,
-    open_global_order,
-)
 from airflow_nats_ordered.core.publish import wire
-from airflow_nats_ordered.core.publish.config import PublisherConfig, check_producer_id  # noqa: F401 - re-exported
-from airflow_nats_ordered.core.publish.lane import (  # noqa: F401 - the lane's internals are re-exported
-    _EMPTY_HDR,
-    _ERR_BATCH_UNKNOWN,
-    _ERR_FAST_BATCH_DISABLED,
-    _ERR_TOO_MANY_BATCHES,
-    _FLOW_MAX,
+from airflow_nats_ordered.core.publish.config import (  # noqa: F401 - re-exported
     _MAX_BACKOFF,
-    _Fatal,
-    _Lane,
-    _Rec,
-    _Retry,
+    PublisherConfig,
+    check_producer_id,
 )
+from airflow_nats_ordered.core.publish.lane import _Lane
 from airflow_nats_ordered.core.publish.msg_ids import (
     HDR_MSG_ID,
     HDR_PRODUCER,
@@ -107,6 +98,7 @@ from airflow_nats_ordered.core.publish.msg_ids import (
 )
 from airflow_nats_ordered.core.publish.run_layouts import OldLayout
 from airflow_nats_ordered.core.publish.sender import _Sender
+from airflow_nats_ordered.core.publish.sequence import SequenceMarks
 from airflow_nats_ordered.core.publish.summary import PartitionSummary, PublishError, PublishSummary
 from airflow_nats_ordered.core.stream.keys import HDR_KEY, HDR_KEY_B64, key_header_line  # noqa: F401 - HDR_KEY_B64 re-exported
 from airflow_nats_ordered.core.stream.partitioned import PartitionedStream, describe
@@ -207,8 +199,11 @@ class OrderedPublisher:
         tail = b"%s: %%d\r\n%s\r\n" % (HDR_SEQ.encode(), prod)
         # the key's header line (core/stream/keys.py, empty for a keyless record) goes in
         self._hdr_fmt = head + b"%s" + tail
-        if self.config.global_order:  # the global sequence goes after the producer line
-            self._hdr_fmt = self._hdr_fmt[:-2] + b"%s: %%d\r\n\r\n" % HDR_GLOBAL_SEQ.encode()
+        seq = self.config.global_order
+        #: the header of the stream-wide sequence (global order), lower case; None without
+        self._seq_header = seq.header.lower() if seq is not None else None
+        if seq is not None:  # the global sequence goes after the producer line
+            self._hdr_fmt = self._hdr_fmt[:-2] + b"%s: %%d\r\n\r\n" % seq.header.encode()
         # without caller headers or global order, a record's _Rec frame rest is one format:
         # its header block's length is known before it is built (the sequence goes in as text)
         tail_s = b"%s: %%s\r\n%s\r\n" % (HDR_SEQ.encode(), prod)
@@ -218,7 +213,7 @@ class OrderedPublisher:
         #: key skips the checks, the encoding and the hash (bounded: cleared when full)
         self._keys: dict[object, tuple[bytes, bytes, int]] = {}
         self._next_g = 0  # the next global sequence (global_order): set by start()
-        self._watermarks: WatermarkWriter | None = None
+        self._watermarks: SequenceMarks | None = None
 
     async def __aenter__(self) -> OrderedPublisher:
         await self.start()
@@ -277,10 +272,13 @@ class OrderedPublisher:
                 )
             self._lanes[p].resume_left = n
         if self.config.global_order:  # before any task starts: a failure here leaks none
-            kv, claim, self._next_g = await open_global_order(
-                self.nc, self.stream, self.producer_id
+            self._next_g, self._watermarks = await self.config.global_order.open(
+                self.nc,
+                self.stream,
+                self.producer_id,
+                self._idle_point,
+                self.config.watermark_interval,
             )  # one global-order publisher at a time: SequencerBusy while another is
-            self._watermarks = WatermarkWriter(self, kv, self.config.watermark_interval, claim)
         self._sub = await self.nc.subscribe(
             f"{self._inbox}.>",
             cb=self._on_reply,
@@ -295,6 +293,17 @@ class OrderedPublisher:
             self._watermarks.start()
         self._t0 = time.monotonic()
         self._started = True
+
+    def _idle_point(self) -> tuple[int, list[int]]:
+        """The next global sequence and the partitions whose lane is idle (nothing queued,
+        nothing awaiting its acknowledgement, no failure), in one synchronous step: every
+        record of such a partition with a smaller sequence is stored (see :mod:`.sequence`)."""
+        g = self._next_g
+        return g, [
+            lane.p
+            for lane in self._lanes
+            if lane.error is None and not lane.queue and not lane.inflight
+        ]
 
     async def _on_reply(self, msg: Any) -> None:
         # <inbox>.<partition>.<batch id>.<flow>.fail.<seq>.<op>.$FI
@@ -428,9 +437,7 @@ class OrderedPublisher:
         extra = b""
         if headers:
             for k in headers:
-                if k.lower() in RESERVED_HEADERS or (
-                    cfg.global_order and k.lower() == HDR_GLOBAL_SEQ.lower()
-                ):
+                if k.lower() in RESERVED_HEADERS or k.lower() == self._seq_header:
                     self._refused += 1
                     raise RecordError(f"header {k!r} is set by the publisher; remove it")
             try:
@@ -605,8 +612,7 @@ class OrderedPublisher:
         finally:
             self._closing = True
             if self._watermarks is not None:
-                await self._watermarks.stop()
-                await self._watermarks.claim.release()
+                await self._watermarks.close()
             for lane in self._lanes:
                 lane.wake.set()
             for lane in self._lanes:

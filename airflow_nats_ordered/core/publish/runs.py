@@ -43,7 +43,7 @@ import json
 import time
 from collections import Counter
 from collections.abc import AsyncIterable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal, Protocol
 
 from nats.aio.client import Client as NATS
@@ -466,7 +466,8 @@ async def _attempt(
         return RunResult(previous, skipped=True)
     rec = await ledger.begin(producer_id)
     base = config or PublisherConfig()
-    knobs = {**asdict(base), "producer_id": producer_id}
+    # the caller's settings with the run's producer id (its global_order, an object, as is)
+    run_config = replace(base, producer_id=producer_id)
     # what earlier attempts had stored, by partition: passed over, not re-sent; such a
     # partition's mark is at least its last message now (the earlier attempt's records
     # are at or before it), recorded at once so that even a progress record has it
@@ -487,7 +488,7 @@ async def _attempt(
     pub = OrderedPublisher(
         nc,
         stream,
-        PublisherConfig(**knobs),
+        run_config,
         expected_partitions=expected_partitions,
         start_after=resume,
         old_layout=old_layout,

@@ -1,6 +1,7 @@
 """The ordered publisher's one sender task: every partition's acknowledgements and windows.
 
-Internal to :class:`~.publisher.OrderedPublisher`. A partition's lane (:mod:`.lane`)
+Internal to :class:`~.publisher.OrderedPublisher` (what it uses of it is
+:class:`~.lane._LaneOwner`). A partition's lane (:mod:`.lane`)
 opens, commits, recovers and fails its batches in its own task, but in the steady state
 (a batch open and its flow known, records queued or lingering) it *parks* and this task
 serves it: it applies the lane's acknowledgements and sends whatever its window then
@@ -30,8 +31,7 @@ from nats.errors import Error as NatsError
 from airflow_nats_ordered.core.publish import wire
 
 if TYPE_CHECKING:
-    from airflow_nats_ordered.core.publish.lane import _Lane
-    from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
+    from airflow_nats_ordered.core.publish.lane import _Lane, _LaneOwner
 
 log = logging.getLogger("airflow_nats_ordered.core.publish.publisher")
 
@@ -40,7 +40,7 @@ class _Sender:
     """Serves parked lanes: ``kick`` a lane with new replies or new records, and the task
     applies its acknowledgements and sends its window, for every kicked lane in one pass."""
 
-    def __init__(self, pub: OrderedPublisher) -> None:
+    def __init__(self, pub: _LaneOwner) -> None:
         self.pub = pub
         self.ready: list[_Lane] = []
         self.wake = asyncio.Event()

@@ -16,7 +16,7 @@ from airflow_nats_ordered.core.group.commits import Fenced
 from airflow_nats_ordered.core.group.global_position import POSITION_KEY
 from airflow_nats_ordered.core.order.merge import GlobalOrderViolation
 from airflow_nats_ordered.core.order.reader import GlobalMessage, GlobalOrderReader
-from airflow_nats_ordered.core.order.watermarks import HDR_GLOBAL_SEQ, watermark_bucket
+from airflow_nats_ordered.core.order.watermarks import HDR_GLOBAL_SEQ, GlobalOrder, watermark_bucket
 from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
 from airflow_nats_ordered.core.stream.partitioning import partition_for
@@ -59,7 +59,7 @@ def test_live_records_come_out_in_publish_order_with_an_idle_partition_advanced(
             await provision(nc, StreamSpec(unique_name, partitions=4))
             got: list[GlobalMessage] = []
             reader = GlobalOrderReader(nc, unique_name, "ledger", got.append)
-            async with OrderedPublisher(nc, unique_name, global_order=True) as pub:
+            async with OrderedPublisher(nc, unique_name, global_order=GlobalOrder()) as pub:
                 await reader.start()
                 for i, k in enumerate(keys):
                     await pub.publish(k, b"%d" % i)
@@ -135,7 +135,7 @@ def test_a_crash_mid_merge_resumes_after_the_durable_position_in_the_same_order(
         nc = await nats.connect(nats_url)
         try:
             await provision(nc, StreamSpec(unique_name, partitions=3))
-            async with OrderedPublisher(nc, unique_name, global_order=True) as pub:
+            async with OrderedPublisher(nc, unique_name, global_order=GlobalOrder()) as pub:
                 for i, k in enumerate(keys):
                     await pub.publish(k, b"%d" % i)
             first: list[int] = []
@@ -184,7 +184,7 @@ def test_small_buffers_still_deliver_everything_in_order(nats_url, unique_name):
         nc = await nats.connect(nats_url)
         try:
             await provision(nc, StreamSpec(unique_name, partitions=4))
-            async with OrderedPublisher(nc, unique_name, global_order=True) as pub:
+            async with OrderedPublisher(nc, unique_name, global_order=GlobalOrder()) as pub:
                 for i, k in enumerate(keys):
                     await pub.publish(k, b"%04d" % i + b"x" * 700)
             got: list[int] = []
@@ -214,7 +214,7 @@ def test_a_record_without_a_global_sequence_stops_the_reader_before_it(nats_url,
         nc = await nats.connect(nats_url)
         try:
             await provision(nc, StreamSpec(unique_name, partitions=2))
-            async with OrderedPublisher(nc, unique_name, global_order=True) as pub:
+            async with OrderedPublisher(nc, unique_name, global_order=GlobalOrder()) as pub:
                 await pub.publish("a", b"stamped")
             async with OrderedPublisher(nc, unique_name) as plain:
                 await plain.publish("a", b"plain")
@@ -235,7 +235,7 @@ def test_a_second_reader_of_the_group_fences_the_first(nats_url, unique_name):
         nc = await nats.connect(nats_url)
         try:
             await provision(nc, StreamSpec(unique_name, partitions=2))
-            async with OrderedPublisher(nc, unique_name, global_order=True) as pub:
+            async with OrderedPublisher(nc, unique_name, global_order=GlobalOrder()) as pub:
                 await pub.publish("a", b"1")
             got: list[int] = []
             a = GlobalOrderReader(nc, unique_name, "g", lambda m: got.append(m.fencing_token))
@@ -243,7 +243,7 @@ def test_a_second_reader_of_the_group_fences_the_first(nats_url, unique_name):
             await _until(lambda: len(got) == 1, "reader A's record")
             b = GlobalOrderReader(nc, unique_name, "g", lambda m: None, member_id="b")
             await b.open()  # takes the position with a newer token
-            async with OrderedPublisher(nc, unique_name, global_order=True) as pub:
+            async with OrderedPublisher(nc, unique_name, global_order=GlobalOrder()) as pub:
                 await pub.publish("a", b"2")
             with pytest.raises(Fenced):
                 await asyncio.wait_for(a.wait(), WAIT)
@@ -260,7 +260,7 @@ def test_a_group_of_per_key_workers_is_refused_with_the_fix(nats_url, unique_nam
         nc = await nats.connect(nats_url)
         try:
             await provision(nc, StreamSpec(unique_name, partitions=2))
-            async with OrderedPublisher(nc, unique_name, global_order=True) as pub:
+            async with OrderedPublisher(nc, unique_name, global_order=GlobalOrder()) as pub:
                 await pub.publish("a", b"1")
             w = Worker(nc, WorkerConfig(unique_name, "billing", lease_ttl=2.0), lambda m: None)
             await w.start()

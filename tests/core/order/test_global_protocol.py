@@ -16,7 +16,7 @@ from airflow_nats_ordered.core.group.global_position import POSITION_KEY
 from airflow_nats_ordered.core.order.event_time import DEFAULT_TIME_HEADER
 from airflow_nats_ordered.core.order.producer import GlobalProducer
 from airflow_nats_ordered.core.order.reader import GlobalOrderReader
-from airflow_nats_ordered.core.order.watermarks import watermark_bucket
+from airflow_nats_ordered.core.order.watermarks import GlobalOrder, watermark_bucket
 from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
 
@@ -32,7 +32,7 @@ def test_the_pages_watermark_and_position_examples_are_what_the_code_writes(nats
         nc = await nats.connect(nats_url)
         try:
             await provision(nc, StreamSpec(unique_name, partitions=2))
-            async with OrderedPublisher(nc, unique_name, global_order=True) as pub:
+            async with OrderedPublisher(nc, unique_name, global_order=GlobalOrder()) as pub:
                 await pub.publish("a", b"1")
             reader = GlobalOrderReader(nc, unique_name, "g", lambda m: None, commit_every=1)
             await reader.start()

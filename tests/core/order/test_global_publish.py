@@ -12,7 +12,7 @@ import pytest
 
 from airflow_nats_ordered.core.errors import RecordError
 from airflow_nats_ordered.core.order.sequencer import SEQUENCER_KEY, STALE_AFTER, SequencerBusy
-from airflow_nats_ordered.core.order.watermarks import HDR_GLOBAL_SEQ, watermark_bucket
+from airflow_nats_ordered.core.order.watermarks import HDR_GLOBAL_SEQ, GlobalOrder, watermark_bucket
 from airflow_nats_ordered.core.publish.publisher import (
     HDR_MSG_ID,
     OrderedPublisher,
@@ -46,12 +46,12 @@ def test_global_sequence_is_publish_order_and_the_next_publisher_continues_it(
         nc = await nats.connect(nats_url)
         try:
             await provision(nc, StreamSpec(unique_name, partitions=4))
-            cfg = PublisherConfig(global_order=True, producer_id="run-a")
+            cfg = PublisherConfig(global_order=GlobalOrder(), producer_id="run-a")
             async with OrderedPublisher(nc, unique_name, cfg) as pub:
                 # concurrent publish() calls: the sequence is still the acceptance order
                 await asyncio.gather(*(pub.publish(f"k{i}", b"%d" % i) for i in range(40)))
             marks_a = await _watermarks(nc, unique_name, 4)
-            async with OrderedPublisher(nc, unique_name, global_order=True) as pub2:
+            async with OrderedPublisher(nc, unique_name, global_order=GlobalOrder()) as pub2:
                 for i in range(40, 60):
                     await pub2.publish(f"k{i}", b"%d" % i)
             marks_b = await _watermarks(nc, unique_name, 4)
@@ -107,7 +107,7 @@ def test_a_caller_cannot_set_the_global_sequence_of_a_global_publisher(nats_url,
         nc = await nats.connect(nats_url)
         try:
             await provision(nc, StreamSpec(unique_name, partitions=2))
-            async with OrderedPublisher(nc, unique_name, global_order=True) as pub:
+            async with OrderedPublisher(nc, unique_name, global_order=GlobalOrder()) as pub:
                 with pytest.raises(RecordError, match="(?i)nats-global-seq"):
                     await pub.publish("a", b"x", headers={"nats-global-seq": "1"})
                 await pub.publish("a", b"y")
@@ -131,7 +131,7 @@ def test_a_rerun_keeps_the_stored_records_sequence_and_numbers_new_ones_above_al
             await provision(nc, StreamSpec(unique_name, partitions=2))
             for n in (3, 5):
                 async with OrderedPublisher(
-                    nc, unique_name, global_order=True, producer_id="same"
+                    nc, unique_name, global_order=GlobalOrder(), producer_id="same"
                 ) as pub:
                     for i in range(n):
                         await pub.publish("k", b"%d" % i)
@@ -160,21 +160,23 @@ def test_one_global_order_publisher_at_a_time_and_an_abandoned_claim_is_taken_ov
         nc = await nats.connect(nats_url)
         try:
             await provision(nc, StreamSpec(unique_name, partitions=2))
-            first = OrderedPublisher(nc, unique_name, global_order=True, producer_id="first")
+            first = OrderedPublisher(
+                nc, unique_name, global_order=GlobalOrder(), producer_id="first"
+            )
             await first.start()
             with pytest.raises(SequencerBusy, match="'first'") as busy:
-                await OrderedPublisher(nc, unique_name, global_order=True).start()
+                await OrderedPublisher(nc, unique_name, global_order=GlobalOrder()).start()
             # it passes (the holder closes or its claim lapses): an Airflow task retries it
             assert not unfixable(busy.value)
             await first.publish("a", b"1")
             await first.close()
-            async with OrderedPublisher(nc, unique_name, global_order=True) as second:
+            async with OrderedPublisher(nc, unique_name, global_order=GlobalOrder()) as second:
                 await second.publish("a", b"2")
             # a holder that died: its last renewal is older than STALE_AFTER
             kv = await nc.jetstream().key_value(watermark_bucket(unique_name))
             old = time.time() - STALE_AFTER - 1
             await kv.put(SEQUENCER_KEY, json.dumps({"producer": "dead", "ts": old}).encode())
-            async with OrderedPublisher(nc, unique_name, global_order=True) as third:
+            async with OrderedPublisher(nc, unique_name, global_order=GlobalOrder()) as third:
                 await third.publish("a", b"3")
             return await _stored(nc, unique_name)
         finally:

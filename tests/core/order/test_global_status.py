@@ -13,6 +13,7 @@ from airflow_nats_ordered.cli import main as cli
 from airflow_nats_ordered.core.admin.drain import read_lag, wait_drained
 from airflow_nats_ordered.core.admin.marks import DrainProgress
 from airflow_nats_ordered.core.order.reader import GlobalMessage, GlobalOrderReader
+from airflow_nats_ordered.core.order.watermarks import GlobalOrder
 from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
 
@@ -20,7 +21,7 @@ WAIT = 60.0
 
 
 async def _publish(nc, stream: str, n: int, start: int = 0) -> None:
-    async with OrderedPublisher(nc, stream, global_order=True) as pub:
+    async with OrderedPublisher(nc, stream, global_order=GlobalOrder()) as pub:
         for i in range(start, start + n):
             await pub.publish(f"key-{i % 7}", b"%d" % i)
 

@@ -13,6 +13,7 @@ import nats
 from airflow_nats_ordered.cli import main as cli
 from airflow_nats_ordered.core.order.merge import GlobalOrderViolation
 from airflow_nats_ordered.core.order.reader import GlobalMessage, GlobalOrderReader
+from airflow_nats_ordered.core.order.watermarks import GlobalOrder
 from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, describe, provision
 
@@ -43,7 +44,7 @@ def test_status_shows_the_violation_that_stopped_a_global_reader(nats_url, uniqu
         nc = await nats.connect(nats_url)
         try:
             await provision(nc, StreamSpec(unique_name, partitions=2))
-            async with OrderedPublisher(nc, unique_name, global_order=True) as pub:
+            async with OrderedPublisher(nc, unique_name, global_order=GlobalOrder()) as pub:
                 for i in range(5):
                     await pub.publish(f"k{i}", b"%d" % i)
             s = await describe(nc, unique_name)
@@ -86,7 +87,7 @@ def test_a_handler_failure_shows_until_a_reader_starts_again(nats_url, unique_na
         nc = await nats.connect(nats_url)
         try:
             await provision(nc, StreamSpec(unique_name, partitions=2))
-            async with OrderedPublisher(nc, unique_name, global_order=True) as pub:
+            async with OrderedPublisher(nc, unique_name, global_order=GlobalOrder()) as pub:
                 for i in range(6):
                     await pub.publish(f"k{i}", b"%d" % i)
         finally:

@@ -10,6 +10,7 @@ import asyncio
 import nats
 import pytest
 
+from airflow_nats_ordered.core.order.watermarks import GlobalOrder
 from airflow_nats_ordered.core.publish.publisher import (
     HDR_KEY,
     HDR_MSG_ID,
@@ -34,7 +35,7 @@ def test_a_producer_id_with_percent_signs_is_stored_as_given(
                 unique_name,
                 producer_id=producer_id,
                 allow_keyless=True,
-                **({"global_order": True} if global_order else {}),  # no knob before it
+                **({"global_order": GlobalOrder()} if global_order else {}),  # no knob before it
             ) as pub:
                 await pub.publish("k", b"x")
                 await pub.publish(None, b"y")  # the keyless header template too

@@ -48,6 +48,7 @@ ATTEMPT = """
 import asyncio, sys, json
 import nats
 sys.path.insert(0, {tests!r})
+sys.path.insert(0, {tests!r} + "/core/publish")
 from test_run_marks import rows
 from airflow_nats_ordered.core.publish.runs import publish_run
 from airflow_nats_ordered.inputs.files import records_from_rows

@@ -1,6 +1,7 @@
 """A stream published in global order (issue 18 part 1) is not repartitioned silently: the
 global-order publisher and reader follow one layout, so `repartition` refuses it, saying
-why and what to do, and changes nothing."""
+why and what to do, and changes nothing. The check is global order's
+(`refuse_global_order`), which the CLI and the operator hand `repartition` as its guard."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 
 from airflow_nats_ordered import cli
 from airflow_nats_ordered.core.errors import ConfigError
+from airflow_nats_ordered.core.order.watermarks import GlobalOrder, refuse_global_order
 from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, describe, provision
 from airflow_nats_ordered.core.stream.repartition import repartition
@@ -25,7 +27,7 @@ def test_a_stream_published_in_global_order_is_not_repartitioned(
         nc = await nats.connect(url)
         try:
             await provision(nc, StreamSpec(unique_name, partitions=4, storage="memory"))
-            async with OrderedPublisher(nc, unique_name, global_order=True) as pub:
+            async with OrderedPublisher(nc, unique_name, global_order=GlobalOrder()) as pub:
                 for i in range(8):
                     await pub.publish(f"k{i}", b"x")
         finally:
@@ -35,7 +37,7 @@ def test_a_stream_published_in_global_order_is_not_repartitioned(
         nc = await nats.connect(url)
         try:
             with pytest.raises(ConfigError) as err:
-                await repartition(nc, unique_name, 8)
+                await repartition(nc, unique_name, 8, guard=refuse_global_order)
             return str(err.value), (await describe(nc, unique_name)).partitions
         finally:
             await nc.close()
