@@ -14,7 +14,6 @@ from airflow_nats_ordered.cli.common import (
     stream_name,
 )
 from airflow_nats_ordered.core.connection.connect import ConnectionOptions
-from airflow_nats_ordered.core.order.watermarks import refuse_global_order
 from airflow_nats_ordered.core.stream.partitioned import MAX_PARTITIONS, STREAM_NAME_RULE
 from airflow_nats_ordered.core.stream.repartition import repartition
 
@@ -48,9 +47,7 @@ async def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
         print(line, file=out, flush=True)
 
     async with connected(options) as nc:
-        result = await repartition(
-            nc, args.stream, args.partitions, progress=progress, guard=refuse_global_order
-        )
+        result = await repartition(nc, args.stream, args.partitions, progress=progress)
     if args.json:
         print_json(result.to_json())
         return EXIT_OK

@@ -8,7 +8,6 @@ from typing import Any, Literal
 
 from airflow.sdk import BaseOperator
 
-from airflow_nats_ordered.core.order.watermarks import refuse_global_order
 from airflow_nats_ordered.core.stream.partitioned import (
     DEFAULT_DUPLICATE_WINDOW,
     ProvisionResult,
@@ -182,7 +181,5 @@ class NatsRepartitionStreamOperator(BaseOperator):
                 "switch_seq": max((lay.switch_seq for lay in current.layouts), default=0),
                 "subjects": current.subjects_text,
             }
-        result = await repartition(
-            nc, self.stream, self.partitions, progress=self.log.info, guard=refuse_global_order
-        )
+        result = await repartition(nc, self.stream, self.partitions, progress=self.log.info)
         return result.to_json()  # action: repartitioned, or completed (an interrupted one)

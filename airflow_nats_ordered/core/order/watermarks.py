@@ -4,9 +4,9 @@
 Global order builds on the publisher: :class:`GlobalOrder` is the stream-wide sequence
 (:class:`~..publish.sequence.StreamSequence`) a caller hands the publisher
 (``PublisherConfig(global_order=GlobalOrder())``); the publisher stamps it and reports its
-idle points, and never imports this module. :func:`refuse_global_order` is the check
-callers of :func:`~..stream.repartition.repartition` pass it (``guard=``), so that a
-stream published in global order is not repartitioned.
+idle points, and never imports this module. :func:`~..stream.repartition.repartition`
+refuses a stream published in global order by its watermark bucket, named in
+:mod:`..stream.buckets`.
 
 Guarantees (the promise a watermark makes, and why it holds, is in ``docs/architecture/order.md``,
 *Global order*; the wire format in ``docs/protocol.md`` section 12):
@@ -35,8 +35,8 @@ from nats.js import api
 from nats.js.errors import BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 
-from airflow_nats_ordered.core.errors import ConfigError
 from airflow_nats_ordered.core.order.sequencer import SequencerClaim
+from airflow_nats_ordered.core.stream.buckets import watermark_bucket
 from airflow_nats_ordered.core.stream.kv import bucket_keys, compact_json, latest_entry
 from airflow_nats_ordered.core.stream.partitioned import PartitionedStream
 
@@ -44,11 +44,6 @@ log = logging.getLogger(__name__)
 
 #: the header carrying a record's global sequence (decimal, >= 1)
 HDR_GLOBAL_SEQ = "Nats-Global-Seq"
-
-
-def watermark_bucket(stream: str) -> str:
-    """The KV bucket holding the stream's per-partition watermarks (keys ``w.<n>``)."""
-    return f"nor_{stream}_global"
 
 
 def parse_global_seq(value: str | None) -> int | None:
@@ -229,25 +224,6 @@ class GlobalOrder:
         return hash(GlobalOrder)
 
 
-async def refuse_global_order(nc: NATS, stream: str) -> None:
-    """ConfigError for a stream published in global order (its watermark bucket exists):
-    the check callers pass :func:`~..stream.repartition.repartition` (``guard=``). Such a
-    stream has watermarks per partition of its layout, and its global-order readers merge
-    that layout's partitions: neither follows a switch yet."""
-    bucket = watermark_bucket(stream)
-    try:
-        await nc.jetstream().key_value(bucket)
-    except BucketNotFoundError:
-        return
-    raise ConfigError(
-        f"stream {stream} is published in global order (its watermarks are in KV bucket "
-        f"{bucket}), and the global-order publisher and reader follow one partition layout: "
-        "repartitioning it would stall or misorder its global-order readers. If nothing "
-        f"publishes or reads {stream} in global order any more, delete that bucket "
-        f"(`nats kv del {bucket}`) and repartition again; otherwise keep its partition count"
-    )
-
-
 __all__ = [
     "HDR_GLOBAL_SEQ",
     "GlobalOrder",
@@ -256,7 +232,6 @@ __all__ = [
     "open_global_order",
     "open_watermarks",
     "parse_global_seq",
-    "refuse_global_order",
     "watermark_bucket",
     "watermark_of",
 ]

@@ -57,7 +57,7 @@ import re
 import signal
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,6 +72,7 @@ from airflow_nats_ordered.core.errors import (
     StreamConflictError,
     StreamNotFoundError,
 )
+from airflow_nats_ordered.core.stream.buckets import watermark_bucket
 from airflow_nats_ordered.core.stream.layout import (
     META_EPOCH,
     META_LAYOUTS,
@@ -177,29 +178,41 @@ def _finished(s: PartitionedStream, action: str) -> RepartitionResult:
     )
 
 
+async def _refuse_global_order(nc: NATS, stream: str) -> None:
+    """ConfigError for a stream published in global order (its watermark bucket exists):
+    its watermarks are per partition of its layout, and its global-order readers merge
+    that layout's partitions: neither follows a switch yet."""
+    bucket = watermark_bucket(stream)
+    try:
+        await nc.jetstream().key_value(bucket)
+    except BucketNotFoundError:
+        return
+    raise ConfigError(
+        f"stream {stream} is published in global order (its watermarks are in KV bucket "
+        f"{bucket}), and the global-order publisher and reader follow one partition layout: "
+        "repartitioning it would stall or misorder its global-order readers. If nothing "
+        f"publishes or reads {stream} in global order any more, delete that bucket "
+        f"(`nats kv del {bucket}`) and repartition again; otherwise keep its partition count"
+    )
+
+
 async def repartition(
     nc: NATS,
     stream: str,
     partitions: int,
     *,
     progress: Callable[[str], None] | None = None,
-    guard: Callable[[NATS, str], Awaitable[None]] | None = None,
 ) -> RepartitionResult:
     """Switch ``stream`` to ``partitions`` partitions at one recorded point (see the module),
     completing first a repartition of it that was interrupted.
 
     Refuses (ConfigError) a count outside 1..4096 or equal to the count of a stream never
     repartitioned, a stream that still takes the wildcard ``<prefix>.p.*`` (narrow it with
-    ``provision`` first), a stream ``guard`` refuses; StreamNotFoundError for an unknown
+    ``provision`` first), a stream published in global order (its watermarks and its
+    global-order readers follow one partition layout); StreamNotFoundError for an unknown
     stream; :class:`RepartitionRunning` while another repartition of it runs. Asked for the
     count a finished repartition already gave the stream, it changes nothing and returns
-    ``action="unchanged"``. ``progress`` gets one line per step.
-
-    ``guard(nc, stream)`` is the caller's check, awaited before the lock is taken: it
-    raises (ConfigError) to refuse the stream. The parts of the system above the stream
-    pass theirs: the CLI and the Airflow operator pass global order's
-    :func:`~..order.watermarks.refuse_global_order` (a stream published in global order,
-    its watermark bucket exists, is refused), which this module does not know."""
+    ``action="unchanged"``. ``progress`` gets one line per step."""
     say = progress or (lambda _line: None)
     if isinstance(partitions, bool) or not isinstance(partitions, int):
         raise ConfigError(f"partitions must be an integer, got {partitions!r}")
@@ -207,8 +220,7 @@ async def repartition(
         raise ConfigError(f"partitions must be from 1 to {MAX_PARTITIONS}, got {partitions}")
     current = await describe(nc, stream, check_layout=False)
     _refuse_unchangeable(current, partitions)
-    if guard is not None:
-        await guard(nc, stream)
+    await _refuse_global_order(nc, stream)
     kv = await _lock_kv(nc, stream)
     rev = await _take_lock(kv, stream, partitions, say)
     try:

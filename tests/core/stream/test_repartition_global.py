@@ -12,7 +12,7 @@ import pytest
 
 from airflow_nats_ordered import cli
 from airflow_nats_ordered.core.errors import ConfigError
-from airflow_nats_ordered.core.order.watermarks import GlobalOrder, refuse_global_order
+from airflow_nats_ordered.core.order.watermarks import GlobalOrder
 from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, describe, provision
 from airflow_nats_ordered.core.stream.repartition import repartition
@@ -37,7 +37,7 @@ def test_a_stream_published_in_global_order_is_not_repartitioned(
         nc = await nats.connect(url)
         try:
             with pytest.raises(ConfigError) as err:
-                await repartition(nc, unique_name, 8, guard=refuse_global_order)
+                await repartition(nc, unique_name, 8)
             return str(err.value), (await describe(nc, unique_name)).partitions
         finally:
             await nc.close()
