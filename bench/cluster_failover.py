@@ -49,7 +49,8 @@ import nats
 
 from airflow_nats_ordered.core.group.config import GroupConfig
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
-from airflow_nats_ordered.core.worker.worker import Worker, WorkerConfig
+from airflow_nats_ordered.core.worker.config import WorkerConfig
+from airflow_nats_ordered.core.worker.worker import Worker
 from airflow_nats_ordered.embedded.servers import NatsCluster
 
 PARTITIONS = 16

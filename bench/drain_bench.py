@@ -25,11 +25,11 @@ import nats
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from airflow_nats_ordered.core.group.store import GroupConfig  # noqa: E402
+from airflow_nats_ordered.core.group.config import GroupConfig
 from airflow_nats_ordered.core.publish.publisher import OrderedPublisher  # noqa: E402
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision  # noqa: E402
+from airflow_nats_ordered.core.worker.config import WorkerConfig
 from airflow_nats_ordered.core.worker.pool import WorkerPool  # noqa: E402
-from airflow_nats_ordered.core.worker.worker import WorkerConfig  # noqa: E402
 from airflow_nats_ordered.embedded.servers import NatsServer  # noqa: E402
 
 ROUNDS = int(os.environ.get("BENCH_DRAIN_ROUNDS", "5"))

@@ -37,7 +37,8 @@ from airflow_nats_ordered.core.order.reader import GlobalOrderReader  # noqa: E4
 from airflow_nats_ordered.core.order.watermarks import GlobalOrder
 from airflow_nats_ordered.core.publish.publisher import OrderedPublisher  # noqa: E402
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, describe, provision  # noqa: E402
-from airflow_nats_ordered.core.worker.worker import Worker, WorkerConfig  # noqa: E402
+from airflow_nats_ordered.core.worker.config import WorkerConfig
+from airflow_nats_ordered.core.worker.worker import Worker
 from airflow_nats_ordered.embedded.servers import NatsServer  # noqa: E402
 
 N = int(os.environ.get("BENCH_GLOBAL_N", "50000"))

@@ -50,7 +50,8 @@ import nats
 
 from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
-from airflow_nats_ordered.core.worker.worker import Worker, WorkerConfig
+from airflow_nats_ordered.core.worker.config import WorkerConfig
+from airflow_nats_ordered.core.worker.worker import Worker
 from airflow_nats_ordered.embedded.servers import NatsServer
 
 PAYLOAD = 100

@@ -55,7 +55,8 @@ from nats.aio.client import Client as NATS
 from nats.nuid import NUID
 
 from airflow_nats_ordered.core.publish import wire
-from airflow_nats_ordered.core.publish.publisher import OrderedPublisher, derive_msg_id
+from airflow_nats_ordered.core.publish.msg_ids import derive_msg_id
+from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec
 from airflow_nats_ordered.core.stream.partitioning import partition_for, partition_subject
 from airflow_nats_ordered.embedded.servers import NatsServer

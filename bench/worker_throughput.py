@@ -34,7 +34,8 @@ from airflow_nats_ordered.core.stream.partitioning import (
     partition_subject,
     partition_wildcard,
 )
-from airflow_nats_ordered.core.worker.worker import Worker, WorkerConfig
+from airflow_nats_ordered.core.worker.config import WorkerConfig
+from airflow_nats_ordered.core.worker.worker import Worker
 
 
 def _cpu() -> tuple[float, float]:

@@ -19,8 +19,8 @@ from typing import Any
 import nats
 from airflow_processes import airflow_home, metadata_db
 
+from airflow_nats_ordered.core.worker.config import WorkerConfig
 from airflow_nats_ordered.core.worker.pool import WorkerPool
-from airflow_nats_ordered.core.worker.worker import WorkerConfig
 
 
 def dags_folder() -> Path:

@@ -32,7 +32,7 @@ import signal
 import threading
 import time
 
-from airflow_nats_ordered.core.group.store import Fenced
+from airflow_nats_ordered.core.group.commits import Fenced
 from airflow_nats_ordered.core.sink.fenced import FencedSqliteSink
 from airflow_nats_ordered.core.sink.fencing import Verdict
 

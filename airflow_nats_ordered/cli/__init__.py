@@ -86,24 +86,14 @@ from airflow_nats_ordered.cli.common import (
     Command,
     add_connection_flags,
     connection_options,
-    format_duration,
-    format_table,
-    parse_duration,
-    parse_size,
     print_err,
 )
 from airflow_nats_ordered.core.errors import NatsOrderedError
 
 __all__ = [
     "COMMANDS",
-    "Command",
     "build_parser",
-    "connection_options",
-    "format_duration",
-    "format_table",
     "main",
-    "parse_duration",
-    "parse_size",
 ]
 
 COMMANDS: list[Command] = [

@@ -16,7 +16,7 @@ import logging
 import sys
 from typing import Any
 
-from airflow_nats_ordered.core.connection.connect import ConnectionOptions
+from airflow_nats_ordered.core.connection.options import ConnectionOptions
 from airflow_nats_ordered.core.errors import ConfigError
 
 #: connection flags (argparse dests) that --conn-id replaces

@@ -30,7 +30,8 @@ from urllib.parse import urlsplit
 from nats.aio.client import Client as NATS
 
 from airflow_nats_ordered.cli.airflow_connection import airflow_connection_options
-from airflow_nats_ordered.core.connection.connect import ConnectionOptions, connect
+from airflow_nats_ordered.core.connection.connect import connect
+from airflow_nats_ordered.core.connection.options import ConnectionOptions
 from airflow_nats_ordered.core.errors import ConfigError
 from airflow_nats_ordered.core.stream.partitioned import STREAM_NAME_RULE, check_stream_name
 

@@ -25,7 +25,7 @@ from airflow_nats_ordered.core.admin.dead_letters import (
     read_dead_letters,
     replay_dead_letters,
 )
-from airflow_nats_ordered.core.connection.connect import ConnectionOptions
+from airflow_nats_ordered.core.connection.options import ConnectionOptions
 from airflow_nats_ordered.core.errors import ConfigError
 
 #: how much of a reason the table shows

@@ -23,7 +23,7 @@ from airflow_nats_ordered.cli.common import (
     print_json,
     stream_name,
 )
-from airflow_nats_ordered.core.connection.connect import ConnectionOptions
+from airflow_nats_ordered.core.connection.options import ConnectionOptions
 from airflow_nats_ordered.core.errors import ConfigError
 from airflow_nats_ordered.core.order.producers import (
     check_producer,

@@ -31,7 +31,7 @@ from airflow_nats_ordered.cli.common import (
     print_err,
     stream_name,
 )
-from airflow_nats_ordered.core.connection.connect import ConnectionOptions
+from airflow_nats_ordered.core.connection.options import ConnectionOptions
 from airflow_nats_ordered.core.errors import ConfigError, NatsOrderedError
 from airflow_nats_ordered.core.order.event_time import DEFAULT_TIME_HEADER, FORMS, EventTimeError
 from airflow_nats_ordered.core.order.reader import GlobalOrderReader

@@ -21,8 +21,8 @@ from airflow_nats_ordered.cli.common import (
 )
 from airflow_nats_ordered.core.admin.delete import GroupInUseError, delete_group
 from airflow_nats_ordered.core.admin.membership import GroupNotFoundError
-from airflow_nats_ordered.core.connection.connect import ConnectionOptions
-from airflow_nats_ordered.core.group.store import GroupConfig
+from airflow_nats_ordered.core.connection.options import ConnectionOptions
+from airflow_nats_ordered.core.group.config import GroupConfig
 
 
 def configure(p: argparse.ArgumentParser) -> None:

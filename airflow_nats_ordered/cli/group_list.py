@@ -16,7 +16,7 @@ from airflow_nats_ordered.cli.common import (
     stream_name,
 )
 from airflow_nats_ordered.core.admin.listing import find_groups, summarize_group
-from airflow_nats_ordered.core.connection.connect import ConnectionOptions
+from airflow_nats_ordered.core.connection.options import ConnectionOptions
 from airflow_nats_ordered.core.stream.partitioned import describe
 
 

@@ -20,9 +20,9 @@ from airflow_nats_ordered.cli.common import (
 )
 from airflow_nats_ordered.core.admin.listing import require_group
 from airflow_nats_ordered.core.admin.rebalance import partition_rates, rebalance_group
-from airflow_nats_ordered.core.connection.connect import ConnectionOptions
+from airflow_nats_ordered.core.connection.options import ConnectionOptions
 from airflow_nats_ordered.core.errors import ConfigError
-from airflow_nats_ordered.core.group.store import GroupConfig
+from airflow_nats_ordered.core.group.config import GroupConfig
 
 
 def _members(text: str) -> list[str]:

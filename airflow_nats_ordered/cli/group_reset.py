@@ -24,9 +24,9 @@ from airflow_nats_ordered.core.admin.reset import (
     plan_reset,
     reset_group,
 )
-from airflow_nats_ordered.core.connection.connect import ConnectionOptions
+from airflow_nats_ordered.core.connection.options import ConnectionOptions
 from airflow_nats_ordered.core.errors import ConfigError
-from airflow_nats_ordered.core.group.store import GroupConfig
+from airflow_nats_ordered.core.group.config import GroupConfig
 
 TO_HELP = (
     "earliest (re-process everything still in the stream), latest (skip everything stored "

@@ -18,7 +18,7 @@ from airflow_nats_ordered.cli.common import (
     print_json,
     stream_name,
 )
-from airflow_nats_ordered.core.connection.connect import ConnectionOptions
+from airflow_nats_ordered.core.connection.options import ConnectionOptions
 from airflow_nats_ordered.core.stream.layout import pending_switch_problem
 from airflow_nats_ordered.core.stream.partitioned import (
     describe,

@@ -65,7 +65,7 @@ from airflow_nats_ordered.cli.common import (
     print_err,
 )
 from airflow_nats_ordered.cli.worker import _worker_config, add_member_flags, add_metrics_flags
-from airflow_nats_ordered.core.connection.connect import ConnectionOptions
+from airflow_nats_ordered.core.connection.options import ConnectionOptions
 from airflow_nats_ordered.core.errors import AuthError, ConfigError, ConnectError, NatsOrderedError
 from airflow_nats_ordered.core.group.store import GroupStore
 from airflow_nats_ordered.core.worker.presence import GroupPresence

@@ -16,7 +16,7 @@ from airflow_nats_ordered.cli.common import (
     print_json,
     stream_name,
 )
-from airflow_nats_ordered.core.connection.connect import ConnectionOptions
+from airflow_nats_ordered.core.connection.options import ConnectionOptions
 from airflow_nats_ordered.core.errors import StreamNotFoundError
 from airflow_nats_ordered.core.stream.partitioned import (
     DEFAULT_DUPLICATE_WINDOW,

@@ -29,16 +29,13 @@ from airflow_nats_ordered.cli.common import (
     print_json,
     stream_name,
 )
-from airflow_nats_ordered.core.connection.connect import ConnectionOptions
+from airflow_nats_ordered.core.connection.options import ConnectionOptions
 from airflow_nats_ordered.core.errors import ConfigError
 from airflow_nats_ordered.core.order.watermarks import GlobalOrder
-from airflow_nats_ordered.core.publish.publisher import (
-    OrderedPublisher,
-    PublishError,
-    PublishSummary,
-    check_producer_id,
-)
+from airflow_nats_ordered.core.publish.config import check_producer_id
+from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
 from airflow_nats_ordered.core.publish.runs import Refusals, publish_record
+from airflow_nats_ordered.core.publish.summary import PublishError, PublishSummary
 from airflow_nats_ordered.inputs.files import FORMATS, content_digest, open_records
 from airflow_nats_ordered.inputs.records import InputError, InputRecord
 

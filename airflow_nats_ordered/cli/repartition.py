@@ -13,7 +13,7 @@ from airflow_nats_ordered.cli.common import (
     print_json,
     stream_name,
 )
-from airflow_nats_ordered.core.connection.connect import ConnectionOptions
+from airflow_nats_ordered.core.connection.options import ConnectionOptions
 from airflow_nats_ordered.core.stream.partitioned import MAX_PARTITIONS, STREAM_NAME_RULE
 from airflow_nats_ordered.core.stream.repartition import repartition
 

@@ -48,7 +48,7 @@ from airflow_nats_ordered.core.admin.drain_errors import (
 )
 from airflow_nats_ordered.core.admin.marks import DrainProgress
 from airflow_nats_ordered.core.admin.membership import group_exists
-from airflow_nats_ordered.core.connection.connect import ConnectionOptions
+from airflow_nats_ordered.core.connection.options import ConnectionOptions
 from airflow_nats_ordered.core.errors import ConfigError, NatsOrderedError
 from airflow_nats_ordered.core.group.assignor import Assignment
 from airflow_nats_ordered.core.group.global_position import GlobalPosition

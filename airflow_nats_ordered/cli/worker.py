@@ -37,9 +37,11 @@ from airflow_nats_ordered.cli.common import (
     print_err,
     stream_name,
 )
-from airflow_nats_ordered.core.connection.connect import ConnectionOptions
+from airflow_nats_ordered.core.connection.options import ConnectionOptions
 from airflow_nats_ordered.core.errors import ConfigError, NatsOrderedError
-from airflow_nats_ordered.core.worker.worker import GroupDeletedError, Worker, WorkerConfig
+from airflow_nats_ordered.core.worker.config import WorkerConfig
+from airflow_nats_ordered.core.worker.presence import GroupDeletedError
+from airflow_nats_ordered.core.worker.worker import Worker
 from airflow_nats_ordered.members.handlers import current_directory_first, load_handler
 from airflow_nats_ordered.members.metrics import MemberMetrics, MetricsServer, serve_member
 

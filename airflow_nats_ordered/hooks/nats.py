@@ -45,7 +45,8 @@ from typing import Any, TypeVar
 
 from airflow.sdk import BaseHook
 
-from airflow_nats_ordered.core.connection.connect import ConnectionOptions, connect
+from airflow_nats_ordered.core.connection.connect import connect
+from airflow_nats_ordered.core.connection.options import ConnectionOptions
 from airflow_nats_ordered.core.errors import ConfigError, ConnectError, NatsOrderedError
 from airflow_nats_ordered.hooks.connection_secrets import (
     amask_secrets,

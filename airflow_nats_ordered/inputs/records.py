@@ -17,8 +17,8 @@ import math
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from airflow_nats_ordered.core.errors import ConfigError
-from airflow_nats_ordered.core.stream.keys import KeyTextError, key_field_text, key_text
+from airflow_nats_ordered.core.errors import ConfigError, KeyTextError
+from airflow_nats_ordered.core.stream.keys import key_field_text, key_text
 
 
 class InputError(ConfigError):

@@ -12,7 +12,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_nats_ordered.core.errors import ConfigError
 from airflow_nats_ordered.core.order.watermarks import GlobalOrder
-from airflow_nats_ordered.core.publish.publisher import PublisherConfig, check_producer_id
+from airflow_nats_ordered.core.publish.config import PublisherConfig, check_producer_id
 from airflow_nats_ordered.core.publish.runs import RunResult, publish_run
 from airflow_nats_ordered.hooks.arguments import refuse_unknown_operator_arguments
 from airflow_nats_ordered.hooks.nats import NatsHook

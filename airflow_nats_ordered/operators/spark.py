@@ -11,8 +11,8 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowFailException
 
-from airflow_nats_ordered.core.connection.connect import ConnectionOptions
 from airflow_nats_ordered.core.connection.environment import SPARK_ENV_VARS, spark_env
+from airflow_nats_ordered.core.connection.options import ConnectionOptions
 from airflow_nats_ordered.core.errors import ConfigError
 from airflow_nats_ordered.core.publish.runs import RunLedger, RunRecord
 from airflow_nats_ordered.hooks.arguments import refuse_unknown_operator_arguments

@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_nats_ordered.core.connection.connect import ConnectionOptions
 from airflow_nats_ordered.core.connection.environment import check_files_here, resolve
+from airflow_nats_ordered.core.connection.options import ConnectionOptions
 from airflow_nats_ordered.core.errors import ConfigError
 
 #: the Spark option (lower case) -> ConnectionOptions field, for non-secret settings

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from nats.aio.client import Client as NATS
 
 from airflow_nats_ordered.core.errors import ConfigError
-from airflow_nats_ordered.core.publish.publisher import check_producer_id
+from airflow_nats_ordered.core.publish.config import check_producer_id
 from airflow_nats_ordered.core.publish.runs import RunLedger, RunRecord
 from airflow_nats_ordered.spark.datasource import NAME, _on_nats
 from airflow_nats_ordered.spark.discovery import register

@@ -17,8 +17,7 @@ import math
 from typing import TYPE_CHECKING
 
 from airflow_nats_ordered.core.errors import ConfigError
-from airflow_nats_ordered.core.publish.config import _MAX_BACKOFF
-from airflow_nats_ordered.core.publish.publisher import PublisherConfig
+from airflow_nats_ordered.core.publish.config import _MAX_BACKOFF, PublisherConfig
 from airflow_nats_ordered.core.stream.partitioned import describe
 
 if TYPE_CHECKING:

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from nats.js.errors import NotFoundError
 
 from airflow_nats_ordered.core.errors import NatsOrderedError, RecordError
+from airflow_nats_ordered.core.publish.config import PublisherConfig
 from airflow_nats_ordered.core.publish.msg_ids import (
     HDR_MSG_ID,
     HDR_PRODUCER,
@@ -35,7 +36,7 @@ from airflow_nats_ordered.core.publish.msg_ids import (
     msg_id_at,
     msg_id_base,
 )
-from airflow_nats_ordered.core.publish.publisher import OrderedPublisher, PublisherConfig
+from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
 from airflow_nats_ordered.core.stream.partitioned import describe
 from airflow_nats_ordered.spark.headers import BadHeaders
 

@@ -88,7 +88,7 @@ from nats.js.errors import BadRequestError, NotFoundError
 
 from airflow_nats_ordered.core.errors import ConfigError
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec
-from airflow_nats_ordered.core.worker.worker import dead_letter_subject
+from airflow_nats_ordered.core.worker.dead_letters import dead_letter_subject
 from airflow_nats_ordered.hooks.arguments import refuse_unknown_arguments
 from airflow_nats_ordered.hooks.nats import NatsHook
 

@@ -30,13 +30,13 @@ import os
 import sqlite3
 from pathlib import Path
 
-from airflow_nats_ordered.core.group.store import Fenced
+from airflow_nats_ordered.core.group.commits import Fenced
 from airflow_nats_ordered.core.sink.fenced import (
     BatchItem,
     FencedSqliteSink,
 )
 from airflow_nats_ordered.core.sink.fencing import Verdict
-from airflow_nats_ordered.core.worker.worker import Message
+from airflow_nats_ordered.core.stream.message import Message
 
 DDL = """
 CREATE TABLE IF NOT EXISTS aircraft (

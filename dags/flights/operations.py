@@ -20,7 +20,8 @@ from typing import Any
 
 from airflow.sdk import DAG, Asset, AssetWatcher, task
 
-from airflow_nats_ordered.core.stream.keys import KeyEncodingError, message_key
+from airflow_nats_ordered.core.errors import KeyEncodingError
+from airflow_nats_ordered.core.stream.keys import message_key
 from airflow_nats_ordered.operators.group import NatsRebalanceOperator
 from airflow_nats_ordered.triggers.messages import dead_letter_trigger
 from flights.settings import FlightsSettings

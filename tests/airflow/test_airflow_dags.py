@@ -14,7 +14,7 @@ from airflow_dags import BackgroundPool, dag_file, nats_connection, on_server, t
 from airflow_nats_ordered.core.group.store import GroupStore
 from airflow_nats_ordered.core.publish.runs import RunLedger
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
-from airflow_nats_ordered.core.worker.worker import WorkerConfig
+from airflow_nats_ordered.core.worker.config import WorkerConfig
 
 PIPELINE = """
 import datetime as dt

@@ -145,7 +145,7 @@ def test_run_outside_the_shared_stream_refuses_rather_than_acking_before_persist
 
 
 def test_dead_letter_trigger_watches_the_groups_dead_letter_subject() -> None:
-    from airflow_nats_ordered.core.worker.worker import dead_letter_subject
+    from airflow_nats_ordered.core.worker.dead_letters import dead_letter_subject
 
     t = dead_letter_trigger("ORDERS", "billing", ack_wait=5)
     assert (t.stream, t.durable, t.ack_wait) == ("ORDERS_DLQ", "airflow-dlq-billing", 5)
@@ -490,7 +490,8 @@ def test_dead_letter_trigger_receives_what_a_real_worker_dead_lettered(
     """The subject and stream the helper watches are the ones the worker publishes to."""
     from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
     from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
-    from airflow_nats_ordered.core.worker.worker import Worker, WorkerConfig
+    from airflow_nats_ordered.core.worker.config import WorkerConfig
+    from airflow_nats_ordered.core.worker.worker import Worker
 
     def handler(msg: Any) -> None:
         if msg.data == b"poison":

@@ -12,7 +12,7 @@ from collections import defaultdict
 from airflow_dags import BackgroundPool, dag_file, nats_connection, on_server, task_states
 
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
-from airflow_nats_ordered.core.worker.worker import WorkerConfig
+from airflow_nats_ordered.core.worker.config import WorkerConfig
 
 PIPELINE = """
 import datetime as dt

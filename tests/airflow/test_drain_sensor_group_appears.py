@@ -16,7 +16,7 @@ from airflow_processes import metadata_db, query
 from airflow_nats_ordered.core.group.config import GroupConfig
 from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
-from airflow_nats_ordered.core.worker.worker import WorkerConfig
+from airflow_nats_ordered.core.worker.config import WorkerConfig
 from airflow_nats_ordered.sensors.drain import MARKS_KEY
 
 SENSOR = """

@@ -18,7 +18,7 @@ from airflow_nats_ordered.core.admin.drain import read_lag
 from airflow_nats_ordered.core.group.store import GroupStore
 from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
-from airflow_nats_ordered.core.worker.worker import WorkerConfig
+from airflow_nats_ordered.core.worker.config import WorkerConfig
 from airflow_nats_ordered.sensors.drain import MARKS_KEY
 
 SENSOR = """

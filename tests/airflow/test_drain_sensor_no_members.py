@@ -14,7 +14,7 @@ from airflow_dags import dag_file, nats_connection, on_server, task_states
 from airflow_nats_ordered.core.group.store import GroupStore
 from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, partition_stats, provision
-from airflow_nats_ordered.core.worker.worker import WorkerConfig
+from airflow_nats_ordered.core.worker.config import WorkerConfig
 
 SENSOR = """
 import datetime as dt

@@ -22,6 +22,7 @@ import pytest
 from streamcheck import check_stored, read_stream, write_jsonl
 
 from airflow_nats_ordered import cli
+from airflow_nats_ordered.cli import common
 from airflow_nats_ordered.core.stream.partitioning import partition_for
 from airflow_nats_ordered.embedded.servers import NatsServer
 
@@ -203,7 +204,9 @@ def test_bad_flag_values_are_usage_errors(
 
 
 def test_duration_size_and_table_helpers() -> None:
-    assert [cli.parse_duration(t) for t in ("90s", "30m", "2h", "7d", "1h30m", "500ms", "12")] == [
+    assert [
+        common.parse_duration(t) for t in ("90s", "30m", "2h", "7d", "1h30m", "500ms", "12")
+    ] == [
         90,
         1800,
         7200,
@@ -212,11 +215,13 @@ def test_duration_size_and_table_helpers() -> None:
         0.5,
         12,
     ]
-    assert cli.parse_duration("unlimited") == 0
-    assert cli.parse_size("10GB") == 10 * 1024**3 and cli.parse_size("512MiB") == 512 * 1024**2
-    assert cli.parse_size("4096") == 4096 and cli.parse_size("unlimited") == -1
-    assert cli.format_duration(5400) == "1h30m" and cli.format_duration(0.25) == "0.25s"
-    table = cli.format_table(
+    assert common.parse_duration("unlimited") == 0
+    assert (
+        common.parse_size("10GB") == 10 * 1024**3 and common.parse_size("512MiB") == 512 * 1024**2
+    )
+    assert common.parse_size("4096") == 4096 and common.parse_size("unlimited") == -1
+    assert common.format_duration(5400) == "1h30m" and common.format_duration(0.25) == "0.25s"
+    table = common.format_table(
         ("partition", "subject", "messages"),
         [(0, "a.p.0", 5), (1, "a.p.1", 1234)],
         footer=[("total", "", 1239)],

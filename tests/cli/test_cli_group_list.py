@@ -13,9 +13,10 @@ from streamcheck import write_jsonl
 
 from airflow_nats_ordered.cli import main as cli
 from airflow_nats_ordered.core.admin.drain import read_lag, wait_drained
-from airflow_nats_ordered.core.group.store import GroupConfig, GroupStore
+from airflow_nats_ordered.core.group.config import GroupConfig
+from airflow_nats_ordered.core.group.store import GroupStore
+from airflow_nats_ordered.core.worker.config import WorkerConfig
 from airflow_nats_ordered.core.worker.pool import WorkerPool
-from airflow_nats_ordered.core.worker.worker import WorkerConfig
 
 N = 20
 

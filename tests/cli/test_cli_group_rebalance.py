@@ -11,8 +11,8 @@ import nats
 
 from airflow_nats_ordered.cli import main as cli
 from airflow_nats_ordered.core.group.store import GroupStore
+from airflow_nats_ordered.core.worker.config import WorkerConfig
 from airflow_nats_ordered.core.worker.pool import WorkerPool
-from airflow_nats_ordered.core.worker.worker import WorkerConfig
 
 
 def _cfg(stream):

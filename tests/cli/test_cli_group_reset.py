@@ -13,8 +13,8 @@ from streamcheck import write_jsonl
 from airflow_nats_ordered.cli import main as cli
 from airflow_nats_ordered.core.admin.drain import read_lag, wait_drained
 from airflow_nats_ordered.core.stream.partitioned import describe
+from airflow_nats_ordered.core.worker.config import WorkerConfig
 from airflow_nats_ordered.core.worker.pool import WorkerPool
-from airflow_nats_ordered.core.worker.worker import WorkerConfig
 
 N = 30
 

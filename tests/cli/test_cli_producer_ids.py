@@ -19,7 +19,8 @@ from spark_helpers import make_stream, on_server, stored
 
 from airflow_nats_ordered import cli
 from airflow_nats_ordered.core.errors import ConfigError
-from airflow_nats_ordered.core.publish.publisher import OrderedPublisher, PublisherConfig
+from airflow_nats_ordered.core.publish.config import PublisherConfig
+from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
 
 README = ROOT / "README.md"
 

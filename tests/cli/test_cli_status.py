@@ -14,8 +14,8 @@ from streamcheck import write_jsonl
 
 from airflow_nats_ordered.cli import main as cli
 from airflow_nats_ordered.core.group.store import GroupStore
+from airflow_nats_ordered.core.worker.config import WorkerConfig
 from airflow_nats_ordered.core.worker.pool import WorkerPool
-from airflow_nats_ordered.core.worker.worker import WorkerConfig
 
 CONSOLE_SCRIPT = Path(sys.executable).with_name("nats-ordered")
 N = 300

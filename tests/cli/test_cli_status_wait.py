@@ -19,8 +19,8 @@ from airflow_nats_ordered.cli import main as cli
 from airflow_nats_ordered.core.admin import drain
 from airflow_nats_ordered.core.admin.drain import read_lag, wait_drained
 from airflow_nats_ordered.core.group.store import GroupStore
+from airflow_nats_ordered.core.worker.config import WorkerConfig
 from airflow_nats_ordered.core.worker.pool import WorkerPool
-from airflow_nats_ordered.core.worker.worker import WorkerConfig
 
 CONSOLE_SCRIPT = Path(sys.executable).with_name("nats-ordered")
 N = 120

@@ -16,7 +16,8 @@ import time
 import nats
 
 from airflow_nats_ordered.cli import main as cli
-from airflow_nats_ordered.core.group.store import GroupConfig, GroupStore
+from airflow_nats_ordered.core.group.config import GroupConfig
+from airflow_nats_ordered.core.group.store import GroupStore
 
 WATCH = [sys.executable, "-m", "airflow_nats_ordered.cli", "status", "--watch"]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from airflow_nats_ordered.cli import build_parser
-from airflow_nats_ordered.core.worker.worker import WorkerConfig
+from airflow_nats_ordered.core.worker.config import WorkerConfig
 
 
 @pytest.mark.parametrize("command", [["worker"], ["pool", "--size", "2"]], ids=["worker", "pool"])

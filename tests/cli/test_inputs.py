@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 from streamcheck import write_jsonl
 
-from airflow_nats_ordered.core.stream.keys import KeyTextError, key_text
+from airflow_nats_ordered.core.errors import KeyTextError
+from airflow_nats_ordered.core.stream.keys import key_text
 from airflow_nats_ordered.inputs.files import PROBE_ROWS, detect_format, open_records
 from airflow_nats_ordered.inputs.records import InputError, InputRecord, json_safe
 

@@ -36,7 +36,7 @@ from packaging.version import Version
 
 from airflow_nats_ordered.cli import build_parser
 from airflow_nats_ordered.cli import main as cli_main
-from airflow_nats_ordered.core.connection.connect import ConnectionOptions
+from airflow_nats_ordered.core.connection.options import ConnectionOptions
 from airflow_nats_ordered.embedded.process import find_nats_server, free_port
 
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
@@ -606,7 +606,7 @@ def _local_conn(ports: dict[str, dict[str, int]]) -> str:
 
 async def _replicas(url: str, stream: str, group: str) -> dict[str, tuple[int, int]]:
     """Configured replicas and current peers of the stream and the group's KV buckets."""
-    from airflow_nats_ordered.core.group.store import GroupConfig
+    from airflow_nats_ordered.core.group.config import GroupConfig
 
     cfg = GroupConfig(stream=stream, group=group)
     nc = await nats.connect(url)

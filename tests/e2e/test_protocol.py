@@ -16,13 +16,15 @@ import pytest
 from protocol_page import golden_vectors, kv_examples, page_text
 
 from airflow_nats_ordered.core.admin.drain import wait_drained
-from airflow_nats_ordered.core.publish.publisher import OrderedPublisher, derive_msg_id
+from airflow_nats_ordered.core.publish.msg_ids import derive_msg_id
+from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
 from airflow_nats_ordered.core.publish.runs import _key as run_key
 from airflow_nats_ordered.core.publish.runs import ledger_bucket, publish_run
 from airflow_nats_ordered.core.stream.keys import key_header, message_key
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, describe, provision
 from airflow_nats_ordered.core.stream.partitioning import partition_for, partition_subject
-from airflow_nats_ordered.core.worker.worker import Worker, WorkerConfig
+from airflow_nats_ordered.core.worker.config import WorkerConfig
+from airflow_nats_ordered.core.worker.worker import Worker
 
 VECTORS = golden_vectors()
 RECORDS = VECTORS["records"]

@@ -12,7 +12,7 @@ from authfixtures import new_nkey
 from spark_helpers import make_stream, run_record, stored
 from streamcheck import read_stream
 
-from airflow_nats_ordered.core.connection.connect import ConnectionOptions
+from airflow_nats_ordered.core.connection.options import ConnectionOptions
 from airflow_nats_ordered.core.errors import ConfigError
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
 from airflow_nats_ordered.embedded.servers import NatsServer

@@ -18,9 +18,10 @@ from spark_helpers import on_server
 
 from airflow_nats_ordered.core.order.reader import GlobalOrderReader
 from airflow_nats_ordered.core.order.sequencer import SequencerBusy
-from airflow_nats_ordered.core.order.watermarks import HDR_GLOBAL_SEQ, GlobalOrder, watermark_bucket
+from airflow_nats_ordered.core.order.watermarks import HDR_GLOBAL_SEQ, GlobalOrder
 from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
 from airflow_nats_ordered.core.publish.runs import RunLedger
+from airflow_nats_ordered.core.stream.buckets import watermark_bucket
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
 
 pytest.importorskip("pyspark")

@@ -14,8 +14,8 @@ from streamcheck import read_stream
 
 pytest.importorskip("pyarrow")
 
+from airflow_nats_ordered.core.publish.config import PublisherConfig
 from airflow_nats_ordered.core.publish.msg_ids import derive_msg_id  # noqa: E402
-from airflow_nats_ordered.core.publish.publisher import PublisherConfig  # noqa: E402
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision  # noqa: E402
 from airflow_nats_ordered.core.stream.partitioning import partition_for  # noqa: E402
 from airflow_nats_ordered.spark.resume import ResumingPublisher  # noqa: E402

@@ -24,7 +24,8 @@ import pytest
 from airflow_dags import dag_file, task_states
 from streamcheck import read_stream
 
-from airflow_nats_ordered.core.connection.connect import ConnectionOptions, connect
+from airflow_nats_ordered.core.connection.connect import connect
+from airflow_nats_ordered.core.connection.options import ConnectionOptions
 from airflow_nats_ordered.core.publish.runs import RunLedger
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
 from airflow_nats_ordered.embedded.servers import NatsServer

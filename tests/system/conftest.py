@@ -48,7 +48,7 @@ def group_workers(request: pytest.FixtureRequest, nats_default: str) -> Iterator
     from airflow_dags import BackgroundPool, on_server
 
     from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
-    from airflow_nats_ordered.core.worker.worker import WorkerConfig
+    from airflow_nats_ordered.core.worker.config import WorkerConfig
 
     url = request.getfixturevalue("shared_nats_server").url
     stream, partitions = module.STREAM, module.PARTITIONS

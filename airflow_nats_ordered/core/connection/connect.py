@@ -8,9 +8,7 @@ restarts. Connection events are logged on this module's logger
 (``airflow_nats_ordered.core.connection.connect``).
 
 How to reach NATS (servers, credentials, TLS, timeouts) is described by
-:class:`~.options.ConnectionOptions`, re-exported
-here with :data:`DEFAULT_SERVER` and :data:`ENV_VARS` so ``from
-airflow_nats_ordered.core.connection.connect import ConnectionOptions, connect`` keeps working.
+:class:`~.options.ConnectionOptions`.
 """
 
 from __future__ import annotations
@@ -33,14 +31,14 @@ from nats.aio.client import Client
 from airflow_nats_ordered.core.connection.credentials import _check_creds_file
 from airflow_nats_ordered.core.connection.fields import (
     _AUTH_HINT,
-    DEFAULT_SERVER,
-    ENV_VARS,
     _strip_userinfo,
 )
 from airflow_nats_ordered.core.connection.options import ConnectionOptions
 from airflow_nats_ordered.core.errors import AuthError, ConfigError, ConnectError
 
-__all__ = ["DEFAULT_SERVER", "ENV_VARS", "ConnectionOptions", "connect"]
+__all__ = [
+    "connect",
+]
 
 _log = logging.getLogger(__name__)
 

@@ -33,7 +33,8 @@ import socket
 from collections.abc import Mapping
 from typing import Any
 
-from airflow_nats_ordered.core.connection.connect import ENV_VARS, ConnectionOptions
+from airflow_nats_ordered.core.connection.fields import ENV_VARS
+from airflow_nats_ordered.core.connection.options import ConnectionOptions
 from airflow_nats_ordered.core.errors import ConfigError
 
 #: the variables beyond the ``nats`` CLI's -> ConnectionOptions field

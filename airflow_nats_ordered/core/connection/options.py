@@ -9,8 +9,8 @@ connection extras (:meth:`ConnectionOptions.from_mapping`).
 
 Option names, environment variables and the parsing of single values live in
 :mod:`~.fields`; checks of creds files and nkey seeds
-in :mod:`~.credentials`. Import it from
-:mod:`.connect` (re-exported there) or from here.
+in :mod:`~.credentials`. Import it from here
+(or, as a user, from :mod:`airflow_nats_ordered.core`).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ stream it needs), its methods handing the verbs to them:
 * :mod:`.status` - the ``status`` snapshot (:class:`GroupState`)
 * :mod:`..stream.kv` - leader reads and bucket replicas
 
-Every name above stays importable from this module.
+Each name is imported from the module that defines it.
 
 Both buckets take the stream's replica count unless ``GroupConfig.replicas`` says otherwise,
 so the group's state is as durable as the stream it reads.
@@ -63,24 +63,16 @@ from airflow_nats_ordered.core.group.assignment import GroupAssignment, Rebalanc
 from airflow_nats_ordered.core.group.cas_writes import Answer
 from airflow_nats_ordered.core.group.commits import (
     CommitRecord,
-    CommitRecordMissing,
-    Fenced,
     Grant,
     GroupCommits,
-    next_token,
 )
 from airflow_nats_ordered.core.group.config import (
-    MISSING_COMMIT_POLICIES,
     GroupConfig,
-    MissingCommitPolicy,
-    default_member_id,
 )
-from airflow_nats_ordered.core.group.leases import GroupLeases, Lease, LeaseLost
+from airflow_nats_ordered.core.group.leases import GroupLeases, Lease
 from airflow_nats_ordered.core.group.status import GroupSnapshot, GroupState
 from airflow_nats_ordered.core.group.stream_identity import (
     GroupStreamIdentity,
-    StateWentBack,
-    StreamRecreated,
 )
 from airflow_nats_ordered.core.stream.continuity import AtSeq
 from airflow_nats_ordered.core.stream.kv import ensure_replicas, latest_entry
@@ -88,22 +80,7 @@ from airflow_nats_ordered.core.stream.layout import GROUP_EPOCH_KEY, group_epoch
 from airflow_nats_ordered.core.stream.partitioned import PartitionedStream, describe
 
 __all__ = [
-    "MISSING_COMMIT_POLICIES",
-    "CommitRecord",
-    "CommitRecordMissing",
-    "Fenced",
-    "Grant",
-    "GroupConfig",
-    "GroupState",
     "GroupStore",
-    "Lease",
-    "LeaseLost",
-    "MissingCommitPolicy",
-    "RebalancePolicy",
-    "StateWentBack",
-    "StreamRecreated",
-    "default_member_id",
-    "next_token",
 ]
 
 

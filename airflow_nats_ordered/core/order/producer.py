@@ -69,8 +69,9 @@ from airflow_nats_ordered.core.order.producers import (
     format_event_time,
     show_time,
 )
-from airflow_nats_ordered.core.order.watermarks import open_watermarks, watermark_bucket
+from airflow_nats_ordered.core.order.watermarks import open_watermarks
 from airflow_nats_ordered.core.publish.summary import PublishError
+from airflow_nats_ordered.core.stream.buckets import watermark_bucket
 from airflow_nats_ordered.core.stream.kv import latest_entry
 
 if TYPE_CHECKING:

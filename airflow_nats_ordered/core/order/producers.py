@@ -36,7 +36,7 @@ from nats.js.errors import BucketNotFoundError, KeyWrongLastSequenceError, NotFo
 
 from airflow_nats_ordered.core.errors import ConfigError, NatsOrderedError
 from airflow_nats_ordered.core.order.event_time import DEFAULT_TIME_HEADER, parse_event_time
-from airflow_nats_ordered.core.order.watermarks import watermark_bucket
+from airflow_nats_ordered.core.stream.buckets import watermark_bucket
 from airflow_nats_ordered.core.stream.kv import bucket_keys, compact_json, latest_entry
 
 HDR_PRODUCER_ID = "Nats-Ordered-Global-Producer"

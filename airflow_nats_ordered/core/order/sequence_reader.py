@@ -30,9 +30,9 @@ from airflow_nats_ordered.core.order.strategy import ReadingContext
 from airflow_nats_ordered.core.order.watermarks import (
     HDR_GLOBAL_SEQ,
     parse_global_seq,
-    watermark_bucket,
     watermark_of,
 )
+from airflow_nats_ordered.core.stream.buckets import watermark_bucket
 from airflow_nats_ordered.core.stream.keys import message_key
 from airflow_nats_ordered.core.stream.kv import latest_entry
 

@@ -232,6 +232,5 @@ __all__ = [
     "open_global_order",
     "open_watermarks",
     "parse_global_seq",
-    "watermark_bucket",
     "watermark_of",
 ]

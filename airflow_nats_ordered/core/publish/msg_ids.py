@@ -6,7 +6,7 @@ order gives the same ids on every retry or rerun, whatever the stream's partitio
 which is what lets the server de-duplicate resends and reruns, also across a
 ``repartition``. Nothing of the layout (partition, position in the partition) is in it. The
 derivation is part of the wire protocol (``docs/protocol.md``, section 6, checked by its
-golden vectors); the header block is section 5.3. :mod:`.publisher` re-exports every name.
+golden vectors); the header block is section 5.3.
 """
 
 from __future__ import annotations

@@ -75,16 +75,14 @@ from airflow_nats_ordered.core.errors import (
     InvalidKeyError,
     InvalidMsgIdError,
     KeylessRecordError,
-    NatsOrderedError,  # noqa: F401 - re-exported
     PartitionMismatchError,
     RecordError,
     RecordTooLargeError,
 )
 from airflow_nats_ordered.core.publish import wire
-from airflow_nats_ordered.core.publish.config import (  # noqa: F401 - re-exported
+from airflow_nats_ordered.core.publish.config import (
     _MAX_BACKOFF,
     PublisherConfig,
-    check_producer_id,
 )
 from airflow_nats_ordered.core.publish.lane import _Lane
 from airflow_nats_ordered.core.publish.msg_ids import (
@@ -92,15 +90,13 @@ from airflow_nats_ordered.core.publish.msg_ids import (
     HDR_PRODUCER,
     HDR_SEQ,
     RESERVED_HEADERS,
-    _msg_id,  # noqa: F401 - re-exported
-    derive_msg_id,
     msg_id_base,
 )
 from airflow_nats_ordered.core.publish.run_layouts import OldLayout
 from airflow_nats_ordered.core.publish.sender import _Sender
 from airflow_nats_ordered.core.publish.sequence import SequenceMarks
-from airflow_nats_ordered.core.publish.summary import PartitionSummary, PublishError, PublishSummary
-from airflow_nats_ordered.core.stream.keys import HDR_KEY, HDR_KEY_B64, key_header_line  # noqa: F401 - HDR_KEY_B64 re-exported
+from airflow_nats_ordered.core.publish.summary import PublishError, PublishSummary
+from airflow_nats_ordered.core.stream.keys import key_header_line
 from airflow_nats_ordered.core.stream.partitioned import PartitionedStream, describe
 from airflow_nats_ordered.core.stream.partitioning import HASH_SEED, partition_wildcard
 
@@ -630,14 +626,4 @@ class OrderedPublisher:
 
 __all__ = [
     "OrderedPublisher",
-    "PublisherConfig",
-    "check_producer_id",
-    "PublishError",
-    "PublishSummary",
-    "PartitionSummary",
-    "derive_msg_id",
-    "HDR_KEY",
-    "HDR_MSG_ID",
-    "HDR_SEQ",
-    "HDR_PRODUCER",
 ]

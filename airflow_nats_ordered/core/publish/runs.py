@@ -68,14 +68,11 @@ from airflow_nats_ordered.core.errors import (
     RecordError,
     RecordTooLargeError,
 )
-from airflow_nats_ordered.core.publish.publisher import (
-    HDR_PRODUCER,
-    HDR_SEQ,
-    OrderedPublisher,
-    PublisherConfig,
-    PublishSummary,
-)
+from airflow_nats_ordered.core.publish.config import PublisherConfig
+from airflow_nats_ordered.core.publish.msg_ids import HDR_PRODUCER, HDR_SEQ
+from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
 from airflow_nats_ordered.core.publish.run_layouts import OldLayout
+from airflow_nats_ordered.core.publish.summary import PublishSummary
 from airflow_nats_ordered.core.stream.keys import MAX_KEY_BYTES
 from airflow_nats_ordered.core.stream.partitioned import PartitionedStream, describe
 

@@ -1,7 +1,5 @@
 """What a publisher reports: :class:`PublishSummary` per run and partition, and
 :class:`PublishError` when records were not confirmed as stored.
-
-:mod:`.publisher` re-exports every name.
 """
 
 from __future__ import annotations

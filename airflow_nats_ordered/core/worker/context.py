@@ -25,7 +25,8 @@ from typing import Any
 
 from nats.aio.client import Client as NATS
 
-from airflow_nats_ordered.core.group.store import GroupStore, Lease
+from airflow_nats_ordered.core.group.leases import Lease
+from airflow_nats_ordered.core.group.store import GroupStore
 from airflow_nats_ordered.core.stream.partitioned import PartitionedStream
 from airflow_nats_ordered.core.worker.config import WorkerConfig
 from airflow_nats_ordered.core.worker.owned import OwnedPartition

@@ -23,7 +23,7 @@ import logging
 from nats.errors import Error as NatsError
 
 from airflow_nats_ordered.core.errors import NatsOrderedError, OrderConflict
-from airflow_nats_ordered.core.group.store import StateWentBack
+from airflow_nats_ordered.core.group.stream_identity import StateWentBack
 from airflow_nats_ordered.core.stream.continuity import Position, divergence, stopped_reason
 from airflow_nats_ordered.core.stream.message import AppliedPosition, Message
 from airflow_nats_ordered.core.worker.context import MemberContext

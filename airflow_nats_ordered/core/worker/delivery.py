@@ -50,12 +50,9 @@ from airflow_nats_ordered.core.errors import (
     OrderConflict,
     StreamNotFoundError,
 )
-from airflow_nats_ordered.core.group.store import (
-    Fenced,
-    LeaseLost,
-    StateWentBack,
-    StreamRecreated,
-)
+from airflow_nats_ordered.core.group.commits import Fenced
+from airflow_nats_ordered.core.group.leases import LeaseLost
+from airflow_nats_ordered.core.group.stream_identity import StateWentBack, StreamRecreated
 from airflow_nats_ordered.core.stream.keys import HDR_KEY, HDR_KEY_B64
 from airflow_nats_ordered.core.stream.message import (
     HDR_MSG_ID,

@@ -39,7 +39,8 @@ from nats.errors import Error as NatsError
 from nats.js.errors import KeyWrongLastSequenceError
 
 from airflow_nats_ordered.core.errors import NatsOrderedError
-from airflow_nats_ordered.core.group.store import GroupConfig, GroupStore
+from airflow_nats_ordered.core.group.config import GroupConfig
+from airflow_nats_ordered.core.group.store import GroupStore
 from airflow_nats_ordered.core.stream.kv import compact_json, latest_entry
 from airflow_nats_ordered.core.stream.layout import (
     GROUP_EPOCH_KEY,

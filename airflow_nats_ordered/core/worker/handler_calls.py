@@ -16,7 +16,7 @@ import inspect
 from typing import Any
 
 from airflow_nats_ordered.core.errors import BatchFailed, OrderConflict
-from airflow_nats_ordered.core.group.store import Fenced
+from airflow_nats_ordered.core.group.commits import Fenced
 from airflow_nats_ordered.core.stream.continuity import delivering
 from airflow_nats_ordered.core.stream.message import HDR_MSG_ID, BatchHandler, Handler, Message
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from nats.errors import Error as NatsError
 
-from airflow_nats_ordered.core.group.store import Lease, LeaseLost
+from airflow_nats_ordered.core.group.leases import Lease, LeaseLost
 from airflow_nats_ordered.core.worker.context import MemberContext
 from airflow_nats_ordered.core.worker.leader import Leader
 from airflow_nats_ordered.core.worker.owned import OwnedPartition

@@ -18,8 +18,9 @@ from collections.abc import Callable
 from nats.errors import Error as NatsError
 from nats.js.errors import KeyDeletedError, KeyNotFoundError
 
+from airflow_nats_ordered.core.group.assignment import RebalancePolicy
 from airflow_nats_ordered.core.group.assignor import Assignment, assign
-from airflow_nats_ordered.core.group.store import Lease, LeaseLost, RebalancePolicy
+from airflow_nats_ordered.core.group.leases import Lease, LeaseLost
 from airflow_nats_ordered.core.stream.kv import bucket_keys
 from airflow_nats_ordered.core.worker.context import MemberContext
 

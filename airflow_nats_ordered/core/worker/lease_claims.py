@@ -14,7 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from airflow_nats_ordered.core.group.store import GroupStore, Lease
+from airflow_nats_ordered.core.group.leases import Lease
+from airflow_nats_ordered.core.group.store import GroupStore
 
 #: clean-ups of cancelled claims (a reference keeps each task alive until it ends)
 _RELEASING: set[asyncio.Task[None]] = set()

@@ -19,7 +19,8 @@ from typing import Any
 
 from nats.aio.client import Client as NATS
 
-from airflow_nats_ordered.core.connection.connect import ConnectionOptions, connect
+from airflow_nats_ordered.core.connection.connect import connect
+from airflow_nats_ordered.core.connection.options import ConnectionOptions
 from airflow_nats_ordered.core.errors import ConfigError
 from airflow_nats_ordered.core.stream.message import BatchHandler, Handler
 from airflow_nats_ordered.core.worker.config import WorkerConfig

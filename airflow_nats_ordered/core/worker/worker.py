@@ -58,30 +58,21 @@ from airflow_nats_ordered.core.stream.message import (
     AppliedPosition,
     BatchHandler,
     Handler,
-    Message,
 )
 from airflow_nats_ordered.core.stream.partitioned import PartitionedStream
 from airflow_nats_ordered.core.worker.backoff import ClaimBackoff
 from airflow_nats_ordered.core.worker.config import WorkerConfig
 from airflow_nats_ordered.core.worker.context import MemberContext
-from airflow_nats_ordered.core.worker.dead_letters import HDR_ERROR, dead_letter_subject
 from airflow_nats_ordered.core.worker.delivery import Delivery
 from airflow_nats_ordered.core.worker.epochs import EpochSwitch, read_group_epoch
 from airflow_nats_ordered.core.worker.heartbeat import Heartbeat
 from airflow_nats_ordered.core.worker.leader import Leader
 from airflow_nats_ordered.core.worker.owned import OwnedPartition
-from airflow_nats_ordered.core.worker.presence import GroupDeletedError, GroupWatch
+from airflow_nats_ordered.core.worker.presence import GroupWatch
 from airflow_nats_ordered.core.worker.reconcile import Reconciler
 
 __all__ = [
-    "HDR_ERROR",
-    "BatchHandler",
-    "GroupDeletedError",
-    "Handler",
-    "Message",
     "Worker",
-    "WorkerConfig",
-    "dead_letter_subject",
     "run_worker",
 ]
 

@@ -13,11 +13,11 @@ from airflow_nats_ordered.core.admin.delete import GroupInUseError, delete_group
 from airflow_nats_ordered.core.admin.dlq import dead_letter_stream, dead_letters
 from airflow_nats_ordered.core.admin.drain import wait_drained
 from airflow_nats_ordered.core.admin.membership import GroupNotFoundError, live_members
-from airflow_nats_ordered.core.group.store import GroupConfig
+from airflow_nats_ordered.core.group.config import GroupConfig
 from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
+from airflow_nats_ordered.core.worker.config import WorkerConfig
 from airflow_nats_ordered.core.worker.pool import WorkerPool
-from airflow_nats_ordered.core.worker.worker import WorkerConfig
 
 N = 200
 

@@ -15,19 +15,17 @@ from airflow_nats_ordered.core.admin.drain_errors import (
     NoMembersError,
     PartitionBlockedError,
 )
-from airflow_nats_ordered.core.connection.connect import ConnectionOptions
+from airflow_nats_ordered.core.connection.options import ConnectionOptions
 from airflow_nats_ordered.core.errors import ConfigError
+from airflow_nats_ordered.core.group.commits import CommitRecord
 from airflow_nats_ordered.core.group.lag import committed_positions, group_lag, needs_count
-from airflow_nats_ordered.core.group.store import (
-    CommitRecord,
-    GroupState,
-    GroupStore,
-    StreamRecreated,
-)
+from airflow_nats_ordered.core.group.status import GroupState
+from airflow_nats_ordered.core.group.store import GroupStore
+from airflow_nats_ordered.core.group.stream_identity import StreamRecreated
 from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
 from airflow_nats_ordered.core.stream.partitioned import PartitionStats, StreamSpec, provision
+from airflow_nats_ordered.core.worker.config import WorkerConfig
 from airflow_nats_ordered.core.worker.pool import WorkerPool
-from airflow_nats_ordered.core.worker.worker import WorkerConfig
 
 
 async def _stream_with(nc, stream, n, partitions=4, keys=20):

@@ -18,7 +18,8 @@ import authfixtures as af
 import nats
 import pytest
 
-from airflow_nats_ordered.core.connection.connect import ConnectionOptions, connect
+from airflow_nats_ordered.core.connection.connect import connect
+from airflow_nats_ordered.core.connection.options import ConnectionOptions
 from airflow_nats_ordered.core.errors import AuthError, ConfigError, ConnectError
 from airflow_nats_ordered.embedded.process import free_port
 from airflow_nats_ordered.embedded.servers import NatsServer

@@ -12,7 +12,10 @@ import pytest
 
 from airflow_nats_ordered.core.admin.membership import live_members
 from airflow_nats_ordered.core.errors import ConfigError
-from airflow_nats_ordered.core.group.store import Fenced, GroupConfig, GroupStore, LeaseLost
+from airflow_nats_ordered.core.group.commits import Fenced
+from airflow_nats_ordered.core.group.config import GroupConfig
+from airflow_nats_ordered.core.group.leases import LeaseLost
+from airflow_nats_ordered.core.group.store import GroupStore
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
 
 

@@ -14,11 +14,11 @@ from nats import errors as nats_errors
 from nats.js.errors import NoStreamResponseError, ServiceUnavailableError
 from streamcheck import read_stream
 
-from airflow_nats_ordered.core.connection.connect import ConnectionOptions
-from airflow_nats_ordered.core.group.store import GroupConfig
+from airflow_nats_ordered.core.connection.options import ConnectionOptions
+from airflow_nats_ordered.core.group.config import GroupConfig
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
+from airflow_nats_ordered.core.worker.config import WorkerConfig
 from airflow_nats_ordered.core.worker.pool import WorkerPool
-from airflow_nats_ordered.core.worker.worker import WorkerConfig
 
 PARTITIONS = 4
 

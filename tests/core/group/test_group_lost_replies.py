@@ -14,7 +14,10 @@ from dataclasses import replace
 import nats
 import pytest
 
-from airflow_nats_ordered.core.group.store import Fenced, GroupConfig, GroupStore, LeaseLost
+from airflow_nats_ordered.core.group.commits import Fenced
+from airflow_nats_ordered.core.group.config import GroupConfig
+from airflow_nats_ordered.core.group.leases import LeaseLost
+from airflow_nats_ordered.core.group.store import GroupStore
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
 
 

@@ -16,8 +16,8 @@ from airflow_nats_ordered.core.group.assignor import Assignment
 from airflow_nats_ordered.core.group.store import GroupStore
 from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
+from airflow_nats_ordered.core.worker.config import WorkerConfig
 from airflow_nats_ordered.core.worker.pool import WorkerPool
-from airflow_nats_ordered.core.worker.worker import WorkerConfig
 
 
 def _cfg(stream: str) -> WorkerConfig:
@@ -114,7 +114,7 @@ def test_a_policy_the_leader_cannot_obey_is_reported_and_never_stops_the_group(
     keeps the plain assignment instead of crashing every member in turn."""
     from airflow_nats_ordered.core.admin.membership import live_members
     from airflow_nats_ordered.core.errors import ConfigError
-    from airflow_nats_ordered.core.group.store import RebalancePolicy
+    from airflow_nats_ordered.core.group.assignment import RebalancePolicy
 
     async def handler(msg):
         pass

@@ -10,7 +10,7 @@ import nats
 from airflow_nats_ordered.core.admin.membership import live_members
 from airflow_nats_ordered.core.group.store import GroupStore
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
-from airflow_nats_ordered.core.worker.worker import WorkerConfig
+from airflow_nats_ordered.core.worker.config import WorkerConfig
 
 
 def test_a_commit_record_written_after_the_key_listing_is_not_called_deleted(

@@ -8,7 +8,9 @@ import nats
 import pytest
 
 from airflow_nats_ordered.core.errors import ConfigError
-from airflow_nats_ordered.core.group.store import GroupConfig, GroupStore, StreamRecreated
+from airflow_nats_ordered.core.group.config import GroupConfig
+from airflow_nats_ordered.core.group.store import GroupStore
+from airflow_nats_ordered.core.group.stream_identity import StreamRecreated
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
 
 

@@ -9,12 +9,9 @@ import nats
 import pytest
 
 from airflow_nats_ordered.core.errors import ConfigError
-from airflow_nats_ordered.core.group.store import (
-    CommitRecordMissing,
-    GroupConfig,
-    GroupStore,
-    next_token,
-)
+from airflow_nats_ordered.core.group.commits import CommitRecordMissing, next_token
+from airflow_nats_ordered.core.group.config import GroupConfig
+from airflow_nats_ordered.core.group.store import GroupStore
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
 
 

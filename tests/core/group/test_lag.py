@@ -26,7 +26,8 @@ from airflow_nats_ordered.core.stream.partitioned import (
     provision,
 )
 from airflow_nats_ordered.core.stream.repartition import repartition
-from airflow_nats_ordered.core.worker.worker import Worker, WorkerConfig
+from airflow_nats_ordered.core.worker.config import WorkerConfig
+from airflow_nats_ordered.core.worker.worker import Worker
 from airflow_nats_ordered.members.metrics import serve_member
 
 #: bound on every wait for workers to commit (a loaded 2-core machine)

@@ -19,12 +19,14 @@ import pytest
 
 from airflow_nats_ordered.core.admin.dlq import dead_letters
 from airflow_nats_ordered.core.admin.reset import reset_group
-from airflow_nats_ordered.core.group.store import Fenced, GroupStore
+from airflow_nats_ordered.core.group.commits import Fenced
+from airflow_nats_ordered.core.group.store import GroupStore
 from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
 from airflow_nats_ordered.core.sink.fenced import FencedSqliteSink
 from airflow_nats_ordered.core.sink.fencing import Verdict
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
-from airflow_nats_ordered.core.worker.worker import Worker, WorkerConfig
+from airflow_nats_ordered.core.worker.config import WorkerConfig
+from airflow_nats_ordered.core.worker.worker import Worker
 
 STREAM, GROUP = "ROLLBACK", "g"
 

@@ -16,11 +16,13 @@ from airflow_nats_ordered.core.group.commits import Fenced
 from airflow_nats_ordered.core.group.global_position import POSITION_KEY
 from airflow_nats_ordered.core.order.merge import GlobalOrderViolation
 from airflow_nats_ordered.core.order.reader import GlobalMessage, GlobalOrderReader
-from airflow_nats_ordered.core.order.watermarks import HDR_GLOBAL_SEQ, GlobalOrder, watermark_bucket
+from airflow_nats_ordered.core.order.watermarks import HDR_GLOBAL_SEQ, GlobalOrder
 from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
+from airflow_nats_ordered.core.stream.buckets import watermark_bucket
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
 from airflow_nats_ordered.core.stream.partitioning import partition_for
-from airflow_nats_ordered.core.worker.worker import Worker, WorkerConfig
+from airflow_nats_ordered.core.worker.config import WorkerConfig
+from airflow_nats_ordered.core.worker.worker import Worker
 
 WAIT = 60.0
 

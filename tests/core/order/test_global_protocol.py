@@ -16,8 +16,9 @@ from airflow_nats_ordered.core.group.global_position import POSITION_KEY
 from airflow_nats_ordered.core.order.event_time import DEFAULT_TIME_HEADER
 from airflow_nats_ordered.core.order.producer import GlobalProducer
 from airflow_nats_ordered.core.order.reader import GlobalOrderReader
-from airflow_nats_ordered.core.order.watermarks import GlobalOrder, watermark_bucket
+from airflow_nats_ordered.core.order.watermarks import GlobalOrder
 from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
+from airflow_nats_ordered.core.stream.buckets import watermark_bucket
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
 
 

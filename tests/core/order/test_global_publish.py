@@ -12,13 +12,11 @@ import pytest
 
 from airflow_nats_ordered.core.errors import RecordError
 from airflow_nats_ordered.core.order.sequencer import SEQUENCER_KEY, STALE_AFTER, SequencerBusy
-from airflow_nats_ordered.core.order.watermarks import HDR_GLOBAL_SEQ, GlobalOrder, watermark_bucket
-from airflow_nats_ordered.core.publish.publisher import (
-    HDR_MSG_ID,
-    OrderedPublisher,
-    PublisherConfig,
-    derive_msg_id,
-)
+from airflow_nats_ordered.core.order.watermarks import HDR_GLOBAL_SEQ, GlobalOrder
+from airflow_nats_ordered.core.publish.config import PublisherConfig
+from airflow_nats_ordered.core.publish.msg_ids import HDR_MSG_ID, derive_msg_id
+from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
+from airflow_nats_ordered.core.stream.buckets import watermark_bucket
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
 from airflow_nats_ordered.operators.failures import unfixable
 

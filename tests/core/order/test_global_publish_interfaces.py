@@ -11,7 +11,8 @@ from airflow_dags import dag_file, nats_connection, on_server, task_states
 from streamcheck import write_jsonl
 
 from airflow_nats_ordered.cli import main as cli
-from airflow_nats_ordered.core.order.watermarks import HDR_GLOBAL_SEQ, watermark_bucket
+from airflow_nats_ordered.core.order.watermarks import HDR_GLOBAL_SEQ
+from airflow_nats_ordered.core.stream.buckets import watermark_bucket
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
 
 

@@ -22,7 +22,7 @@ import pytest
 from spark_helpers import make_stream, on_server, stored
 
 from airflow_nats_ordered import cli
-from airflow_nats_ordered.core.publish.publisher import PublisherConfig
+from airflow_nats_ordered.core.publish.config import PublisherConfig
 from airflow_nats_ordered.core.publish.runs import RunLedger, publish_run
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
 from airflow_nats_ordered.core.stream.repartition import repartition

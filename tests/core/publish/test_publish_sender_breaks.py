@@ -16,7 +16,8 @@ from locations import TESTS
 from nats.js import api
 from streamcheck import check_stored, make_records, read_stream
 
-from airflow_nats_ordered.core.publish.publisher import OrderedPublisher, PublishError
+from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
+from airflow_nats_ordered.core.publish.summary import PublishError
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
 from airflow_nats_ordered.core.stream.partitioning import partition_for
 

@@ -15,15 +15,15 @@ from airflow_nats_ordered.core.errors import (
     RecordError,
     RecordTooLargeError,
 )
-from airflow_nats_ordered.core.publish.publisher import (
-    HDR_KEY,
+from airflow_nats_ordered.core.publish.config import PublisherConfig
+from airflow_nats_ordered.core.publish.msg_ids import (
     HDR_MSG_ID,
     HDR_PRODUCER,
     HDR_SEQ,
-    OrderedPublisher,
-    PublisherConfig,
     derive_msg_id,
 )
+from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
+from airflow_nats_ordered.core.stream.keys import HDR_KEY
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
 from airflow_nats_ordered.core.stream.partitioning import partition_for
 

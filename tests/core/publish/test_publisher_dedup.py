@@ -16,14 +16,10 @@ import pytest
 from streamcheck import read_stream
 
 from airflow_nats_ordered.core.errors import ConfigError
-from airflow_nats_ordered.core.publish.publisher import (
-    HDR_MSG_ID,
-    HDR_SEQ,
-    OrderedPublisher,
-    PublisherConfig,
-    PublishError,
-    derive_msg_id,
-)
+from airflow_nats_ordered.core.publish.config import PublisherConfig
+from airflow_nats_ordered.core.publish.msg_ids import HDR_MSG_ID, HDR_SEQ, derive_msg_id
+from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
+from airflow_nats_ordered.core.publish.summary import PublishError
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
 from airflow_nats_ordered.core.stream.partitioning import partition_for
 

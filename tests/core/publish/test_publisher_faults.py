@@ -13,7 +13,8 @@ import nats
 import pytest
 from streamcheck import check_stored, make_records, read_stream, stored_problems
 
-from airflow_nats_ordered.core.publish.publisher import OrderedPublisher, PublishError
+from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
+from airflow_nats_ordered.core.publish.summary import PublishError
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
 
 

@@ -13,7 +13,9 @@ import pytest
 from streamcheck import check_stored, make_records, read_stream
 
 from airflow_nats_ordered.core.errors import KeylessRecordError, MissingKeyError
-from airflow_nats_ordered.core.publish.publisher import OrderedPublisher, PublishError, _Lane
+from airflow_nats_ordered.core.publish.lane import _Lane
+from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
+from airflow_nats_ordered.core.publish.summary import PublishError
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
 
 MB = 1_000_000

@@ -11,13 +11,9 @@ import nats
 import pytest
 
 from airflow_nats_ordered.core.order.watermarks import GlobalOrder
-from airflow_nats_ordered.core.publish.publisher import (
-    HDR_KEY,
-    HDR_MSG_ID,
-    HDR_PRODUCER,
-    OrderedPublisher,
-    derive_msg_id,
-)
+from airflow_nats_ordered.core.publish.msg_ids import HDR_MSG_ID, HDR_PRODUCER, derive_msg_id
+from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
+from airflow_nats_ordered.core.stream.keys import HDR_KEY
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
 
 

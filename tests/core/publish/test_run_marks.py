@@ -171,7 +171,7 @@ def test_a_killed_attempts_progress_records_carry_its_marks_and_a_drain_by_run_w
     from airflow_dags import nats_connection
 
     from airflow_nats_ordered.core.group.store import GroupStore
-    from airflow_nats_ordered.core.worker.worker import WorkerConfig
+    from airflow_nats_ordered.core.worker.config import WorkerConfig
     from airflow_nats_ordered.sensors.drain import NatsGroupDrainSensor
 
     monkeypatch.setenv("AIRFLOW_CONN_NATS_DEFAULT", nats_connection(nats_url))
@@ -265,7 +265,7 @@ def test_a_drain_on_a_retried_publish_waits_for_what_the_killed_try_stored(
     from airflow_dags import BackgroundPool, dag_file, nats_connection, task_states
 
     from airflow_nats_ordered.core.group.store import GroupStore
-    from airflow_nats_ordered.core.worker.worker import WorkerConfig
+    from airflow_nats_ordered.core.worker.config import WorkerConfig
 
     monkeypatch.setenv("AIRFLOW_CONN_NATS_DEFAULT", nats_connection(nats_url))
     pid = f"{unique_name}.publish.dag"
@@ -315,7 +315,8 @@ def test_a_spark_run_records_a_mark_for_every_partition_its_tasks_stored(nats_ur
     """The Spark driver's record of a run: a task report whose publisher could not read a
     partition's last sequence (0: the server did not answer in time) still yields that
     partition's mark, and a partition only an earlier attempt stored keeps its mark."""
-    from airflow_nats_ordered.core.publish.publisher import OrderedPublisher, PublisherConfig
+    from airflow_nats_ordered.core.publish.config import PublisherConfig
+    from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
     from airflow_nats_ordered.spark.options import SinkOptions
     from airflow_nats_ordered.spark.runs import record_run
     from airflow_nats_ordered.spark.task import TaskReport

@@ -10,7 +10,8 @@ import nats
 import pytest
 from streamcheck import read_stream
 
-from airflow_nats_ordered.core.publish.publisher import OrderedPublisher, PublisherConfig
+from airflow_nats_ordered.core.publish.config import PublisherConfig
+from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
 from airflow_nats_ordered.core.publish.runs import RunLedger, publish_run
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
 from airflow_nats_ordered.inputs.files import records_from_rows

@@ -3,7 +3,7 @@ applied position (with the msg-id of the message a worker is delivering)."""
 
 from __future__ import annotations
 
-from airflow_nats_ordered.core.group.store import CommitRecord
+from airflow_nats_ordered.core.group.commits import CommitRecord
 from airflow_nats_ordered.core.sink.fenced import FencedSqliteSink
 from airflow_nats_ordered.core.stream.continuity import (
     AtSeq,

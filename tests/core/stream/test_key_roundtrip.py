@@ -14,11 +14,13 @@ import time
 import nats
 import pytest
 
-from airflow_nats_ordered.core.publish.publisher import InvalidKeyError, OrderedPublisher
+from airflow_nats_ordered.core.errors import InvalidKeyError
+from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
 from airflow_nats_ordered.core.stream.keys import HDR_KEY, HDR_KEY_B64, MAX_KEY_BYTES
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
 from airflow_nats_ordered.core.stream.partitioning import partition_for
-from airflow_nats_ordered.core.worker.worker import Worker, WorkerConfig
+from airflow_nats_ordered.core.worker.config import WorkerConfig
+from airflow_nats_ordered.core.worker.worker import Worker
 
 P = 8
 N = 3  # records per key

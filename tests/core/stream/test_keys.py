@@ -7,12 +7,11 @@ import base64
 
 import pytest
 
+from airflow_nats_ordered.core.errors import InvalidKeyError, KeyEncodingError
 from airflow_nats_ordered.core.stream.keys import (
     HDR_KEY,
     HDR_KEY_B64,
     MAX_KEY_BYTES,
-    InvalidKeyError,
-    KeyEncodingError,
     is_header_safe,
     key_header,
     key_header_line,

@@ -28,7 +28,8 @@ from airflow_nats_ordered.core.stream.repartition import (
     lock_bucket,
     repartition,
 )
-from airflow_nats_ordered.core.worker.worker import Worker, WorkerConfig
+from airflow_nats_ordered.core.worker.config import WorkerConfig
+from airflow_nats_ordered.core.worker.worker import Worker
 
 KEYS = 12
 

@@ -14,7 +14,8 @@ from airflow_nats_ordered.core.admin.reset import plan_reset, reset_group
 from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
 from airflow_nats_ordered.core.stream.repartition import repartition
-from airflow_nats_ordered.core.worker.worker import Worker, WorkerConfig
+from airflow_nats_ordered.core.worker.config import WorkerConfig
+from airflow_nats_ordered.core.worker.worker import Worker
 
 
 def test_a_reset_before_the_switch_is_a_reset_of_the_old_layout(shared_nats_server, unique_name):

@@ -41,7 +41,8 @@ from airflow_nats_ordered.core.stream.partitioned import (
     stream_contents,
 )
 from airflow_nats_ordered.core.stream.repartition import lock_bucket
-from airflow_nats_ordered.core.worker.worker import Worker, WorkerConfig
+from airflow_nats_ordered.core.worker.config import WorkerConfig
+from airflow_nats_ordered.core.worker.worker import Worker
 
 #: the testing hook and the steps of a run (``core.repartition.CRASH_ENV``, ``CRASH_POINTS``)
 CRASH_ENV = "NATS_ORDERED_REPARTITION_CRASH_AT"

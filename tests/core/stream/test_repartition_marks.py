@@ -19,7 +19,8 @@ from airflow_nats_ordered.core.errors import ConfigError
 from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision, stream_contents
 from airflow_nats_ordered.core.stream.repartition import repartition
-from airflow_nats_ordered.core.worker.worker import Worker, WorkerConfig
+from airflow_nats_ordered.core.worker.config import WorkerConfig
+from airflow_nats_ordered.core.worker.worker import Worker
 from airflow_nats_ordered.sensors.drain import NatsGroupDrainSensor
 from airflow_nats_ordered.triggers.drain import NatsGroupDrainTrigger
 

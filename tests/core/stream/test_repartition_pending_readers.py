@@ -40,7 +40,8 @@ from airflow_nats_ordered.core.admin.marks import DrainProgress
 from airflow_nats_ordered.core.group.lag import GroupLag, PartitionLag
 from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, describe, provision
-from airflow_nats_ordered.core.worker.worker import Worker, WorkerConfig
+from airflow_nats_ordered.core.worker.config import WorkerConfig
+from airflow_nats_ordered.core.worker.worker import Worker
 from airflow_nats_ordered.sensors.drain import NatsGroupDrainSensor
 
 CRASH_ENV = "NATS_ORDERED_REPARTITION_CRASH_AT"

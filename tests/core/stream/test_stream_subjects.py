@@ -21,7 +21,8 @@ from airflow_nats_ordered.cli import main as cli
 from airflow_nats_ordered.core.admin.drain import wait_drained
 from airflow_nats_ordered.core.admin.drain_errors import StrayMessagesError
 from airflow_nats_ordered.core.errors import ConfigError, StreamConflictError
-from airflow_nats_ordered.core.group.store import GroupConfig, GroupStore
+from airflow_nats_ordered.core.group.config import GroupConfig
+from airflow_nats_ordered.core.group.store import GroupStore
 from airflow_nats_ordered.core.stream.partitioned import (
     MAX_PARTITIONS,
     StreamSpec,
@@ -342,7 +343,8 @@ def test_a_members_metrics_count_strays_and_do_not_say_drained(
     stray message is counted and the group is not drained while it is there."""
     import urllib.request
 
-    from airflow_nats_ordered.core.worker.worker import Worker, WorkerConfig
+    from airflow_nats_ordered.core.worker.config import WorkerConfig
+    from airflow_nats_ordered.core.worker.worker import Worker
     from airflow_nats_ordered.embedded.process import free_port
     from airflow_nats_ordered.members.metrics import serve_member
 

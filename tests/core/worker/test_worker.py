@@ -14,7 +14,9 @@ import pytest
 from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
 from airflow_nats_ordered.core.stream.reader import PartitionReader
-from airflow_nats_ordered.core.worker.worker import HDR_ERROR, Worker, WorkerConfig
+from airflow_nats_ordered.core.worker.config import WorkerConfig
+from airflow_nats_ordered.core.worker.dead_letters import HDR_ERROR
+from airflow_nats_ordered.core.worker.worker import Worker
 
 
 async def _setup(url, stream, n, keys=50, partitions=8):

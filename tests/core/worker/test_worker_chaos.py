@@ -47,7 +47,7 @@ from chaos_handlers import EVENTS_DDL, resume
 from locations import TESTS
 from nats.js.errors import BucketNotFoundError, NotFoundError
 
-from airflow_nats_ordered.core.group.store import GroupConfig
+from airflow_nats_ordered.core.group.config import GroupConfig
 from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
 from airflow_nats_ordered.core.sink.audit import AuditRow, FenceEvent
 from airflow_nats_ordered.core.sink.fenced import FencedSqliteSink

@@ -21,10 +21,11 @@ from collections import defaultdict
 import nats
 from test_worker import _check_replays
 
-from airflow_nats_ordered.core.group.store import GroupConfig
+from airflow_nats_ordered.core.group.config import GroupConfig
 from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
-from airflow_nats_ordered.core.worker.worker import Worker, WorkerConfig
+from airflow_nats_ordered.core.worker.config import WorkerConfig
+from airflow_nats_ordered.core.worker.worker import Worker
 
 P = 4
 KEYS = 12

@@ -19,8 +19,9 @@ import time
 import nats
 import pytest
 
+from airflow_nats_ordered.core.group.config import GroupConfig
 from airflow_nats_ordered.core.group.leases import Lease
-from airflow_nats_ordered.core.group.store import GroupConfig, GroupStore
+from airflow_nats_ordered.core.group.store import GroupStore
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
 from airflow_nats_ordered.core.worker.committer import PartitionCommitter
 from airflow_nats_ordered.embedded.process import free_port

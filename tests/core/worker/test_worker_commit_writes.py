@@ -20,8 +20,10 @@ from dataclasses import replace
 
 import nats
 
+from airflow_nats_ordered.core.group.commits import Fenced
+from airflow_nats_ordered.core.group.config import GroupConfig
 from airflow_nats_ordered.core.group.leases import Lease
-from airflow_nats_ordered.core.group.store import Fenced, GroupConfig, GroupStore
+from airflow_nats_ordered.core.group.store import GroupStore
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
 from airflow_nats_ordered.core.worker.committer import PartitionCommitter
 

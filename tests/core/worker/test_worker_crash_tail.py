@@ -29,7 +29,8 @@ from collections import defaultdict
 import nats
 from locations import TESTS
 
-from airflow_nats_ordered.core.group.store import GroupConfig, GroupStore
+from airflow_nats_ordered.core.group.config import GroupConfig
+from airflow_nats_ordered.core.group.store import GroupStore
 from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
 

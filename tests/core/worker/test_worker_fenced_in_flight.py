@@ -20,9 +20,10 @@ import nats
 from test_worker import _publish, _until
 
 from airflow_nats_ordered.core.admin.reset import reset_group
-from airflow_nats_ordered.core.group.store import GroupConfig
+from airflow_nats_ordered.core.group.config import GroupConfig
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
-from airflow_nats_ordered.core.worker.worker import Worker, WorkerConfig
+from airflow_nats_ordered.core.worker.config import WorkerConfig
+from airflow_nats_ordered.core.worker.worker import Worker
 
 
 def test_an_owner_fenced_during_a_handler_call_commits_nothing_after_it(

@@ -20,7 +20,8 @@ from test_worker import _until
 
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, describe, provision
 from airflow_nats_ordered.core.stream.partitioning import partition_for
-from airflow_nats_ordered.core.worker.worker import Worker, WorkerConfig
+from airflow_nats_ordered.core.worker.config import WorkerConfig
+from airflow_nats_ordered.core.worker.worker import Worker
 
 KEY = "kk"
 BLOCKS = [

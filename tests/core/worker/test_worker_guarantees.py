@@ -14,11 +14,14 @@ import pytest
 from test_worker import Recorder, _cfg, _publish, _setup, _until
 
 from airflow_nats_ordered.core.errors import BatchFailed, ConfigError
-from airflow_nats_ordered.core.group.store import Fenced, GroupStore
+from airflow_nats_ordered.core.group.commits import Fenced
+from airflow_nats_ordered.core.group.store import GroupStore
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, describe, provision
 from airflow_nats_ordered.core.stream.reader import PartitionReader
+from airflow_nats_ordered.core.worker.config import WorkerConfig
+from airflow_nats_ordered.core.worker.dead_letters import HDR_ERROR
 from airflow_nats_ordered.core.worker.pool import WorkerPool
-from airflow_nats_ordered.core.worker.worker import HDR_ERROR, Worker, WorkerConfig
+from airflow_nats_ordered.core.worker.worker import Worker
 
 
 async def _dead_letters(nc, stream, expect):

@@ -22,9 +22,10 @@ import pytest
 from test_worker import _publish, _until
 from test_worker_guarantees import _dead_letters
 
-from airflow_nats_ordered.core.group.store import GroupConfig
+from airflow_nats_ordered.core.group.config import GroupConfig
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
-from airflow_nats_ordered.core.worker.worker import Worker, WorkerConfig
+from airflow_nats_ordered.core.worker.config import WorkerConfig
+from airflow_nats_ordered.core.worker.worker import Worker
 
 FAILS = {0: 1, 10: 2, 20: 10**6}  # record -> how many of its calls raise
 AWAITED_FAILS = {30: 1}  # record -> how many awaitables returned for it raise

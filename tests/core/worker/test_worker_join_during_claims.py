@@ -18,7 +18,8 @@ import nats
 from test_worker_commit_outages import KEYS, Handled, P, _check, _committed, _publish, _until
 
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
-from airflow_nats_ordered.core.worker.worker import Worker, WorkerConfig
+from airflow_nats_ordered.core.worker.config import WorkerConfig
+from airflow_nats_ordered.core.worker.worker import Worker
 
 TOTAL = 1200
 

@@ -12,8 +12,8 @@ import nats
 from airflow_nats_ordered.core.group.store import GroupStore
 from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
+from airflow_nats_ordered.core.worker.config import WorkerConfig
 from airflow_nats_ordered.core.worker.pool import WorkerPool
-from airflow_nats_ordered.core.worker.worker import WorkerConfig
 
 
 async def _publish(nc, stream: str, start: int, n: int) -> None:

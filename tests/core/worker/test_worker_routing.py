@@ -15,7 +15,9 @@ from airflow_nats_ordered.core.admin.dlq import dead_letters
 from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
 from airflow_nats_ordered.core.stream.partitioning import partition_for, partition_subject
-from airflow_nats_ordered.core.worker.worker import HDR_ERROR, Worker, WorkerConfig
+from airflow_nats_ordered.core.worker.config import WorkerConfig
+from airflow_nats_ordered.core.worker.dead_letters import HDR_ERROR
+from airflow_nats_ordered.core.worker.worker import Worker
 
 P = 4
 

@@ -14,9 +14,10 @@ import json
 
 import nats
 
-from airflow_nats_ordered.core.group.store import GroupConfig
+from airflow_nats_ordered.core.group.config import GroupConfig
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
-from airflow_nats_ordered.core.worker.worker import Worker, WorkerConfig
+from airflow_nats_ordered.core.worker.config import WorkerConfig
+from airflow_nats_ordered.core.worker.worker import Worker
 
 
 async def _until(cond, timeout=60.0):  # a bound on a hang: a loaded machine is slow

@@ -10,8 +10,8 @@ import nats
 from airflow_nats_ordered.core.admin.drain import wait_drained
 from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
+from airflow_nats_ordered.core.worker.config import WorkerConfig
 from airflow_nats_ordered.core.worker.pool import WorkerPool
-from airflow_nats_ordered.core.worker.worker import WorkerConfig
 
 
 def test_member_counts_handler_errors_rebalances_and_times_its_renewals(nats_url, unique_name):

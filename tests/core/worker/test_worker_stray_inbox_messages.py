@@ -21,7 +21,8 @@ import nats
 from test_worker import Recorder, _publish, _until
 
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
-from airflow_nats_ordered.core.worker.worker import Worker, WorkerConfig
+from airflow_nats_ordered.core.worker.config import WorkerConfig
+from airflow_nats_ordered.core.worker.worker import Worker
 
 READER_INBOX = re.compile(r"_INBOX\.[A-Za-z0-9]+")  # (no wildcard: not a request mux)
 
