@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -53,17 +54,44 @@ def _member_flags(url: str, stream: str) -> list[str]:
     ]
 
 
-def test_a_worker_sigterm_during_startup_leaves_with_exit_0(nats_url, unique_name):
-    _provision(nats_url, unique_name)
-    proc = subprocess.Popen(
-        [*CLI, "worker", *_member_flags(nats_url, unique_name), "--member-id", "m1"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env=_env(),
-    )
-    time.sleep(0.1)  # the interpreter runs; the CLI is still importing
-    proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=120)
+def _wait_catching(pid: int, sig: int, timeout: float = 60) -> None:
+    """Poll until process ``pid`` has a handler for ``sig`` (``SigCgt`` in /proc), every
+    millisecond: the CLI's start-up guard installs one first thing, seconds before the
+    worker's own handlers (imports, then the connection)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                status = f.read()
+        except OSError:
+            break  # exited
+        caught = int(status.split("SigCgt:")[1].split()[0], 16)
+        if caught & (1 << (sig - 1)):
+            return
+        time.sleep(0.001)
+    raise AssertionError(f"process {pid} did not catch signal {sig} within {timeout:.0f} s")
+
+
+def test_a_worker_sigterm_during_startup_leaves_with_exit_0(unique_name):
+    # a server that accepts the connection and never answers: the worker stays in its
+    # start-up (connecting), before it installs its own handlers, for as long as the test
+    # needs; the signal goes once the CLI catches SIGTERM. Before the fix nothing caught it
+    # there (the wait fails); a fixed sleep before the signal raced a loaded machine's
+    # interpreter start-up instead (-15 in a suite at load 14: no program can handle a
+    # signal before its interpreter runs its code)
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        url = f"nats://127.0.0.1:{silent.getsockname()[1]}"
+        proc = subprocess.Popen(
+            [*CLI, "worker", *_member_flags(url, unique_name), "--member-id", "m1"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=_env(),
+        )
+        try:
+            _wait_catching(proc.pid, signal.SIGTERM)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, (proc.returncode, out.decode(errors="replace")[-2000:])
 
 
