@@ -254,16 +254,16 @@ COMMAND = Command(
     "hand every partition's records to one handler in one exact global order",
     configure,
     run,
-    "Reads a stream published with a global sequence (PublisherConfig(global_order=True)) "
-    "and merges its partitions by it, exactly: a record is handed over only once no smaller "
-    "one can still arrive (watermarks advance idle partitions). The position is kept in the "
-    "group's state bucket; after a crash the records after the last written position are "
-    "handed over again, in the same order. SIGTERM/SIGINT: finish the record in hand, "
-    "write the position and exit 0. Exit 3 when it stops on an error: a record outside "
-    "the global order, a handler that raised (it is handed over again on restart), or a "
-    "newer reader of the same group, or (--order-by time or event-time, --late block) a "
-    "late record, or (event-time, unless --late dead-letter) a record without a usable "
-    "--time-header. --order-by event-time --watermarks merges several GlobalProducer "
-    "producers exactly, with no window (see `global-producers`). `status` shows why a "
-    "reader stopped. See docs/architecture/order.md.",
+    "Reads a stream published with a global sequence (publish --global-order, or "
+    "PublisherConfig(global_order=GlobalOrder())) and merges its partitions by it, exactly: a "
+    "record is handed over only once no smaller one can still arrive (watermarks advance idle "
+    "partitions). The position is kept in the group's state bucket; after a crash the records "
+    "after the last written position are handed over again, in the same order. SIGTERM/SIGINT: "
+    "finish the record in hand, write the position and exit 0. Exit 3 when it stops on an error: a "
+    "record outside the global order, a handler that raised (it is handed over again on restart), "
+    "or a newer reader of the same group, or (--order-by time or event-time, --late block) a late "
+    "record, or (event-time, unless --late dead-letter) a record without a usable --time-header. "
+    "--order-by event-time --watermarks merges several GlobalProducer producers exactly, with no "
+    "window (see `global-producers`). `status` shows why a reader stopped. See "
+    "docs/architecture/order.md.",
 )

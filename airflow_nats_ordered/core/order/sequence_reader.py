@@ -69,9 +69,11 @@ class SequenceStrategy:
                     ctx.fail(
                         GlobalOrderViolation(
                             f"partition {p}: the record at stream sequence {seq} has no "
-                            f"{HDR_GLOBAL_SEQ} header (it was published without "
-                            "global_order=True): it has no place in the global order; publish "
-                            "to a global-order stream only with global_order=True",
+                            f"{HDR_GLOBAL_SEQ} header (it was published without global "
+                            "order): it has no place in the global order; publish to a "
+                            "global-order stream only in global order "
+                            "(PublisherConfig(global_order=GlobalOrder()), publish "
+                            "--global-order, the operator's or Spark's global_order=True)",
                             p,
                         )
                     )

@@ -223,7 +223,7 @@ def test_a_record_without_a_global_sequence_stops_the_reader_before_it(nats_url,
             got: list[bytes] = []
             reader = GlobalOrderReader(nc, unique_name, "g", lambda m: got.append(m.data))
             await reader.start()
-            with pytest.raises(GlobalOrderViolation, match="global_order=True"):
+            with pytest.raises(GlobalOrderViolation, match=r"global_order=GlobalOrder\(\)"):
                 await asyncio.wait_for(reader.wait(), WAIT)
             return got
         finally:
