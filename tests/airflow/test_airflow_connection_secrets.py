@@ -16,6 +16,7 @@ import pytest
 from airflow_nats_ordered import get_provider_info
 from airflow_nats_ordered.core.errors import ConfigError
 from airflow_nats_ordered.embedded.servers import NatsServer
+from airflow_nats_ordered.hooks.connection_secrets import RENAMED_SECRET_EXTRAS
 from airflow_nats_ordered.hooks.nats import NatsHook, options_from_connection
 
 
@@ -107,6 +108,11 @@ def test_ui_edit_round_trip_keeps_the_hidden_secrets(secrets) -> None:
     assert [k for k in _secret_form_fields() if shown[k] != "***"] == []
     edited = {**shown, "connect_timeout": 7}
     assert merge(edited, extra) == {**extra, "connect_timeout": 7}
+    # why the former names are refused: under them, a *** sent back (had the value been
+    # masked) would replace the stored secret
+    for old, new in RENAMED_SECRET_EXTRAS.items():
+        assert merge({old: "***"}, {old: secrets["token"]}) == {old: "***"}
+        assert merge({new: "***"}, {new: secrets["token"]}) == {new: secrets["token"]}
 
 
 def test_secrets_read_by_the_hook_are_masked_in_logs(secrets, monkeypatch) -> None:
