@@ -15,11 +15,14 @@ form widget. So every secret extra of a ``nats`` connection is named with such a
 ``tls_private_key``         a TLS client key (PEM content)
 ==========================  ===========================================================
 
-The former names ``creds``, ``nkey_seed`` and ``tls_key`` are still read, so an existing
-connection keeps working, but Airflow shows their values in clear (unless
-``[core] sensitive_var_conn_names`` names them): :func:`clear_secret_warnings` says to
-rename them. Credentials inside a URL (Host or extra ``servers``) would be shown in clear
-too; :func:`check_no_url_credentials` refuses them.
+The former names ``creds``, ``nkey_seed`` and ``tls_key`` are refused, unread, with the
+rename to make (:func:`check_no_former_names`). Airflow shows a value under such a name in
+clear, and when the UI saves a connection it puts the stored value back for the ``***`` it
+sends only under a name it hides: had the value been registered with the masker the REST
+API redacts with, ``GET`` would show ``***`` and Save would store ``"***"`` over the
+secret. Unread, it is never registered, and the stored value stays until renamed.
+Credentials inside a URL (Host or extra ``servers``) would be shown in clear too;
+:func:`check_no_url_credentials` refuses them.
 
 :func:`secret_values` lists every secret value a connection holds, for the masker, so a
 log line that repeats one (or one line of a ``.creds`` file or PEM key) shows ``***``.
@@ -27,15 +30,12 @@ log line that repeats one (or one line of a ``.creds`` file or PEM key) shows ``
 
 from __future__ import annotations
 
-import logging
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
 from airflow_nats_ordered.core.errors import ConfigError
-
-log = logging.getLogger(__name__)
 
 #: secret extras, by the name the masker recognises -> the ConnectionOptions option
 SECRET_EXTRAS: Mapping[str, str] = {
@@ -44,7 +44,7 @@ SECRET_EXTRAS: Mapping[str, str] = {
     "nkey_seed_secret": "nkey_seed",
     "tls_private_key": "tls_key_file",
 }
-#: former names of secret extras (shown in clear by Airflow) -> the name to use instead
+#: former names of secret extras (shown in clear by Airflow; refused) -> the name to use
 RENAMED_SECRET_EXTRAS: Mapping[str, str] = {
     "creds": "creds_secret",
     "nkey_seed": "nkey_seed_secret",
@@ -54,49 +54,29 @@ RENAMED_SECRET_EXTRAS: Mapping[str, str] = {
 _KEY_LINE = re.compile(r"[A-Za-z0-9+/=_.-]{16,}")
 
 
-def hidden_by_airflow(key: str) -> bool:
-    """Whether Airflow's secrets masker hides the value of extra ``key`` (by its name)."""
-    try:
-        from airflow.sdk._shared.secrets_masker import should_hide_value_for_key
-    except ImportError:  # pragma: no cover - another Airflow layout: assume the worst
-        return False
-    return bool(should_hide_value_for_key(key))
-
-
-def renamed_extras(extra: Mapping[str, Any], where: str) -> tuple[dict[str, Any], dict[str, str]]:
-    """``extra`` with former secret names moved to their new names, and new name -> the
-    former name used (for messages, which name what the user wrote); a ConfigError if a
-    secret is given under both (which one is meant is unclear)."""
-    out = dict(extra)
-    used: dict[str, str] = {}
-    for old, new in RENAMED_SECRET_EXTRAS.items():
-        if old not in out:
+def check_no_former_names(where: str, extra: Mapping[str, Any]) -> None:
+    """Refuse a secret under a former name (:data:`RENAMED_SECRET_EXTRAS`, with or without
+    the UI's ``extra__nats__`` prefix), saying which extra to rename to what. An empty
+    value (a field an older form saved blank) holds nothing and is let through. The
+    message names keys only, never a value."""
+    problems = []
+    for key, value in extra.items():
+        prefix = "extra__nats__" if key.startswith("extra__nats__") else ""
+        new = RENAMED_SECRET_EXTRAS.get(key.removeprefix(prefix))
+        if new is None or value in (None, ""):
             continue
-        if new in out:
-            raise ConfigError(
-                f"{where}: both extra '{old}' (its former name) and extra '{new}' are set; "
-                f"keep only '{new}'"
-            )
-        out[new] = out.pop(old)
-        used[new] = old
-    return out, used
-
-
-def clear_secret_warnings(conn_id: str, extra: Mapping[str, Any]) -> list[str]:
-    """One sentence per extra of ``extra`` that holds a secret under a name Airflow's API,
-    UI and logs show in clear (a former name), saying what to rename it to. Names only,
-    never a value."""
-    out = []
-    for key in extra:
-        name = key.removeprefix("extra__nats__")
-        new = RENAMED_SECRET_EXTRAS.get(name)
-        if new and extra[key] not in (None, "") and not hidden_by_airflow(key):
-            out.append(
-                f"Airflow connection {conn_id!r}: extra '{name}' holds a secret that "
-                f"Airflow's REST API, UI and logs show in clear; rename it to '{new}', "
-                "which they hide"
-            )
-    return out
+        if extra.get(new) not in (None, "") or extra.get(f"extra__nats__{new}") not in (None, ""):
+            problems.append(f"remove extra '{key}' (the former name of '{new}', also set)")
+        else:
+            problems.append(f"rename extra '{key}' to '{prefix}{new}'")
+    if problems:
+        raise ConfigError(
+            f"{where}: {'; '.join(problems)}. Secrets under the former names are no longer "
+            "read: Airflow's REST API and UI show them in clear, and put a stored value back "
+            "for the *** the UI sends on Save only under names they hide. Rename it in the UI "
+            "(Edit, the key in Extra Fields JSON, Save), in the AIRFLOW_CONN_* variable or in "
+            "the secrets backend; the stored value is kept"
+        )
 
 
 def check_no_url_credentials(where: str, field: str, urls: Iterable[str]) -> None:
@@ -114,13 +94,13 @@ def check_no_url_credentials(where: str, field: str, urls: Iterable[str]) -> Non
 
 
 def secret_values(password: str | None, extra: Mapping[str, Any]) -> list[str]:
-    """Every secret value of a connection (Password and the secret extras, under current
-    or former names), and each key-material line of multi-line ones (a ``.creds`` file's
-    JWT and seed, a PEM key's lines), for the secrets masker."""
+    """Every secret value of a connection (Password and the secret extras; not a former
+    name's, refused unread), and each key-material line of multi-line ones (a ``.creds``
+    file's JWT and seed, a PEM key's lines), for the secrets masker."""
     values: list[str] = []
     for key, value in extra.items():
         name = key.removeprefix("extra__nats__")
-        if (name in SECRET_EXTRAS or name in RENAMED_SECRET_EXTRAS) and isinstance(value, str):
+        if name in SECRET_EXTRAS and isinstance(value, str):
             values.append(value)
     if password:
         values.append(password)

@@ -23,9 +23,12 @@ extra ``tls_hostname``, ``tls_verify``, ``connect_timeout``, ``name``,
 ======================  ============================================================
 
 Secret extras are named so that Airflow's secrets masker hides them in the REST API, the
-UI and logs (see :mod:`.connection_secrets`); the former names ``creds``, ``nkey_seed``
-and ``tls_key`` are still read, with a warning to rename them. Every secret value read is
-registered with the masker, so a log line that repeats it shows ``***``.
+UI and logs, and editing the connection in the UI keeps them (see
+:mod:`.connection_secrets`). The former names ``creds``, ``nkey_seed`` and ``tls_key``
+are refused, unread, with the rename to make: Airflow shows values under them in clear,
+and puts a stored value back for the ``***`` the UI sends on Save only under names it
+hides. Every secret value read is registered with the masker, so a log line that repeats
+it shows ``***``.
 Errors name the connection and the field to fix, never a secret.
 """
 
@@ -49,11 +52,11 @@ from airflow_nats_ordered.core.connection.connect import connect
 from airflow_nats_ordered.core.connection.options import ConnectionOptions
 from airflow_nats_ordered.core.errors import ConfigError, ConnectError, NatsOrderedError
 from airflow_nats_ordered.hooks.connection_secrets import (
+    RENAMED_SECRET_EXTRAS,
     amask_secrets,
+    check_no_former_names,
     check_no_url_credentials,
-    clear_secret_warnings,
     mask_secrets,
-    renamed_extras,
     secret_values,
 )
 
@@ -144,14 +147,17 @@ def options_from_connection(
     extra: Mapping[str, Any],
 ) -> ConnectionOptions:
     """The connection's fields as :class:`ConnectionOptions`; a ConfigError names the
-    connection and the form field (or extra key) to fix. Former names of secret extras
-    are read as their new names (see :mod:`.connection_secrets`)."""
+    connection and the form field (or extra key) to fix. A secret under a former name of
+    its extra is refused, unread, with the rename to make (see :mod:`.connection_secrets`)."""
     where = f"Airflow connection {conn_id!r}"
+    check_no_former_names(where, extra)
     extras = {}
     for key, value in extra.items():
         # the UI may store form fields as extra__nats__<name>
         extras[key.removeprefix("extra__nats__")] = value
-    extras, former = renamed_extras(extras, where)
+    for old in RENAMED_SECRET_EXTRAS:  # left blank by an older form: holds nothing
+        if extras.get(old) in (None, ""):
+            extras.pop(old, None)
     accepted = (*OPTION_FIELDS, *CONTENT_FIELDS, *RENAMED_FIELDS)
     unknown = sorted(k for k in extras if k not in accepted)
     if unknown:
@@ -165,21 +171,20 @@ def options_from_connection(
     for key, option in RENAMED_FIELDS.items():
         if extras.get(key) not in (None, ""):
             opts[option] = extras[key]
-            origin[option] = former.get(key, key)
+            origin[option] = key
     for key, option in CONTENT_FIELDS.items():
         content = extras.get(key)
         if not content:
             continue
-        given = former.get(key, key)
         if opts.get(option):
             raise ConfigError(
-                f"{where}: both extra '{given}' (content) and extra '{option}' (a path) are "
+                f"{where}: both extra '{key}' (content) and extra '{option}' (a path) are "
                 "set; set only one of them"
             )
         if not isinstance(content, str):
-            raise ConfigError(f"{where}: extra '{given}' must be the file's text content")
+            raise ConfigError(f"{where}: extra '{key}' must be the file's text content")
         opts[option] = _private_file(content, ".creds" if option == "creds_file" else ".pem")
-        origin[option] = given
+        origin[option] = key
     if host:
         check_no_url_credentials(where, "Host", host.split(","))
     if isinstance(opts.get("servers"), str | list | tuple):
@@ -233,15 +238,13 @@ class NatsHook(BaseHook):
         """The :class:`ConnectionOptions` of connection ``conn`` (an Airflow ``Connection``
         however it was looked up); a ConfigError names ``conn_id`` and the field to fix.
         Every secret value is registered with Airflow's secrets masker first (unless
-        ``mask`` is false: the caller does it), and a secret extra under a former name,
-        which Airflow shows in clear, is logged as a warning (its name, not its value).
-        ``extra``: the connection's extras when the caller has already read them."""
+        ``mask`` is false: the caller does it); a secret under a former extra name is
+        refused, never registered. ``extra``: the connection's extras when the caller has
+        already read them."""
         if extra is None:
             extra = conn.extra_dejson or {}
         if mask:
             mask_secrets(secret_values(conn.password, extra))
-        for warning in clear_secret_warnings(conn_id, extra):
-            log.warning("%s", warning)
         return options_from_connection(
             conn_id,
             host=conn.host,
@@ -250,12 +253,6 @@ class NatsHook(BaseHook):
             password=conn.password,
             extra=extra,
         )
-
-    def secret_warnings(self) -> list[str]:
-        """Why the connection's secrets may be shown in clear by Airflow (former extra
-        names), empty when they are all hidden; for ``test_connection``."""
-        conn = self.get_connection(self.nats_conn_id)
-        return clear_secret_warnings(self.nats_conn_id, conn.extra_dejson or {})
 
     def get_options(self) -> ConnectionOptions:
         if self._options is None:
@@ -314,7 +311,10 @@ class NatsHook(BaseHook):
         return asyncio.run(main())
 
     def test_connection(self) -> tuple[bool, str]:
-        """Whether the server is reachable, accepts the credentials and has JetStream."""
+        """Whether the server is reachable, accepts the credentials and has JetStream; a
+        malformed connection (a former secret extra name among them) gets the error that
+        says what to fix. Messages say "this connection", not its id: the api-server tests
+        the UI's form under a random id of its own, which the user never saw."""
         try:
             options = self.get_options()
 
@@ -334,11 +334,11 @@ class NatsHook(BaseHook):
                     f"({info.streams} streams, {info.consumers} consumers)"
                 )
 
-            message = self.run(probe)
-            warnings = self.secret_warnings()
-            return True, " ".join((message, *(f"Warning: {w}." for w in warnings)))
+            return True, self.run(probe)
         except NatsOrderedError as exc:
-            return False, _in_airflow_terms(self.nats_conn_id, str(exc))
+            text = _in_airflow_terms(self.nats_conn_id, str(exc))
+            text = text.replace(f"Airflow connection {self.nats_conn_id!r}", "This connection")
+            return False, text.replace(f"of connection {self.nats_conn_id!r}", "of this connection")
         except Exception as exc:  # whatever else: the UI shows it, secrets redacted
             text = f"{type(exc).__name__}: {exc}"
             with contextlib.suppress(Exception):

@@ -66,7 +66,7 @@ def test_servers_extra_replaces_host_and_both_at_once_is_refused() -> None:
 def test_credentials_given_as_content_go_to_private_files(tmp_path: Path) -> None:
     setup = af.make_decentralized(tmp_path)
     text = setup.creds_path.read_text()
-    o = _opts(host="127.0.0.1", extra={"creds": text})
+    o = _opts(host="127.0.0.1", extra={"creds_secret": text})
     assert o.creds_file and o.creds_file != str(setup.creds_path)
     assert Path(o.creds_file).read_text().strip() == text.strip()
     assert stat.S_IMODE(os.stat(o.creds_file).st_mode) == 0o600
@@ -79,7 +79,11 @@ def test_credentials_given_as_content_go_to_private_files(tmp_path: Path) -> Non
     [
         ({"extra": {"tokn": "x"}}, ["nats_test", "unknown extra field(s) tokn", "token"]),
         ({"login": "bob"}, ["nats_test", "Password", "password is not"]),
-        ({"extra": {"creds": "x", "creds_file": "/etc/hosts"}}, ["'creds'", "'creds_file'"]),
+        (
+            {"extra": {"creds_secret": "x", "creds_file": "/etc/hosts"}},
+            ["'creds_secret'", "'creds_file'"],
+        ),
+        ({"extra": {"nkey_seed": "SU" + "A" * 56}}, ["rename extra 'nkey_seed' to"]),
         (
             {"extra": {"tls_cert_file": "/nonexistent.pem"}},
             ["extra 'tls_cert_file'", "does not exist"],
@@ -130,7 +134,7 @@ def test_test_connection_says_server_unreachable(airflow_conn) -> None:
     )
     ok, message = NatsHook(conn).test_connection()
     assert not ok and "127.0.0.1" in message, message
-    assert "Host/Port of connection 'nats_hook_down'" in message and "NATS_URL" not in message
+    assert "Host/Port of this connection" in message and "NATS_URL" not in message
 
 
 def test_test_connection_says_jetstream_is_not_enabled(tmp_path, airflow_conn) -> None:
