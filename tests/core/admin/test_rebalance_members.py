@@ -91,9 +91,7 @@ def test_a_cordoned_member_that_left_may_stay_cordoned_but_a_stranger_may_not(
             await pool.wait_assigned(30)
             first = await rebalance_group(nc, unique_name, "g", cordon=["vm-3"], timeout=30)
             await pool.remove("vm-3")  # leaves the group (its heartbeat deleted)
-            both = await rebalance_group(
-                nc, unique_name, "g", cordon=["vm-3", "vm-2"], timeout=30
-            )
+            both = await rebalance_group(nc, unique_name, "g", cordon=["vm-3", "vm-2"], timeout=30)
             policy, _ = await _policy_and_assignment(nc, unique_name)
             with pytest.raises(ConfigError) as refused:
                 await rebalance_group(nc, unique_name, "g", cordon=["vm-4"], timeout=30)
