@@ -41,8 +41,11 @@ def configure(actions: Any, parent: argparse.ArgumentParser) -> None:
         "by count, moving as few as possible. --by-load weighs each partition by its "
         "messages/s over --window (measured on the server). --cordon takes every partition "
         "away from the named members (before maintenance); it stays in force until the next "
-        "rebalance without them. The group's workers must be running: the leader applies "
-        "the request (the policy record in the group's state bucket).",
+        "rebalance without them, so name a member still down for its maintenance again when "
+        "cordoning another. A member id the group does not know (not live, owning nothing, "
+        "not cordoned) is refused, listing the live members. The group's workers must be "
+        "running: the leader applies the request (the policy record in the group's state "
+        "bucket).",
         epilog=parent.epilog,
         formatter_class=parent.formatter_class,
     )
@@ -53,7 +56,8 @@ def configure(actions: Any, parent: argparse.ArgumentParser) -> None:
         type=_members,
         default=[],
         metavar="MEMBERS",
-        help="comma list of member ids to take every partition away from",
+        help="comma list of member ids to take every partition away from (as `status` "
+        "lists them; unknown ids are refused)",
     )
     r.add_argument(
         "--by-load",

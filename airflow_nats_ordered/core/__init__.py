@@ -36,7 +36,7 @@ if TYPE_CHECKING:
         StrayMessagesError,
     )
     from airflow_nats_ordered.core.admin.listing import GroupSummary, find_groups, summarize_group
-    from airflow_nats_ordered.core.admin.membership import GroupNotFoundError
+    from airflow_nats_ordered.core.admin.membership import GroupNotFoundError, live_members
     from airflow_nats_ordered.core.admin.rebalance import rebalance_group
     from airflow_nats_ordered.core.admin.reset import reset_group
     from airflow_nats_ordered.core.connection.connect import connect
@@ -231,7 +231,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "RepartitionUnfinishedError",
         "StrayMessagesError",
     ),
-    "airflow_nats_ordered.core.admin.membership": ("GroupNotFoundError",),
+    "airflow_nats_ordered.core.admin.membership": ("GroupNotFoundError", "live_members"),
     "airflow_nats_ordered.core.admin.rebalance": ("rebalance_group",),
     "airflow_nats_ordered.core.admin.reset": ("reset_group",),
 }
@@ -308,6 +308,7 @@ __all__ = [
     "delete_group",
     "describe",
     "find_groups",
+    "live_members",
     "message_key",
     "partition_for",
     "partition_subject",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from airflow.sdk import BaseOperator
+from airflow.sdk import BaseOperator, XComArg
 from airflow.sdk.exceptions import AirflowSkipException
 
 from airflow_nats_ordered.core.admin.membership import live_members
@@ -17,13 +17,19 @@ from airflow_nats_ordered.core.group.store import GroupStore
 from airflow_nats_ordered.hooks.arguments import refuse_unknown_operator_arguments
 from airflow_nats_ordered.hooks.nats import NatsHook
 from airflow_nats_ordered.operators.failures import failing_at_once
+from airflow_nats_ordered.operators.lineage import is_templated
 
 
 class NatsRebalanceOperator(BaseOperator):
     """Ask the group's leader for a new assignment now; wait until it has settled.
 
-    ``cordon``: members to take partitions away from (before maintenance); it stays in force
-    until the next rebalance without them. ``weights``: per-partition load, a
+    ``cordon``: member ids to take partitions away from (before maintenance); it stays in
+    force until the next rebalance without them. A list, or an XComArg (e.g. the output of
+    a task that picks members from the group's live ones at run time), or a Jinja template
+    rendering to a list (``render_template_as_native_obj=True``). An id the group does not
+    know (not live, owning nothing, not cordoned already) fails the task naming the live
+    members; a known member that is not live (cordoned earlier, stopped) may stay cordoned.
+    ``weights``: per-partition load, a
     ``{partition: load}`` mapping or ``"rates"`` (messages/s of the last ``rate_window``
     seconds, measured on the server): a skewed stream is then balanced by load, not by
     count, still moving as little as possible. ``min_gain``: with weights, skip (task state
@@ -39,7 +45,7 @@ class NatsRebalanceOperator(BaseOperator):
         *,
         stream: str,
         group: str,
-        cordon: Sequence[str] = (),
+        cordon: Sequence[str] | XComArg = (),
         weights: Mapping[int, float] | Literal["rates"] | None = None,
         rate_window: float = 3600.0,
         slack: float = 0.0,
@@ -50,11 +56,12 @@ class NatsRebalanceOperator(BaseOperator):
     ) -> None:
         refuse_unknown_operator_arguments(self, kwargs)
         super().__init__(**kwargs)
-        if isinstance(cordon, str):
+        if isinstance(cordon, str) and not is_templated(cordon):
             raise ConfigError(f"cordon must be a list of member ids, not the string {cordon!r}")
         self.stream = stream
         self.group = group
-        self.cordon = list(cordon)
+        # an XComArg or a template is resolved when the task runs (checked in execute)
+        self.cordon: Any = cordon if isinstance(cordon, str | XComArg) else list(cordon)
         self.weights = weights
         self.rate_window = rate_window
         self.slack = slack
@@ -62,14 +69,35 @@ class NatsRebalanceOperator(BaseOperator):
         self.settle_timeout = settle_timeout
         self.nats_conn_id = nats_conn_id
 
+    def _rendered_cordon(self) -> list[str]:
+        """``cordon`` as rendered: a list of member ids (a template rendered without
+        ``render_template_as_native_obj`` is a string, refused naming the fix)."""
+        cordon = self.cordon
+        if isinstance(cordon, str):
+            raise ConfigError(
+                f"cordon rendered to the string {cordon!r}, not a list of member ids: pass a "
+                "list, an XComArg (a task's output), or render the DAG's templates as native "
+                "objects (render_template_as_native_obj=True)"
+            )
+        if cordon is None:
+            return []
+        ids = list(cordon)
+        bad = [m for m in ids if not isinstance(m, str) or not m]
+        if bad:
+            raise ConfigError(f"cordon must be a list of member ids (strings), got {ids!r}")
+        return ids
+
     def execute(self, context: Any) -> dict[str, Any]:
+        with failing_at_once():
+            cordon = self._rendered_cordon()
+
         async def run(nc: Any) -> dict[str, Any]:
             weights: dict[int, float] | None = None
             if self.weights == "rates":
                 weights = await partition_rates(nc, self.stream, self.rate_window)
             elif self.weights is not None:
                 weights = {int(p): float(w) for p, w in dict(self.weights).items()}
-            if weights and self.min_gain is not None and not self.cordon:
+            if weights and self.min_gain is not None and not cordon:
                 gain = await self._gain(nc, weights)
                 if gain is not None and gain < self.min_gain:
                     raise AirflowSkipException(
@@ -80,7 +108,7 @@ class NatsRebalanceOperator(BaseOperator):
                 nc,
                 self.stream,
                 self.group,
-                cordon=self.cordon,
+                cordon=cordon,
                 weights=weights,
                 slack=self.slack,
                 timeout=self.settle_timeout,

@@ -150,7 +150,9 @@ class NatsGroupDrainSensor(BaseSensorOperator):
     Deferrable (``deferrable=True``, or ``[operators] default_deferrable = true`` in the
     deployment when the DAG does not pass it, as for every Airflow deferrable operator): it
     checks once, then waits in the triggerer on the group's commit records (no worker slot
-    held). It fails
+    held). It defers with what is left of ``timeout``, so the scheduler fails the task at
+    the deadline even while no triggerer runs. Not deferred, it pokes every
+    ``poke_interval`` seconds: BaseSensorOperator's default, 60. It fails
     fast, saying what to do, when a partition is blocked on a poison message, when no
     member of the group has been alive (or, for a group with no state yet, none has
     joined) for ``no_members_timeout`` seconds (default
@@ -173,11 +175,12 @@ class NatsGroupDrainSensor(BaseSensorOperator):
         no_members_timeout: float | None = DEFAULT_NO_MEMBERS_TIMEOUT,
         nats_conn_id: str = NatsHook.default_conn_name,
         deferrable: bool | None = None,
-        poke_interval: float = 5.0,
         **kwargs: Any,
     ) -> None:
+        # poke_interval, timeout, mode: BaseSensorOperator's, with its defaults (60 s
+        # between pokes; a shorter one in reschedule mode raced the executor)
         refuse_unknown_operator_arguments(self, kwargs)
-        super().__init__(poke_interval=poke_interval, **kwargs)
+        super().__init__(**kwargs)
         self.stream = stream
         self.group = group
         self.high_water_marks = high_water_marks
@@ -195,6 +198,17 @@ class NatsGroupDrainSensor(BaseSensorOperator):
     def _timeout_seconds(self) -> float:
         t = self.timeout
         return t.total_seconds() if isinstance(t, timedelta) else float(t)
+
+    def _defer_timeout(self, started: float) -> timedelta | None:
+        """What is left of ``timeout`` for a try that started (epoch) at ``started``: given
+        to ``defer()`` as Airflow's deferrable sensors do, so the task instance's
+        ``trigger_timeout`` holds the deadline and the scheduler fails the task at it even
+        while no triggerer runs (``AirflowSensorTimeout``). None (no deadline) for a
+        timeout of more than ten years, which the stored date could not hold."""
+        seconds = self._timeout_seconds()
+        if seconds > 3650 * 86400:
+            return None
+        return timedelta(seconds=max(0.0, seconds - (time.time() - started)))
 
     def _keep_for(self) -> timedelta | None:
         """How long the task state store keeps a try's marks: past the sensor's timeout
@@ -456,6 +470,7 @@ class NatsGroupDrainSensor(BaseSensorOperator):
                 no_members_timeout=self.no_members_timeout,
             ),
             method_name="execute_complete",
+            timeout=self._defer_timeout(started),
         )
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:

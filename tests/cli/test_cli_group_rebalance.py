@@ -72,3 +72,27 @@ def test_group_rebalance_of_an_unknown_group_is_named(shared_nats_server, unique
     code = cli(["group", "rebalance", "--stream", unique_name, "--group", "g", "--server", url])
     assert code == 2
     assert f"group g of stream {unique_name} does not exist" in capsys.readouterr().err
+
+
+def test_group_rebalance_refuses_a_cordon_of_a_member_the_group_does_not_know(
+    shared_nats_server, unique_name, capsys
+):
+    """Issue 30: `--cordon worker-2` on a group of m-1, m-2 printed "0 partition(s) moved"
+    and exited 0; the id is refused, naming the members to choose from."""
+    url = shared_nats_server.url
+    conn = ["--stream", unique_name, "--group", "g", "--server", url]
+    assert cli(["provision", "--stream", unique_name, "--partitions", "2", "--server", url]) == 0
+
+    async def scenario():
+        async with WorkerPool(url, _cfg(unique_name), lambda m: None, size=2) as pool:
+            await pool.wait_assigned(60)
+            capsys.readouterr()
+            code = await asyncio.to_thread(
+                cli, ["group", "rebalance", *conn, "--cordon", "worker-2", "--timeout", "60s"]
+            )
+        return code, capsys.readouterr()
+
+    code, out = asyncio.run(scenario())
+    assert code == 2, out
+    assert "cordon names member(s) the group does not know: worker-2" in out.err, out.err
+    assert "live members are m-1, m-2" in out.err, out.err

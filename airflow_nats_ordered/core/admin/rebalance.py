@@ -67,20 +67,42 @@ async def rebalance_group(
     (every partition's lease held by its assigned owner).
 
     ``cordon``: members to take every partition away from (before maintenance); it stays in
-    force until the next rebalance request without them. ``weights``: per-partition load
-    (e.g. :func:`partition_rates`); movement stays minimal for the given ``slack`` (how far
-    above the average load a member may stay; 0 balances as tightly as the weights allow).
+    force until the next rebalance request without them, so a request that adds a member to
+    the cordon names the ones already cordoned again. Each id must be a member the group
+    knows (see :func:`check_cordon`): a live one, or one that is not live but owns
+    partitions in the assignment in force or is cordoned by the request in force (stopped
+    for its maintenance: it stays cordoned, and gets nothing when it comes back). Any other
+    id (a typo, another deployment's member id) is refused with a :class:`ConfigError`
+    naming the group's live members, before anything is written.
+
+    ``weights``: per-partition load (e.g. :func:`partition_rates`); movement stays minimal
+    for the given ``slack`` (how far above the average load a member may stay; 0 balances
+    as tightly as the weights allow). A weight for a partition that neither the group's
+    layout nor the stream's current one has is refused (:class:`ConfigError`).
     Raises :class:`NatsOrderedError` if no leader applies the request in ``timeout`` (no
     member running) or the group does not settle.
     """
     t0 = time.monotonic()
+    if isinstance(cordon, str):
+        raise ConfigError(f"cordon must be a list of member ids, not the string {cordon!r}")
     store = await GroupStore.attach(nc, stream, group)
     data, _ = await store.read_assignment()
     before = Assignment.from_json(data) if data else None
-    wanted_weights = {int(p): float(w) for p, w in (weights or {}).items()}
-    # refuse here what the leader could not obey (bad weights, cordoning every member)
+    try:
+        wanted_weights = {int(p): float(w) for p, w in (weights or {}).items()}
+    except (TypeError, ValueError):
+        raise ConfigError(
+            f"rebalance of group {group} refused: weights must map partition numbers to "
+            f"loads, got {weights!r}"
+        ) from None
+    # refuse here what the leader could not obey (bad weights, cordoning every member) and
+    # what it would quietly ignore (an unknown member, a partition the group does not have)
     members_now = await live_members(nc, stream, group)
-    partitions = (await group_layout(nc, await describe(nc, stream), group)).partitions
+    described = await describe(nc, stream)
+    partitions = (await group_layout(nc, described, group)).partitions
+    current_policy, _ = await store.read_policy()
+    check_cordon(group, cordon, members_now, before, current_policy.cordon)
+    check_weight_partitions(group, wanted_weights, max(partitions, described.partitions))
     try:
         assign(
             partitions,
@@ -150,6 +172,50 @@ async def rebalance_group(
         imbalance(after, weights, members) if weights else None,
         time.monotonic() - t0,
     )
+
+
+def check_cordon(
+    group: str,
+    cordon: Sequence[str],
+    live: Sequence[str],
+    assignment: Assignment | None,
+    cordoned: Sequence[str],
+) -> None:
+    """Refuse (:class:`ConfigError`) a cordon naming a member the group does not know.
+
+    Known: a ``live`` member (heartbeat not expired), a member owning partitions in the
+    ``assignment`` in force (its heartbeat just expired: the leader has not moved its
+    partitions yet), and a member ``cordoned`` by the request in force (it may have left for
+    its maintenance; each request replaces the cordon, so keeping it cordoned while adding
+    another means naming it again). A cordon of a known member that is not live moves
+    nothing now; it keeps that member from getting partitions when it comes back, until a
+    rebalance without it. Anything else would be obeyed as a no-op (nobody by that id owns
+    anything), which is what a typo or another deployment's member id looked like."""
+    known = set(live) | set(assignment.owners.values() if assignment else ()) | set(cordoned)
+    unknown = sorted({m for m in cordon if m not in known})
+    if not unknown:
+        return
+    alive = ", ".join(sorted(live)) or "none (no worker is running)"
+    gone = sorted(known - set(live))
+    also = f"; known but not live: {', '.join(gone)}" if gone else ""
+    raise ConfigError(
+        f"rebalance of group {group} refused: cordon names member(s) the group does not "
+        f"know: {', '.join(unknown)}. The group's live members are {alive}{also} "
+        "(`nats-ordered status` lists them)"
+    )
+
+
+def check_weight_partitions(group: str, weights: Mapping[int, float], partitions: int) -> None:
+    """Refuse (:class:`ConfigError`) weights for partitions outside ``0..partitions-1``
+    (the larger of the group's layout and the stream's current one, so measured rates stay
+    valid while the group has not yet moved to a repartitioned layout)."""
+    outside = sorted(p for p in weights if not 0 <= p < partitions)
+    if outside:
+        raise ConfigError(
+            f"rebalance of group {group} refused: weights name partition(s) "
+            f"{', '.join(map(str, outside))}, which the group does not have (its partitions "
+            f"are 0..{partitions - 1})"
+        )
 
 
 async def partition_rates(nc: NATS, stream: str, window: float = 3600.0) -> dict[int, float]:
