@@ -67,6 +67,7 @@ if TYPE_CHECKING:
         GlobalMessage,
         GlobalOrderReader,
     )
+    from airflow_nats_ordered.core.order.watermarks import GlobalOrder
     from airflow_nats_ordered.core.order.window import LateRecordError
     from airflow_nats_ordered.core.publish.config import PublisherConfig
     from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
@@ -231,9 +232,13 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "RepartitionUnfinishedError",
         "StrayMessagesError",
     ),
-    "airflow_nats_ordered.core.admin.membership": ("GroupNotFoundError", "live_members"),
+    "airflow_nats_ordered.core.admin.membership": (
+        "GroupNotFoundError",
+        "live_members",
+    ),
     "airflow_nats_ordered.core.admin.rebalance": ("rebalance_group",),
     "airflow_nats_ordered.core.admin.reset": ("reset_group",),
+    "airflow_nats_ordered.core.order.watermarks": ("GlobalOrder",),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 
@@ -253,6 +258,7 @@ __all__ = [
     "FencedSqliteSink",
     "GlobalHandler",
     "GlobalMessage",
+    "GlobalOrder",
     "GlobalOrderReader",
     "GroupDeletedError",
     "GroupInUseError",
