@@ -7,11 +7,11 @@ shown inside Airflow reads the JSON with the user's own session; none: 401). Rea
 the auth manager's permission to view the plugin's page, :data:`RESOURCE` (its
 ``is_authorized_custom_view("GET", "NATS pipelines")``: Airflow's viewers with the simple
 auth manager; a FAB role with that resource), not to read connections: the page shows what
-the pipelines hold, never a connection's fields. The actions (rebalance, reset, dead-letter replay) its permission to edit them
-(``"PUT"``), a ``confirm`` field equal to the group's name, and leave a line in Airflow's
-audit log (the ``log`` table, shown under Browse > Audit Log; event
-``nats_ordered.<action>``) and on this module's logger, naming the user, the action and
-its target.
+the pipelines hold, never a connection's fields. The actions (rebalance, reset, dead-letter
+replay) need its permission to edit connections (``"PUT"``), a ``confirm`` field equal to
+the group's name, and leave a line in Airflow's audit log (the ``log`` table, shown under
+Browse > Audit Log; event ``nats_ordered.<action>``) and on this module's logger, naming the
+user, the action and its target.
 
 The data is the core's, through :mod:`airflow_nats_ordered.core.admin.overview`: the group
 status is exactly what ``nats-ordered status --json`` prints, the group list what ``group
@@ -27,6 +27,8 @@ from collections.abc import Awaitable, Callable
 from importlib import resources
 from typing import Annotated, Any, Literal, TypeVar
 
+from airflow.api_fastapi.app import get_auth_manager
+from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_connection
 from fastapi import Depends, FastAPI, HTTPException, Query
 from fastapi.responses import HTMLResponse, Response
 from pydantic import BaseModel, Field
@@ -64,14 +66,6 @@ T = TypeVar("T")
 RESOURCE = "NATS pipelines"
 #: at most this many dead letters in one list
 DEAD_LETTER_LIMIT = 200
-
-
-def _security() -> tuple[Any, Any]:
-    """Airflow's FastAPI security dependencies (imported when the app is built, in the
-    api-server only)."""
-    from airflow.api_fastapi.core_api.security import get_user, requires_access_connection
-
-    return get_user, requires_access_connection
 
 
 async def _nats(connection_id: str) -> Any:
@@ -173,11 +167,8 @@ def _page(name: str) -> str:
 
 def create_app() -> FastAPI:
     """The app the plugin mounts (see the module)."""
-    get_user, requires_access_connection = _security()
 
-    async def may_read(user: Annotated[Any, Depends(get_user)]) -> None:
-        from airflow.api_fastapi.app import get_auth_manager
-
+    async def may_read(user: GetUserDep) -> None:
         if not get_auth_manager().is_authorized_custom_view(
             method="GET", resource_name=RESOURCE, user=user
         ):
@@ -185,7 +176,6 @@ def create_app() -> FastAPI:
 
     read = [Depends(may_read)]
     edit = [Depends(requires_access_connection(method="PUT"))]
-    User = Annotated[Any, Depends(get_user)]
 
     app = FastAPI(
         title="NATS ordered pipelines",
@@ -283,7 +273,7 @@ def create_app() -> FastAPI:
 
     @app.post(f"{base}/rebalance", dependencies=edit)
     async def rebalance(
-        connection_id: str, stream: str, group: str, body: RebalanceBody, user: User
+        connection_id: str, stream: str, group: str, body: RebalanceBody, user: GetUserDep
     ) -> dict[str, Any]:
         """Ask the group's leader for a new assignment (``group rebalance``)."""
         _check_confirm(body, group)
@@ -296,7 +286,7 @@ def create_app() -> FastAPI:
 
     @app.post(f"{base}/reset", dependencies=edit)
     async def reset(
-        connection_id: str, stream: str, group: str, body: ResetBody, user: User
+        connection_id: str, stream: str, group: str, body: ResetBody, user: GetUserDep
     ) -> dict[str, Any]:
         """Move every partition's committed position to the earliest or latest (``group
         reset --to-earliest/--to-latest``; fenced: running members hand over)."""
@@ -310,7 +300,7 @@ def create_app() -> FastAPI:
 
     @app.post(f"{base}/replay-dead-letters", dependencies=edit)
     async def replay(
-        connection_id: str, stream: str, group: str, body: ReplayBody, user: User
+        connection_id: str, stream: str, group: str, body: ReplayBody, user: GetUserDep
     ) -> dict[str, Any]:
         """Publish the group's dead letters (or those at ``seqs``) again to their partitions
         (``dead-letters replay``)."""
