@@ -11,6 +11,7 @@ kept under the test's tmp_path (the path is printed)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -18,20 +19,31 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
+import nats
 import pytest
 from airflow_api import ApiServer
 from chromium import Browser, chromium_path
 from locations import TESTS
-from streamcheck import write_jsonl
 
 from airflow_nats_ordered.cli import main as cli
+from airflow_nats_ordered.core.publish.runs import publish_run
 
 CONN = "nats_view"
 GROUP = "billing"
 PARTITIONS = 3
 RECORDS = 60
+RUN = "orders_dag.publish.2026-11-27T00:00:00+00:00"
+
+
+@dataclass(frozen=True)
+class _Rec:
+    key: str
+    payload: bytes
+    where: str
+    msg_id: str | None = None
 
 
 def _status(url: str, stream: str, capsys: pytest.CaptureFixture[str]) -> dict | None:
@@ -126,29 +138,23 @@ def test_ui_view_shows_what_status_says_and_guards_its_actions(
     chromium_path()  # fails (not skips) without chromium, before minutes of set-up
     url = shared_nats_server.url
     stream = unique_name
-    rows = tmp_path / "rows.jsonl"
-    write_jsonl(rows, ({"k": f"k{i % 9}", "i": i, "poison": i == 17} for i in range(RECORDS)))
-    assert (
-        cli(["provision", "--stream", stream, "--partitions", str(PARTITIONS), "--server", url])
-        == 0
-    )
-    assert (
-        cli(
-            [
-                "publish",
-                "--stream",
-                stream,
-                str(rows),
-                "--key-field",
-                "k",
-                "--producer-id",
-                "orders_dag.publish.2026-11-27T00:00:00+00:00",
-                "--server",
-                url,
-            ]
-        )
-        == 0
-    )
+    provision = ["provision", "--stream", stream, "--partitions", str(PARTITIONS)]
+    assert cli([*provision, "--server", url]) == 0
+    # published as a named run, as NatsPublishOperator does (its producer id names the DAG run)
+    records = [
+        _Rec(f"k{i % 9}", json.dumps({"i": i, "poison": i == 17}).encode(), f"row {i}")
+        for i in range(RECORDS)
+    ]
+
+    async def publish() -> None:
+        nc = await nats.connect(url)
+        try:
+            result = await publish_run(nc, stream, records, producer_id=RUN)
+            assert result.record.status == "complete", result.record
+        finally:
+            await nc.close()
+
+    asyncio.run(publish())
     capsys.readouterr()
     workers = [_worker(url, stream, m, tmp_path / f"{m}.log") for m in ("vm-1", "vm-2")]
     try:
@@ -215,8 +221,11 @@ def test_ui_view_shows_what_status_says_and_guards_its_actions(
                     f"!!document.querySelector('#streams tr[data-stream=\"{stream}\"]')"
                 ), text
                 # the run ledger names the DAG run that published
-                assert "orders_dag.publish.2026-11-27T00:00:00+00:00" in text
-                assert "complete" in text
+                run = browser.evaluate(
+                    f"[...document.querySelectorAll('#streams tr[data-run=\"{RUN}\"] td')]"
+                    ".map(td => td.innerText)"
+                )
+                assert run and run[0] == RUN and run[1] == "complete", run
                 # dead letters: listed, and one shown with its reason
                 seq = browser.wait_for(
                     "document.querySelector('#dead-letters tr[data-dead-letter]')"
