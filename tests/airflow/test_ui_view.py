@@ -245,6 +245,32 @@ def test_ui_view_shows_what_status_says_and_guards_its_actions(
                 shot = browser.screenshot(tmp_path / "ui-view.png")
                 print(f"screenshot: {shot}")
 
+                # inside Airflow's UI (Browse > NATS pipelines): the page in its frame reads
+                # the JSON with the session cookie of the user signed in to Airflow
+                browser.open(f"{api.url}/plugin/nats-ordered")
+                framed = (
+                    "(() => { const f = document.querySelector('iframe');"
+                    " const d = f && f.contentDocument;"
+                    " return !!(d && d.body && d.body.dataset.state === 'ready'"
+                    f" && d.querySelector('#groups tr[data-group=\"{stream}/{GROUP}\"]')); }})()"
+                )
+                browser.wait_for(framed, what="the view inside Airflow's UI")
+                assert browser.evaluate(
+                    "document.querySelector('iframe').getAttribute('src')"
+                ).endswith("/nats-ordered/")
+                frame = "document.querySelector('iframe').contentDocument"
+                browser.evaluate(
+                    f"{frame}.querySelector('button[data-open=\"{stream}/{GROUP}\"]').click()"
+                )
+                browser.wait_for(
+                    f"{frame}.body.dataset.group === '{stream}/{GROUP}' && "
+                    f"{frame}.body.dataset.state === 'ready'",
+                    what="the group opened inside Airflow's UI",
+                )
+                shot = browser.screenshot(tmp_path / "ui-view-in-airflow.png")
+                print(f"screenshot: {shot}")
+                _open_group(browser, api, stream)
+
                 # a viewer may not act, confirmed or not
                 browser.evaluate(f"document.getElementById('confirm').value = '{GROUP}'")
                 browser.evaluate("document.getElementById('act-rebalance').click()")
