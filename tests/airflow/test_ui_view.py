@@ -174,7 +174,9 @@ def test_ui_view_shows_what_status_says_and_guards_its_actions(
             assert time.monotonic() < deadline, f"the group did not settle: {st}"
             time.sleep(0.5)
 
-        with ApiServer(tmp_path) as api:
+        # a connection from an environment variable (as `make demo` has) works as well
+        env_conn = json.dumps({"conn_type": "nats", "extra": {"servers": url}})
+        with ApiServer(tmp_path, env={"AIRFLOW_CONN_NATS_ENV": env_conn}) as api:
             host, port = url.removeprefix("nats://").rsplit(":", 1)
             status, body = api.request(
                 "POST",
@@ -243,7 +245,8 @@ def test_ui_view_shows_what_status_says_and_guards_its_actions(
                 )
                 assert "poison record" in shown_letter
                 shot = browser.screenshot(tmp_path / "ui-view.png")
-                print(f"screenshot: {shot}")
+                with capsys.disabled():  # shown whatever pytest captures
+                    print(f"\nscreenshot: {shot}")
 
                 # inside Airflow's UI (Browse > NATS pipelines): the page in its frame reads
                 # the JSON with the session cookie of the user signed in to Airflow
@@ -268,7 +271,8 @@ def test_ui_view_shows_what_status_says_and_guards_its_actions(
                     what="the group opened inside Airflow's UI",
                 )
                 shot = browser.screenshot(tmp_path / "ui-view-in-airflow.png")
-                print(f"screenshot: {shot}")
+                with capsys.disabled():  # shown whatever pytest captures
+                    print(f"\nscreenshot: {shot}")
                 _open_group(browser, api, stream)
 
                 # a viewer may not act, confirmed or not
@@ -312,6 +316,28 @@ def test_ui_view_shows_what_status_says_and_guards_its_actions(
                 assert "generation" in done, done
                 browser.wait_for("document.body.dataset.state === 'ready'")
                 browser.screenshot(tmp_path / "ui-view-after-rebalance.png")
+
+            # the same status through the environment's connection, over the JSON API
+            status, env_status = api.request(
+                "GET",
+                f"/nats-ordered/api/connections/nats_env/streams/{stream}/groups/{GROUP}",
+                user="viewer",
+            )
+            assert status == 200, env_status
+            st = _status(url, stream, capsys)
+            assert st is not None
+            assert env_status["partitions"] == st["partitions"]
+
+            def members(out: dict) -> list:  # a heartbeat's age changes by the second
+                age = "heartbeat_age"
+                return [{k: v for k, v in m.items() if k != age} for m in out["members"]]
+
+            assert members(env_status) == members(st)
+            # an unknown connection is named
+            status, body = api.request(
+                "GET", "/nats-ordered/api/connections/no_such/overview", user="viewer"
+            )
+            assert status == 404 and "no_such" in body["detail"], body
 
             # the audit log: Airflow's (Browse > Audit Log) and the api-server's log line
             status, logs = api.request("GET", "/api/v2/eventLogs?event=nats_ordered.rebalance")
