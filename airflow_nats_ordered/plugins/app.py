@@ -223,7 +223,11 @@ def create_app() -> FastAPI:
                 if "error" not in s:
                     s["runs"] = await run_list(nc, s["stream"])
                     s["producers"] = await producer_list(nc, s["stream"])
-            return {"connection_id": connection_id, "streams": streams, **await group_list(nc)}
+            return {
+                "connection_id": connection_id,
+                "streams": streams,
+                **await group_list(nc, skip_vanished=True),
+            }
 
         return await _with_nats(connection_id, fn)
 

@@ -339,6 +339,32 @@ def test_ui_view_shows_what_status_says_and_guards_its_actions(
             )
             assert status == 404 and "no_such" in body["detail"], body
 
+            # an op replays the dead letter (the handler fails it again: dead-lettered again)
+            # and resets the group to latest (nothing to skip: the group is drained)
+            actions = f"{base}/streams/{stream}/groups/{GROUP}/actions"
+            status, body = api.request(
+                "POST", f"{actions}/replay-dead-letters", {"confirm": GROUP}, user="op"
+            )
+            assert status == 200, body
+            assert [r["outcome"] for r in body["replays"]] == ["stored"], body
+            status, body = api.request(
+                "POST", f"{actions}/reset", {"confirm": GROUP, "to": "latest"}, user="op"
+            )
+            assert status == 200, body
+            status, body = api.request(
+                "POST", f"{actions}/reset", {"confirm": GROUP, "to": "latest"}, user="viewer"
+            )
+            assert status == 403, body
+            status, logs = api.request(
+                "GET", "/api/v2/eventLogs?event_pattern=nats_ordered.&order_by=id"
+            )
+            assert status == 200, logs
+            assert sorted({(e["event"], e["owner"]) for e in logs["event_logs"]}) == [
+                ("nats_ordered.rebalance", "op"),
+                ("nats_ordered.replay_dead_letters", "op"),
+                ("nats_ordered.reset", "op"),
+            ], logs
+
             # the audit log: Airflow's (Browse > Audit Log) and the api-server's log line
             status, logs = api.request("GET", "/api/v2/eventLogs?event=nats_ordered.rebalance")
             assert status == 200, logs

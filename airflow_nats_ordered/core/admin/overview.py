@@ -18,7 +18,7 @@ from nats.js.errors import NotFoundError
 
 from airflow_nats_ordered.core.admin.dlq import dead_letters
 from airflow_nats_ordered.core.admin.listing import find_groups, summarize_group
-from airflow_nats_ordered.core.errors import NatsOrderedError
+from airflow_nats_ordered.core.errors import NatsOrderedError, StreamNotFoundError
 from airflow_nats_ordered.core.group.assignor import Assignment
 from airflow_nats_ordered.core.group.global_position import GlobalPosition
 from airflow_nats_ordered.core.group.lag import read_group_lag
@@ -138,12 +138,22 @@ def _global_order(
     }
 
 
-async def group_list(nc: NATS, stream: str | None = None) -> dict[str, Any]:
+async def group_list(
+    nc: NATS, stream: str | None = None, *, skip_vanished: bool = False
+) -> dict[str, Any]:
     """Every group with state (of ``stream``, if given) summed up (``group list --json``).
-    An unknown ``stream`` is an error (StreamNotFoundError), not "no groups"."""
+    An unknown ``stream`` is an error (StreamNotFoundError), not "no groups".
+    ``skip_vanished``: a group deleted between the listing and its summary is left out
+    (a page refreshing while groups come and go) instead of failing the whole list."""
     if stream:
         await describe(nc, stream)
-    summaries = [await summarize_group(nc, ref) for ref in await find_groups(nc, stream)]
+    summaries = []
+    for ref in await find_groups(nc, stream):
+        try:
+            summaries.append(await summarize_group(nc, ref))
+        except (NatsOrderedError, NotFoundError):
+            if not skip_vanished:
+                raise
     out: dict[str, Any] = {"groups": [s.to_dict() for s in summaries]}
     if stream:
         out["stream"] = stream
@@ -168,6 +178,8 @@ async def stream_list(nc: NATS) -> list[dict[str, Any]]:
                 continue
             try:
                 s = await describe(nc, name)
+            except StreamNotFoundError:
+                continue  # deleted since the listing
             except NatsOrderedError as exc:
                 found.append({"stream": name, "error": str(exc)})
                 continue
