@@ -66,6 +66,14 @@ def get_provider_info() -> dict:
             }
         ],
         "queues": ["airflow_nats_ordered.queues.nats.NatsMessageQueueProvider"],
+        # the UI view (Browse > NATS pipelines); also the `airflow.plugins` entry point,
+        # which Airflow loads whatever [core] lazy_discover_providers says
+        "plugins": [
+            {
+                "name": "nats_ordered",
+                "plugin-class": "airflow_nats_ordered.plugins.view.NatsOrderedViewPlugin",
+            }
+        ],
         "asset-uris": [
             {"schemes": ["nats"], "handler": "airflow_nats_ordered.assets.nats.sanitize_uri"}
         ],

@@ -15,9 +15,9 @@ from airflow_nats_ordered.cli.common import (
     print_json,
     stream_name,
 )
-from airflow_nats_ordered.core.admin.listing import find_groups, summarize_group
+from airflow_nats_ordered.core.admin.listing import GroupSummary
+from airflow_nats_ordered.core.admin.overview import group_list
 from airflow_nats_ordered.core.connection.options import ConnectionOptions
-from airflow_nats_ordered.core.stream.partitioned import describe
 
 
 def configure(actions: Any, parent: argparse.ArgumentParser) -> None:
@@ -44,15 +44,12 @@ def configure(actions: Any, parent: argparse.ArgumentParser) -> None:
 
 async def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
     async with connected(options) as nc:
-        if args.stream:
-            await describe(nc, args.stream)  # an unknown stream is an error, not "no groups"
-        summaries = [await summarize_group(nc, ref) for ref in await find_groups(nc, args.stream)]
+        # an unknown stream is an error, not "no groups"; the Airflow view shows the same
+        out = await group_list(nc, args.stream)
     if args.json:
-        out: dict[str, Any] = {"groups": [s.to_dict() for s in summaries]}
-        if args.stream:
-            out["stream"] = args.stream
         print_json(out)
         return EXIT_OK
+    summaries = [GroupSummary(**g) for g in out["groups"]]
     if not summaries:
         where = f"stream {args.stream}" if args.stream else "this server"
         print(f"no consumer groups on {where} (a group exists once a worker joins it)")

@@ -37,7 +37,6 @@ from airflow_nats_ordered.cli.common import (
     print_json,
     stream_name,
 )
-from airflow_nats_ordered.core.admin.dlq import dead_letters
 from airflow_nats_ordered.core.admin.drain import DEFAULT_NO_MEMBERS_TIMEOUT, wait_drained
 from airflow_nats_ordered.core.admin.drain_errors import (
     DrainTimeoutError,
@@ -48,15 +47,9 @@ from airflow_nats_ordered.core.admin.drain_errors import (
 )
 from airflow_nats_ordered.core.admin.marks import DrainProgress
 from airflow_nats_ordered.core.admin.membership import group_exists
+from airflow_nats_ordered.core.admin.overview import group_status
 from airflow_nats_ordered.core.connection.options import ConnectionOptions
 from airflow_nats_ordered.core.errors import ConfigError, NatsOrderedError
-from airflow_nats_ordered.core.group.assignor import Assignment
-from airflow_nats_ordered.core.group.global_position import GlobalPosition
-from airflow_nats_ordered.core.group.lag import read_group_lag
-from airflow_nats_ordered.core.group.store import GroupStore
-from airflow_nats_ordered.core.order.producers import show_time
-from airflow_nats_ordered.core.stream.partitioned import describe
-from airflow_nats_ordered.core.stream.strays import Strays
 
 #: seconds between two refreshes of ``status --watch``
 WATCH_INTERVAL = 2.0
@@ -110,108 +103,8 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 async def _read(nc: NATS, stream_name: str, group: str) -> dict[str, Any]:
-    """The status as a JSON-safe dict (the ``--json`` output)."""
-    stream = await describe(nc, stream_name)
-    store = await GroupStore.attach(nc, stream_name, group)
-    snap = await store.snapshot()
-    # a repartitioned stream: the partitions of the layout epoch the group is at, and the
-    # records of the later layouts (counted in the lag)
-    lag = await read_group_lag(nc, stream, store, snap)
-    later = lag.later
-    dlq = await dead_letters(nc, stream_name, group)
-    strays = lag.strays if lag.strays is not None else Strays(stream.name, stream.partitions)
-    generation = None
-    if snap.assignment:
-        generation = Assignment.from_json(snap.assignment).generation
-    now = time.time()
-    gp, reader = snap.global_position, snap.global_reader
-    # a global-order reader (one member reading every partition) owns them all while alive
-    reader_id = str(reader.get("member") or "") or None if reader else None
-    parts: list[dict[str, Any]] = []
-    for p in lag.partitions:
-        c = snap.commits.get(p.partition)
-        owner = snap.leases.get(p.partition, (None, 0))[0]
-        token = c.token if c else 0
-        if c is None and gp is not None:
-            owner, token = reader_id, gp.token
-        parts.append(
-            {
-                "partition": p.partition,
-                "owner": owner,
-                "fencing_token": token,
-                "committed": p.committed,
-                "last": p.last,
-                "lag": p.lag,
-                "blocked": p.blocked,
-            }
-        )
-    members = [
-        {
-            "member": m,
-            "host": info.get("host"),
-            "pid": info.get("pid"),
-            "partitions": sorted(p["partition"] for p in parts if p["owner"] == m),
-            "heartbeat_age": round(max(0.0, now - float(info.get("ts", now))), 3),
-        }
-        for m, info in sorted(snap.members.items())
-    ]
-    return {
-        "stream": stream.name,
-        "group": group,
-        "generation": generation,
-        "leader": snap.leader,
-        "total_lag": lag.total_lag,
-        "drained": lag.drained,
-        "epoch": store.epoch,
-        "stream_epoch": stream.current_epoch,
-        "later_layout_messages": later,
-        "partitions": parts,
-        "members": members,
-        "dead_letters": {
-            "stream": dlq.stream,
-            "subjects": dlq.subjects,
-            "messages": dlq.messages,
-            "exists": dlq.exists,
-        },
-        "strays": {
-            "messages": strays.messages,
-            "subjects": dict(strays.subjects),
-            "purge": strays.purge_commands() if strays else [],
-        },
-        "problems": list(snap.problems) + ([strays.problem()] if strays else []),
-        "global_order": _global_order(
-            snap.global_position,
-            reader_id,
-            now,
-            list((reader or {}).get("held_back_by") or []),
-        ),
-    }
-
-
-def _global_order(
-    gp: GlobalPosition | None, reader: str | None, now: float, held_back_by: list[str]
-) -> Any:
-    """A global-order reader's position (None for a group of per-key workers): the last
-    global sequence handed over (in the time modes a time in ns since the epoch, also as
-    RFC 3339 in ``position_time``), its token, who wrote it and when, late records (window
-    modes), the running reader, if any, the producers holding its merge back (exact
-    event-time mode) and why the last one stopped on its own (None: it runs, or was
-    stopped by request)."""
-    if gp is None:
-        return None
-    timed = gp.order != "sequence" and gp.g > 0
-    return {
-        "position": gp.g,
-        "position_time": show_time(gp.g) if timed else None,
-        "fencing_token": gp.token,
-        "member": gp.member,
-        "written_age": round(max(0.0, now - gp.ts), 3) if gp.ts else None,
-        "late": gp.late,
-        "reader": reader,
-        "order": gp.order,
-        "error": gp.error or None,
-        "held_back_by": held_back_by,
-    }
+    """The status as a JSON-safe dict (the ``--json`` output; the Airflow view shows the same)."""
+    return await group_status(nc, stream_name, group)
 
 
 def _print_table(out: dict[str, Any]) -> None:

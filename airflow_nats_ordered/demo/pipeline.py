@@ -315,6 +315,12 @@ def main(
             svc.start("dag-processor", af, "dag-processor")
             svc.start("triggerer", af, "triggerer", "--skip-serve-logs")
             print("== Airflow: api-server, scheduler, dag-processor, triggerer (LocalExecutor)")
+            print(
+                f"== the pipeline view, while the demo runs: http://127.0.0.1:{api_port}"
+                f"/nats-ordered/?conn=nats_default&stream={STREAM}&group={GROUP} (in Airflow's "
+                "UI: Browse > NATS pipelines; sign in as admin, password in "
+                f"{home / 'simple_auth_manager_passwords.json.generated'})"
+            )
             deadline = time.monotonic() + 120
             while not query(meta, "SELECT 1 FROM dag WHERE dag_id = ?", DAG_ID):
                 if time.monotonic() > deadline:
