@@ -124,7 +124,7 @@ BINDING_ARGS = "airflow-nats-ordered.watcher-args"
 DERIVED_PREFIX = "airflow-watcher-"
 _JS_CONSUMER_EXISTS = 10148  # JetStream: create (action=create) of an existing consumer
 #: seconds before the first re-check while the stream is missing or NATS cannot be reached,
-#: doubled after each check up to :data:`WAIT_MAX` (see :meth:`NatsMessageProducer.open_stream`)
+#: doubled after each check up to :data:`WAIT_MAX` (see :meth:`NatsMessageProducer._ready`)
 WAIT_FIRST = 1.0
 WAIT_MAX = 30.0
 #: errors of a server that is down, restarting or electing a JetStream leader: waited out

@@ -258,6 +258,7 @@ def test_a_real_triggerer_waits_for_the_stream_without_restarting_the_watcher(
         log = t.log()
     finally:
         t.stop()
+    print("\n" + "\n".join(line for line in log.splitlines() if "NatsMessageTrigger" in line))
     assert sorted(dep.stored()) == [1, 2, 3]
     assert log.count(WAITING) == 1 and log.count(APPEARED) == 1, log[-3000:]
     assert not FAILED.findall(log), log[-3000:]
