@@ -42,9 +42,17 @@ def wait_for(what: str, ok: Callable[[], object], timeout: float = 120) -> None:
 class WatcherDeployment:
     """Stream ``name`` (subjects ``name.>``), asset and DAG ``name.lower()`` watching it
     (``ack_wait=2``: a dead triggerer's messages come back 2 s later), registered
-    (``airflow dags reserialize``) unless ``register=False``."""
+    (``airflow dags reserialize``) unless ``register=False``. The stream is created now
+    unless ``create_stream=False`` (then :meth:`make_stream` creates it)."""
 
-    def __init__(self, tmp_path: Path, nats_url: str, name: str, register: bool = True) -> None:
+    def __init__(
+        self,
+        tmp_path: Path,
+        nats_url: str,
+        name: str,
+        register: bool = True,
+        create_stream: bool = True,
+    ) -> None:
         self.tmp_path, self.url, self.stream = tmp_path, nats_url, name
         self.asset = self.dag_id = name.lower()
         conn_id = "nats_watcher_crash"
@@ -70,17 +78,22 @@ class WatcherDeployment:
         self.consumer = NatsMessageTrigger(**self.trigger_kwargs).consumer_name
         self.published = 0
         self.triggerers: list[Triggerer] = []
+        if create_stream:
+            self.make_stream()
+        if register:
+            self.airflow("dags", "reserialize")
 
-        async def make_stream() -> None:
-            nc = await nats.connect(nats_url)
+    def make_stream(self) -> None:
+        """Create the watched stream (subjects ``<name>.>``)."""
+
+        async def main() -> None:
+            nc = await nats.connect(self.url)
             try:
-                await nc.jetstream().add_stream(name=name, subjects=[f"{name}.>"])
+                await nc.jetstream().add_stream(name=self.stream, subjects=[f"{self.stream}.>"])
             finally:
                 await nc.close()
 
-        asyncio.run(make_stream())
-        if register:
-            self.airflow("dags", "reserialize")
+        asyncio.run(main())
 
     def airflow(self, *args: str) -> None:
         airflow(*args, env=self.env)

@@ -5,7 +5,9 @@
 arguments (it serializes as that trigger, so the triggerer runs it directly); an unknown
 argument is refused with the valid ones. Without ``durable=`` every watcher reads its own
 durable consumer and gets every message, on any number of triggerers; an explicit
-``durable=`` is bound to one trigger's arguments (see that module's docstring).
+``durable=`` is bound to one trigger's arguments (see that module's docstring). A stream
+not created yet or servers out of reach are waited for (one WARNING, then backoff up to
+30 s); a bad configuration fails the trigger with what to fix.
 """
 
 from __future__ import annotations

@@ -67,6 +67,17 @@ durable to only one of its readers:
 
 Two Airflow deployments sharing one NATS account and identical watcher arguments would
 derive the same consumer name; give each deployment its own ``durable`` (or stream).
+
+**What passes is waited for, a bad configuration fails.** Before it reads, the producer
+waits (:meth:`NatsMessageProducer._ready`) while the stream does not exist yet (a
+dead-letter stream before its first worker created it), the servers cannot be reached or
+JetStream does not answer: one WARNING naming the stream, what creates it and the
+connection, re-checks after 1 s doubling up to :data:`WAIT_MAX` (an ``asyncio.sleep``:
+cancelling the trigger ends it at once), one INFO line once it reads. Without this the
+trigger failed and the triggerer restarted it every ~2 s with the error each time.
+Connection fields, refused credentials, a filter outside the stream's subjects or a
+durable bound to another identity raise at once (and Airflow restarts the trigger, as
+above). Once reading, nats-py reconnects a lost connection itself.
 """
 
 from __future__ import annotations
@@ -78,19 +89,22 @@ import hashlib
 import json
 import logging
 import re
+import time
 from collections.abc import AsyncIterator, Hashable, Sequence
 from typing import Any
 
+import nats.errors
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 from airflow.triggers.shared_stream import AdvanceItem, SharedStreamProducer
 from nats.js import api
-from nats.js.errors import BadRequestError, NotFoundError
+from nats.js.errors import BadRequestError, NotFoundError, ServiceUnavailableError
 
-from airflow_nats_ordered.core.errors import ConfigError
+from airflow_nats_ordered.core.admin.dlq import DEAD_LETTER_SUFFIX
+from airflow_nats_ordered.core.errors import AuthError, ConfigError, ConnectError
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec
 from airflow_nats_ordered.core.worker.dead_letters import dead_letter_subject
 from airflow_nats_ordered.hooks.arguments import refuse_unknown_arguments
-from airflow_nats_ordered.hooks.nats import NatsHook
+from airflow_nats_ordered.hooks.nats import NatsHook, _in_airflow_terms
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +123,19 @@ BINDING_ID = "airflow-nats-ordered.watcher-id"
 BINDING_ARGS = "airflow-nats-ordered.watcher-args"
 DERIVED_PREFIX = "airflow-watcher-"
 _JS_CONSUMER_EXISTS = 10148  # JetStream: create (action=create) of an existing consumer
+#: seconds before the first re-check while the stream is missing or NATS cannot be reached,
+#: doubled after each check up to :data:`WAIT_MAX` (see :meth:`NatsMessageProducer._ready`)
+WAIT_FIRST = 1.0
+WAIT_MAX = 30.0
+#: errors of a server that is down, restarting or electing a JetStream leader: waited out
+_PASSING_ERRORS: tuple[type[BaseException], ...] = (
+    TimeoutError,  # nats.errors.TimeoutError too: a request got no answer in time
+    nats.errors.NoRespondersError,
+    nats.errors.ConnectionClosedError,
+    nats.errors.ConnectionReconnectingError,
+    nats.errors.StaleConnectionError,
+    ServiceUnavailableError,  # JetStream not (yet) available: 503
+)
 
 
 def watcher_identity(kwargs: dict[str, Any]) -> tuple[str, str]:
@@ -415,17 +442,31 @@ class NatsMessageProducer(SharedStreamProducer):
         none (adopted: its position is kept). Another identity's consumer is refused."""
         t = self.t
         try:
+            stream = await js.stream_info(t.stream)
+        except NotFoundError:
+            raise _StreamMissing from None
+        subjects = list(stream.config.subjects or [])
+        # nats-server accepts a filter that matches none of the stream's subjects: the
+        # watcher would read nothing, silently. (A stream without subjects of its own, a
+        # mirror or a sourced stream, stores its sources' subjects: not checked.)
+        if t.subject and subjects and not any(_overlap(t.subject, s) for s in subjects):
+            raise ConfigError(
+                f"NatsMessageTrigger: subject={t.subject!r} matches none of the subjects of "
+                f"stream {t.stream!r} ({', '.join(subjects)}), so the watcher would never get "
+                "a message; fix subject= (for dead_letter_trigger: the group and the "
+                "subject_prefix of the partitioned stream)"
+            )
+        try:
             info = await js.consumer_info(t.stream, t.consumer_name)
         except NotFoundError:
             try:
-                await js.stream_info(t.stream)
-            except NotFoundError:
+                if await _create_only(js, t.stream, self._consumer_config()):
+                    return
+            except BadRequestError as e:
                 raise ConfigError(
-                    f"NatsMessageTrigger: stream {t.stream!r} does not exist (connection "
-                    f"{t.nats_conn_id!r}); create it first or fix stream="
+                    f"NatsMessageTrigger: stream {t.stream!r} refused to create consumer "
+                    f"{t.consumer_name!r} (subject={t.subject!r}): {e.description}"
                 ) from None
-            if await _create_only(js, t.stream, self._consumer_config()):
-                return
             # another trigger created it meanwhile: bind to it like to any existing one
             info = await js.consumer_info(t.stream, t.consumer_name)
         cfg = info.config
@@ -462,12 +503,63 @@ class NatsMessageProducer(SharedStreamProducer):
         if again.get(BINDING_ID) != t.identity:  # another trigger adopted it at once
             raise ConfigError(_bound_elsewhere(t, again))
 
-    async def open_stream(self) -> AsyncIterator[tuple[Delivery, Any]]:
-        """Connect (inside the running loop), then yield ``(Delivery, msg)`` forever."""
+    async def _ready(self) -> Any:
+        """Connect and bind the consumer (:meth:`_ensure_consumer`); the JetStream context.
+
+        Waits out what passes without anyone touching the watcher: the stream not created
+        yet, the NATS servers unreachable, JetStream not answering. It checks again after
+        :data:`WAIT_FIRST` seconds, doubling up to :data:`WAIT_MAX`, logs one WARNING when
+        it starts waiting for a reason (see :func:`_wait_reason`) and one INFO line when
+        it stops. The wait is ``asyncio.sleep``: the triggerer's loop runs on meanwhile,
+        and cancelling the trigger (the shared stream's poll task) ends it at once.
+        Anything else (bad connection fields, credentials refused, a consumer bound to
+        another watcher, a filter outside the stream's subjects) raises: waiting would
+        never end it."""
         t = self.t
-        nc = self._nc = await self._stack.enter_async_context(NatsHook(t.nats_conn_id).aconnect())
-        js = nc.jetstream()
-        await self._ensure_consumer(js)
+        delay = WAIT_FIRST
+        since: float | None = None  # monotonic time of the first failed attempt
+        reasons: set[str] = set()  # the kinds of wait already logged
+        while True:
+            try:
+                if self._nc is None:
+                    hook = NatsHook(t.nats_conn_id)
+                    self._nc = await self._stack.enter_async_context(hook.aconnect())
+                js = self._nc.jetstream()
+                await self._ensure_consumer(js)
+                break
+            except Exception as exc:
+                reason = _wait_reason(t, exc)
+                if reason is None:
+                    raise
+                kind, text = reason
+                if kind not in reasons:
+                    reasons.add(kind)
+                    log.warning("%s", text)
+                if kind != "stream":  # a closed or stuck client is dropped: connect anew
+                    await self._disconnect()
+            since = since if since is not None else time.monotonic()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, WAIT_MAX)
+        if since is not None:
+            log.info(
+                "NatsMessageTrigger: stream %s is there and consumer %s bound, after waiting "
+                "%.0f s; reading it",
+                t.stream,
+                t.consumer_name,
+                time.monotonic() - since,
+            )
+        return js
+
+    async def _disconnect(self) -> None:
+        stack, self._stack, self._nc = self._stack, contextlib.AsyncExitStack(), None
+        with contextlib.suppress(Exception):
+            await stack.aclose()
+
+    async def open_stream(self) -> AsyncIterator[tuple[Delivery, Any]]:
+        """Connect (inside the running loop), waiting for the stream and the servers if
+        need be (:meth:`_ready`), then yield ``(Delivery, msg)`` forever."""
+        t = self.t
+        js = await self._ready()
         sub = self._sub = await js.pull_subscribe_bind(t.consumer_name, stream=t.stream)
         self._keepalive = asyncio.create_task(
             self._keep_alive(), name=f"nats-wpi[{t.consumer_name}]"
@@ -585,6 +677,60 @@ class NatsMessageProducer(SharedStreamProducer):
         await self._stack.aclose()
 
 
+def _overlap(a: str, b: str) -> bool:
+    """Whether some subject matches both NATS subject patterns ``a`` and ``b``."""
+    x, y = a.split("."), b.split(".")
+    for p, q in zip(x, y, strict=False):
+        if p == ">" or q == ">":  # the rest of the other one: one or more tokens
+            return True
+        if p != q and "*" not in (p, q):
+            return False
+    return len(x) == len(y)  # tokens left over in one: a subject matches only one length
+
+
+class _StreamMissing(Exception):
+    """The trigger's stream does not exist (yet): waited for, see :func:`_wait_reason`."""
+
+
+def _wait_reason(t: NatsMessageTrigger, exc: Exception) -> tuple[str, str] | None:
+    """``(kind, the WARNING to log once)`` if ``exc`` passes by waiting; None if it does
+    not (a bad configuration: the trigger fails with it)."""
+    retry = f"checking again with backoff up to {WAIT_MAX:.0f} s"
+    if isinstance(exc, _StreamMissing):
+        base = t.stream.removesuffix(DEAD_LETTER_SUFFIX)
+        if t.stream.endswith(DEAD_LETTER_SUFFIX) and base:
+            why = (
+                f"it is the dead-letter stream of {base!r}, created when the first worker of "
+                f"a group of {base!r} starts with the poison policy dead-letter (the default "
+                "of `nats-ordered worker` and `nats-ordered pool`), or when a global-order "
+                "reader first sets a record aside; until then there are no dead letters"
+            )
+        else:
+            why = (
+                "create it (`nats-ordered provision`, or `nats stream add`), or fix stream= "
+                "if the name is wrong"
+            )
+        return "stream", (
+            f"NatsMessageTrigger: stream {t.stream!r} does not exist yet (connection "
+            f"{t.nats_conn_id!r}): {why}. Waiting for it, {retry}; its messages become "
+            f"asset events once it exists (consumer {t.consumer_name!r})"
+        )
+    if isinstance(exc, ConnectError) and not isinstance(exc, AuthError):
+        return "connect", (
+            f"NatsMessageTrigger: cannot reach NATS for stream {t.stream!r} (connection "
+            f"{t.nats_conn_id!r}): {_in_airflow_terms(t.nats_conn_id, str(exc))} Waiting "
+            f"for the servers, {retry}"
+        )
+    if isinstance(exc, _PASSING_ERRORS):
+        return "jetstream", (
+            f"NatsMessageTrigger: NATS JetStream does not answer for stream {t.stream!r} "
+            f"(connection {t.nats_conn_id!r}: {type(exc).__name__}: {exc}; a server "
+            "restarting or electing a leader, or JetStream not enabled for the account). "
+            f"Waiting for it, {retry}"
+        )
+    return None
+
+
 def _bound_elsewhere(t: NatsMessageTrigger, metadata: dict[str, str]) -> str:
     """The refusal: which durable, how the other binding differs, and the fixes."""
     ours = json.loads(watcher_identity(t.serialize()[1])[1])
@@ -678,6 +824,10 @@ def dead_letter_trigger(
     existing deployments have: it is bound to the first triage watcher's arguments, so a
     second, different triage watcher of the group needs its own ``durable``); other
     keyword arguments go to :class:`NatsMessageTrigger` (unknown ones are refused).
+
+    ``<stream>_DLQ`` is created by the group's first worker with ``poison="dead-letter"``
+    (or a global-order reader's first record set aside); until then the trigger waits
+    for it, logging that once (see the module docstring).
     """
     prefix = StreamSpec(name=stream, subject_prefix=subject_prefix).prefix
     # the core's subject of partition 0, with the partition token as a wildcard

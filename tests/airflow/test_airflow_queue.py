@@ -343,16 +343,24 @@ def test_existing_consumer_reading_another_subject_is_refused_with_the_fix(
         asyncio.run(main())
 
 
-def test_missing_stream_is_reported_with_the_parameter_to_fix(nats_conn, unique_name) -> None:
+def test_missing_stream_is_waited_for_naming_the_parameter_to_fix(
+    nats_conn, unique_name, caplog
+) -> None:
+    """Waited for, not refused (issue 30; test_airflow_watcher_waits.py has the rest)."""
+
     async def main() -> None:
         producer = _producer(nats_conn, unique_name)
         try:
-            await anext(producer.open_stream())
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(3):
+                    await anext(producer.open_stream())
         finally:
             await producer.aclose()
 
-    with pytest.raises(ConfigError, match=f"stream '{unique_name}' does not exist"):
+    with caplog.at_level("WARNING", logger="airflow_nats_ordered.triggers.messages"):
         asyncio.run(main())
+    assert f"stream '{unique_name}' does not exist yet" in caplog.text
+    assert "fix stream= if the name is wrong" in caplog.text
 
 
 # --- a real triggerer, killed mid-stream ------------------------------------------------
