@@ -67,7 +67,13 @@ def get_provider_info() -> dict:
         ],
         "queues": ["airflow_nats_ordered.queues.nats.NatsMessageQueueProvider"],
         "asset-uris": [
-            {"schemes": ["nats"], "handler": "airflow_nats_ordered.assets.nats.sanitize_uri"}
+            {
+                "schemes": ["nats"],
+                "handler": "airflow_nats_ordered.assets.nats.sanitize_uri",
+                "to_openlineage_converter": (
+                    "airflow_nats_ordered.operators.lineage.convert_asset_to_openlineage"
+                ),
+            }
         ],
         "connection-types": [
             {
