@@ -75,7 +75,13 @@ def get_provider_info() -> dict:
             }
         ],
         "asset-uris": [
-            {"schemes": ["nats"], "handler": "airflow_nats_ordered.assets.nats.sanitize_uri"}
+            {
+                "schemes": ["nats"],
+                "handler": "airflow_nats_ordered.assets.nats.sanitize_uri",
+                "to_openlineage_converter": (
+                    "airflow_nats_ordered.operators.lineage.convert_asset_to_openlineage"
+                ),
+            }
         ],
         "connection-types": [
             {
@@ -97,7 +103,16 @@ def get_provider_info() -> dict:
     }
 
 
-def _field(label: str, kind: str = "string", *, secret: bool = False, **more: object) -> dict:
+def _field(
+    label: str,
+    description: str,
+    kind: str = "string",
+    *,
+    secret: bool = False,
+    **more: object,
+) -> dict:
+    """One field of the connection form: ``description`` is the help text Airflow's form
+    shows under it (``conn-fields`` ``<name>.description``, served by the API's hook meta)."""
     schema: dict = {"type": [kind, "null"]}
     if secret:
         # hides the form widget only; the REST API, the UI and logs hide an extra by its
@@ -105,32 +120,106 @@ def _field(label: str, kind: str = "string", *, secret: bool = False, **more: ob
         # hooks/connection_secrets.py), which every secret field's name below contains
         schema["format"] = "password"
     schema.update(more)
-    return {"label": label, "schema": schema}
+    return {"label": label, "description": description, "schema": schema}
 
+
+_CONTENT = "Content is written to a file only the Airflow user can read; give this or {path}."
+_PATH = "It must exist on every machine that runs the tasks and the triggerer. Or give {content}."
 
 #: the ``nats`` connection form (extras): exactly the extras ``hooks.nats.options_from_connection``
 #: reads (tests/airflow/test_airflow_connection_form.py keeps the two and docs/airflow.md equal)
 _CONN_FIELDS = {
-    "servers": _field("Servers (comma list of URLs, instead of Host/Port)"),
-    "token": _field("Token", secret=True),
-    "creds_secret": _field("Credentials (.creds file content)", secret=True),
-    "creds_file": _field("Credentials file path (.creds)"),
-    "nkey_seed_secret": _field("NKey seed", secret=True),
-    "nkey_seed_file": _field("NKey seed file path"),
-    "tls_ca": _field("TLS CA certificate (PEM content)"),
-    "tls_ca_file": _field("TLS CA certificate file path"),
-    "tls_cert": _field("TLS client certificate (PEM content)"),
-    "tls_cert_file": _field("TLS client certificate file path"),
-    "tls_private_key": _field("TLS client key (PEM content)", secret=True),
-    "tls_key_file": _field("TLS client key file path"),
-    "tls_hostname": _field("TLS server name (if not the host)"),
-    "tls_verify": _field("Verify the server certificate", "boolean", default=True),
-    "connect_timeout": _field("Connect timeout (seconds)", "number", default=5),
-    "name": _field("Client name (shown by the server's monitoring)", default="nats-ordered"),
+    "servers": _field(
+        "Servers (comma list of URLs, instead of Host/Port)",
+        "nats://a:4222,tls://b:4222: give these or Host/Port, not both. No user:password@ or "
+        "token@ in a URL (refused: Airflow shows this field in clear); use the fields below.",
+    ),
+    "token": _field(
+        "Token", "Token authentication. Hidden in the UI, the REST API and logs.", secret=True
+    ),
+    "creds_secret": _field(
+        "Credentials (.creds file content)",
+        "The whole .creds file (JWT and nkey seed) for decentralised (operator/account) "
+        "authentication. Hidden. " + _CONTENT.format(path="Credentials file path"),
+        secret=True,
+    ),
+    "creds_file": _field(
+        "Credentials file path (.creds)",
+        "Path of a .creds file. " + _PATH.format(content="Credentials (content)"),
+    ),
+    "nkey_seed_secret": _field(
+        "NKey seed",
+        "An nkey user seed (SU...) for nkey authentication. Hidden. "
+        + _CONTENT.format(path="NKey seed file path"),
+        secret=True,
+    ),
+    "nkey_seed_file": _field(
+        "NKey seed file path",
+        "Path of a file holding an nkey user seed. " + _PATH.format(content="NKey seed"),
+    ),
+    "tls_ca": _field(
+        "TLS CA certificate (PEM content)",
+        "The CA that signed the server's certificate, PEM. "
+        + _CONTENT.format(path="TLS CA certificate file path"),
+    ),
+    "tls_ca_file": _field(
+        "TLS CA certificate file path",
+        "Path of the CA certificate (PEM). " + _PATH.format(content="its content"),
+    ),
+    "tls_cert": _field(
+        "TLS client certificate (PEM content)",
+        "The client certificate for TLS client authentication, PEM (with TLS client key). "
+        + _CONTENT.format(path="TLS client certificate file path"),
+    ),
+    "tls_cert_file": _field(
+        "TLS client certificate file path",
+        "Path of the client certificate (PEM). " + _PATH.format(content="its content"),
+    ),
+    "tls_private_key": _field(
+        "TLS client key (PEM content)",
+        "The client certificate's private key, PEM. Hidden. "
+        + _CONTENT.format(path="TLS client key file path"),
+        secret=True,
+    ),
+    "tls_key_file": _field(
+        "TLS client key file path",
+        "Path of the client certificate's private key (PEM). "
+        + _PATH.format(content="its content"),
+    ),
+    "tls_hostname": _field(
+        "TLS server name (if not the host)",
+        "The name the server's certificate is verified against, when it is not the host "
+        "connected to (e.g. connecting by IP address).",
+    ),
+    "tls_verify": _field(
+        "Verify the server certificate",
+        "Uncheck only for a test server: the connection is then encrypted but not "
+        "authenticated. Default: checked.",
+        "boolean",
+        default=True,
+    ),
+    "connect_timeout": _field(
+        "Connect timeout (seconds)",
+        "How long to wait for each server when connecting. Default 5.",
+        "number",
+        default=5,
+    ),
+    "name": _field(
+        "Client name (shown by the server's monitoring)",
+        "The name nats-server's monitoring (connz) shows for this client. Default nats-ordered.",
+        default="nats-ordered",
+    ),
     "max_reconnect_attempts": _field(
-        "Reconnect attempts per server (-1 forever, 0 never)", "integer", default=120
+        "Reconnect attempts per server (-1 forever, 0 never)",
+        "After a connection is lost: attempts per server before giving up (-1 forever, "
+        "0 never). Default 120: with the wait below, about a minute of downtime is ridden out.",
+        "integer",
+        default=120,
     ),
     "reconnect_time_wait": _field(
-        "Wait between reconnect attempts (seconds)", "number", default=0.5
+        "Wait between reconnect attempts (seconds)",
+        "Seconds between two reconnect attempts to the same server. Default 0.5.",
+        "number",
+        default=0.5,
     ),
 }

@@ -36,7 +36,7 @@ class NatsRebalanceOperator(BaseOperator):
     *skipped*) when the heaviest member's load would drop by less than this fraction.
     Returns the moves (XCom)."""
 
-    template_fields: Sequence[str] = ("stream", "group", "cordon", "weights")
+    template_fields: Sequence[str] = ("stream", "group", "cordon", "weights", "nats_conn_id")
     template_fields_renderers = {"cordon": "json", "weights": "json"}
     ui_color = "#e8d4f0"
 
@@ -152,7 +152,7 @@ class NatsResetGroupOperator(BaseOperator):
     reset: a fenced sink ignores what it already applied, so reset it too before a replay
     meant to re-apply. Returns the positions before and after (XCom)."""
 
-    template_fields: Sequence[str] = ("stream", "group", "to", "partitions")
+    template_fields: Sequence[str] = ("stream", "group", "to", "partitions", "nats_conn_id")
     template_fields_renderers = {"to": "json", "partitions": "json"}
     ui_color = "#f0d4d4"
 

@@ -9,6 +9,9 @@ attribute (other names: set ``lineage_stream_attr`` / ``lineage_conn_id_attr``):
   ``nats://<host>:<port>`` of the connection's first server, name the stream. The
   namespace is built from the host and port only: never a user, password or token.
   Without the OpenLineage provider they return None, as Airflow's own providers do.
+* :func:`convert_asset_to_openlineage`, the provider's ``to_openlineage_converter`` for
+  ``nats://`` assets (another task's inlets/outlets, hook lineage): the same dataset for
+  the same stream and connection.
 * :meth:`~NatsLineageMixin.declare_stream_outlet` (called at the end of ``__init__``) and
   :meth:`~NatsLineageMixin.record_stream_event` (called with the task's result at the end
   of ``execute``): with ``stream_outlet=True`` the stream becomes the task's outlet asset
@@ -81,6 +84,36 @@ def lineage_namespace(servers: tuple[str, ...] | list[str]) -> str:
     return f"nats://{host}:{port}"
 
 
+def stream_dataset(nats_conn_id: str, stream: str) -> Any:
+    """The OpenLineage dataset of ``stream`` on the deployment of connection
+    ``nats_conn_id``: namespace :func:`lineage_namespace` of its servers, name the stream.
+    What the publish operators report and what :func:`convert_asset_to_openlineage` makes
+    of ``nats://<stream>``, so the two are one dataset."""
+    from airflow.providers.common.compat.openlineage.facet import Dataset
+
+    options = NatsHook(nats_conn_id).get_options()
+    return Dataset(namespace=lineage_namespace(options.servers), name=stream)
+
+
+def convert_asset_to_openlineage(asset: Asset, lineage_context: Any) -> Any:
+    """The provider's ``to_openlineage_converter`` for ``nats://<STREAM>[/<path>]`` assets:
+    the stream's dataset (:func:`stream_dataset`), the path dropped (it names a group or a
+    subject of the one stream). The asset URI names no server, so the connection is, in
+    order: the hook that reported the asset (hook lineage), the asset's
+    ``extra["nats_conn_id"]``, else ``nats_default``. A connection that cannot be read
+    raises, and the OpenLineage provider then leaves the asset out (a debug line) rather
+    than report it in a made-up namespace. Never reads a user, password or token."""
+    parts = urlsplit(asset.uri)
+    stream = parts.netloc
+    if parts.scheme != "nats" or not stream or "@" in stream or ":" in stream:
+        raise ValueError(f"not a nats://<STREAM>[/<path>] asset URI: {asset.uri!r}")
+    if isinstance(lineage_context, NatsHook):
+        conn_id = str(lineage_context.nats_conn_id)
+    else:
+        conn_id = str((asset.extra or {}).get("nats_conn_id") or NatsHook.default_conn_name)
+    return stream_dataset(conn_id, stream)
+
+
 class NatsLineageMixin:
     """Outlet asset and OpenLineage facets for an operator that publishes to one stream.
 
@@ -147,13 +180,11 @@ class NatsLineageMixin:
         """One output dataset: namespace ``nats://<host>:<port>`` of the connection's first
         server, name the stream. None without the OpenLineage provider."""
         try:
-            from airflow.providers.common.compat.openlineage.facet import Dataset
             from airflow.providers.openlineage.extractors import OperatorLineage
         except ImportError:
             return None
-        options = NatsHook(getattr(self, self.lineage_conn_id_attr)).get_options()
-        namespace = lineage_namespace(options.servers)
-        return OperatorLineage(outputs=[Dataset(namespace=namespace, name=self._lineage_stream())])
+        conn_id = getattr(self, self.lineage_conn_id_attr)
+        return OperatorLineage(outputs=[stream_dataset(conn_id, self._lineage_stream())])
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> OperatorLineage | None:
         """The same dataset as on start (a publish writes the one stream it names)."""
@@ -163,7 +194,9 @@ class NatsLineageMixin:
 __all__ = [
     "EVENT_FIELDS",
     "NatsLineageMixin",
+    "convert_asset_to_openlineage",
     "is_templated",
     "lineage_namespace",
     "stream_asset",
+    "stream_dataset",
 ]

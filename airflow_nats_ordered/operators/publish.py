@@ -111,6 +111,7 @@ class NatsPublishOperator(NatsLineageMixin, BaseOperator):
         "msg_id_field",
         "producer_id",
         "op_kwargs",
+        "nats_conn_id",
     )
     template_fields_renderers = {"records": "json", "op_kwargs": "json"}
     ui_color = "#c8d7f0"

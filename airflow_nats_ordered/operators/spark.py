@@ -64,6 +64,7 @@ class NatsSparkPublishOperator(NatsLineageMixin, SparkSubmitOperator):
         *SparkSubmitOperator.template_fields,
         "stream",
         "producer_id",
+        "nats_conn_id",
     )
     template_fields_renderers = {
         **SparkSubmitOperator.template_fields_renderers,

@@ -33,7 +33,7 @@ class NatsProvisionStreamOperator(BaseOperator):
     retried publish stores nothing twice. Returns the stream's facts (XCom).
     """
 
-    template_fields: Sequence[str] = ("stream", "subject_prefix", "description")
+    template_fields: Sequence[str] = ("stream", "subject_prefix", "description", "nats_conn_id")
     ui_color = "#b4e0c8"
 
     def __init__(
@@ -136,7 +136,7 @@ class NatsRepartitionStreamOperator(BaseOperator):
     ``partitions``, ``epoch``, ``switch_seq``, ``subjects``.
     """
 
-    template_fields: Sequence[str] = ("stream",)
+    template_fields: Sequence[str] = ("stream", "nats_conn_id")
     ui_color = "#b4e0c8"
 
     def __init__(

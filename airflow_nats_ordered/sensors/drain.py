@@ -161,7 +161,7 @@ class NatsGroupDrainSensor(BaseSensorOperator):
     stream was re-created, or at ``timeout``.
     """
 
-    template_fields: Sequence[str] = ("stream", "group", "high_water_marks", "run")
+    template_fields: Sequence[str] = ("stream", "group", "high_water_marks", "run", "nats_conn_id")
     template_fields_renderers = {"high_water_marks": "json"}
     ui_color = "#f0e4c8"
 

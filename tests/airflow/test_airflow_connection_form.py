@@ -46,6 +46,26 @@ def test_form_offers_exactly_the_extras_the_hook_reads_and_the_docs_list() -> No
     assert _documented_extras() == form, "docs/airflow.md's connection table vs the form"
 
 
+def test_every_form_field_has_help_text_the_ui_shows() -> None:
+    # what GET /ui/connections/hook_meta gives the UI's form: each extra's description is
+    # the help text under its widget (issue 30: none had one)
+    from airflow.api_fastapi.core_api.services.ui.connections import HookMetaService
+
+    (meta,) = [m for m in HookMetaService.hook_meta_data() if m.connection_type == "nats"]
+    fields = meta.extra_fields or {}
+    assert set(fields) == set(_form())
+    missing = [n for n, f in fields.items() if len(f.get("description") or "") < 20]
+    assert missing == [], "form fields without a description"
+    for name, field in fields.items():
+        hidden = field["schema"].get("format") == "password"
+        assert ("Hidden" in field["description"]) == hidden, name
+        if field["value"] is not None:  # a field with a default says which
+            shown = "checked" if field["value"] is True else str(field["value"])
+            assert f"Default: {shown}" in field["description"] or (
+                f"Default {shown}" in field["description"]
+            ), name
+
+
 def test_a_connection_saved_from_the_form_gives_the_documented_defaults() -> None:
     # what the UI stores when a user fills in Host and leaves every extra at its default
     extra = {name: widget.field["value"] for name, widget in _form().items()}

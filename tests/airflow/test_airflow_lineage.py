@@ -152,3 +152,52 @@ def test_openlineage_output_is_the_stream_on_the_first_server_without_secrets(
             shown = repr(lineage) + "".join(Serde.to_json(d) for d in lineage.outputs)
             for secret in (*SECRETS.values(), "alice"):
                 assert secret not in shown, (op.task_id, shown)
+
+
+def test_a_nats_asset_is_the_publish_operators_openlineage_dataset(unique_name, monkeypatch):
+    """The provider's ``to_openlineage_converter`` (issue 30 defect 5), reached as the
+    OpenLineage provider reaches it (its providers-manager registry, its extractor's manual
+    inlets/outlets and hook-lineage paths): ``nats://<STREAM>[/<path>]`` is the stream's
+    dataset in the namespace the publish operators report for the same connection. Before,
+    no converter was registered and such assets were left out of lineage."""
+    from airflow.providers.common.compat.openlineage.utils.utils import translate_airflow_asset
+    from airflow.providers.openlineage.extractors import OperatorLineage
+    from airflow.providers.openlineage.extractors.manager import ExtractorManager
+    from airflow.sdk import Asset
+    from airflow.sdk.bases.operator import BaseOperator
+    from openlineage.client.serde import Serde
+
+    from airflow_nats_ordered.hooks.nats import NatsHook
+
+    default = {"conn_type": "nats", "host": "Nats-1.Example", "port": 4333, "login": "alice",
+               "password": SECRETS["password"]}  # fmt: skip
+    other = {"conn_type": "nats", "extra": {"servers": "tls://nats-9.example,nats://b:4222",
+                                            "token": SECRETS["token"]}}  # fmt: skip
+    monkeypatch.setenv("AIRFLOW_CONN_NATS_DEFAULT", json.dumps(default))
+    monkeypatch.setenv("AIRFLOW_CONN_NATS_LINEAGE", json.dumps(other))
+    publish = NatsPublishOperator(task_id="publish", stream=unique_name, key_field="k", records=[])
+    (published,) = publish.get_openlineage_facets_on_start().outputs
+
+    task = BaseOperator(
+        task_id="reads_and_writes",
+        inlets=[Asset(f"nats://{unique_name}")],
+        outlets=[
+            Asset(f"nats://{unique_name}_DLQ/billing", extra={"nats_conn_id": "nats_lineage"})
+        ],
+    )
+    lineage = OperatorLineage()
+    ExtractorManager().extract_inlets_and_outlets(lineage, task)
+    (read,), (written,) = lineage.inputs, lineage.outputs
+    assert (read.namespace, read.name) == (published.namespace, published.name)
+    assert (read.namespace, read.name) == ("nats://nats-1.example:4333", unique_name)
+    # the path names a group or subject of the one stream; the extra picks the connection
+    assert (written.namespace, written.name) == ("nats://nats-9.example:4222", f"{unique_name}_DLQ")
+    # hook lineage: the hook that reported the asset gives the connection
+    hooked = translate_airflow_asset(Asset(f"nats://{unique_name}"), NatsHook("nats_lineage"))
+    assert (hooked.namespace, hooked.name) == ("nats://nats-9.example:4222", unique_name)
+    shown = "".join(Serde.to_json(d) for d in (read, written, hooked))
+    for secret in (*SECRETS.values(), "alice"):
+        assert secret not in shown
+    # a connection that cannot be read: left out, never a made-up namespace
+    missing = Asset(f"nats://{unique_name}", extra={"nats_conn_id": "nats_nowhere"})
+    assert translate_airflow_asset(missing, None) is None

@@ -38,3 +38,24 @@ def test_every_operator_sensor_and_trigger_module_is_listed():
     assert sensors and sensors <= _listed("sensors"), sensors - _listed("sensors")
     triggers = _modules_defining("triggers", BaseTrigger)
     assert triggers and triggers <= _listed("triggers"), triggers - _listed("triggers")
+
+
+def test_the_provider_info_is_valid_and_every_dotted_path_in_it_imports():
+    """Checked against Airflow's own provider-info schema; each ``asset-uris`` handler and
+    ``to_openlineage_converter``, hook class and queue provider names something callable
+    (Airflow skips a wrong path with only a log line)."""
+    import json
+    from pathlib import Path
+
+    import airflow
+    import jsonschema
+
+    info = get_provider_info()
+    schema = json.loads((Path(airflow.__file__).parent / "provider_info.schema.json").read_text())
+    jsonschema.validate(info, schema)
+    paths = [e[k] for e in info["asset-uris"] for k in ("handler", "to_openlineage_converter")]
+    paths += [c["hook-class-name"] for c in info["connection-types"]] + info["queues"]
+    assert len(paths) == 4
+    for path in paths:
+        module, _, name = path.rpartition(".")
+        assert callable(getattr(importlib.import_module(module), name)), path
