@@ -138,7 +138,7 @@ def _audit(user: Any, action: str, target: dict[str, Any], outcome: dict[str, An
     name = user.get_name() if user is not None else "anonymous"
     extra = {**target, **outcome}
     log.warning(
-        "nats-ordered view: user %s ran %s on %s: %s",
+        "NATS pipelines view: user %s ran %s on %s: %s",
         name,
         action,
         json.dumps(target, sort_keys=True),
@@ -158,7 +158,7 @@ def _audit(user: Any, action: str, target: dict[str, Any], outcome: dict[str, An
                 )
             )
     except Exception:  # the logger line above stands; the action is done
-        log.exception("nats-ordered view: could not write the audit log row of %s", action)
+        log.exception("NATS pipelines view: could not write the audit log row of %s", action)
 
 
 def _page(name: str) -> str:

@@ -15,8 +15,10 @@ import fnmatch
 import functools
 import json
 import os
+import random
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -622,6 +624,24 @@ async def _replicas(url: str, stream: str, group: str) -> dict[str, tuple[int, i
         await nc.close()
 
 
+def _free_port_pair() -> int:
+    """A port P with P and P+1 free (the pool serves metrics on P, its member on P+1),
+    below the kernel's ephemeral range: a port from ``free_port()`` is one the kernel hands
+    out, and P+1 is likely the next one it gives another test's process (seen: the member
+    could not listen on P+1 three times and the pool stopped)."""
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(20000, 32000)
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", base))
+                b.bind(("127.0.0.1", base + 1))
+        except OSError:
+            continue
+        return base
+    raise AssertionError("no two consecutive free ports in 20000-32000")
+
+
 def test_nats_configs_boot_a_cluster_that_takes_the_r3_provision_and_a_healthy_pool(
     tmp_path, monkeypatch
 ):
@@ -665,7 +685,7 @@ def test_nats_configs_boot_a_cluster_that_takes_the_r3_provision_and_a_healthy_p
 
         pool = SERVICES["worker-pool"]
         cmd = list(pool["command"])
-        metrics = free_port()
+        metrics = _free_port_pair()
         cmd[cmd.index("--metrics-port") + 1] = str(metrics)
         env = {**os.environ, **_env(pool), "AIRFLOW_CONN_NATS_DEFAULT": conn}
         env["PYTHONPATH"] = str(_project_path(pool, env["PYTHONPATH"]))
