@@ -2,8 +2,9 @@
 drain sensor waits on. A real DAG with a ``NatsGroupDrainSensor`` run by ``dag.test()`` in
 the test session's metadata DB, which a real ``airflow api-server`` reads; the sensor waits
 on a group that has state but no worker, so its partitions stay behind the marks it resolved
-at its first poke. While it waits, the endpoint and the page (headless Chromium) show its
-stream, group, marks (from the try's task state store) and, per mark, the committed
+at its first poke. Poking (marks in the try's task state store) and deferred (marks in its
+trigger's arguments): while it waits, the endpoint and the page (headless Chromium) show
+its stream, group, marks and, per mark, the committed
 position and exact lag, equal to what ``nats-ordered status --json`` says; then workers
 drain the group, the sensor succeeds and the endpoint shows the marks from its XCom, none
 behind. Requests without a token are refused (401)."""
@@ -18,6 +19,7 @@ import time
 from typing import Any
 from urllib.parse import urlencode
 
+import pytest
 from airflow_api import ApiServer
 from airflow_dags import BackgroundPool, dag_file, nats_connection, on_server, task_states
 from airflow_processes import metadata_db, query
@@ -41,7 +43,7 @@ from airflow_nats_ordered.sensors.drain import NatsGroupDrainSensor
 with DAG(dag_id="{dag_id}", schedule=None, start_date=dt.datetime(2024, 1, 1)) as dag:
     NatsGroupDrainSensor(
         task_id="drained", stream="{stream}", group="{group}", poke_interval=1,
-        timeout=600, no_members_timeout=None,
+        timeout=600, no_members_timeout=None, deferrable={deferrable},
     )
 """
 
@@ -92,8 +94,11 @@ def _no_token(api: ApiServer, path: str) -> int:
         return exc.code
 
 
-def _while_waiting(api: ApiServer, url: str, stream: str, dag_id: str, tmp_path: Any) -> None:
-    """What the endpoint and the page show while the sensor waits."""
+def _while_waiting(
+    api: ApiServer, url: str, stream: str, dag_id: str, tmp_path: Any, waiting: tuple[str, str]
+) -> None:
+    """What the endpoint and the page show while the sensor waits (``waiting``: its state
+    and where its marks are read from)."""
     deadline = time.monotonic() + DEADLINE
     while (run_id := _run_id(dag_id)) is None:
         assert time.monotonic() < deadline, "dag.test() made no DAG run"
@@ -103,13 +108,12 @@ def _while_waiting(api: ApiServer, url: str, stream: str, dag_id: str, tmp_path:
         status, body = api.request("GET", path, user="viewer")
         assert status == 200, body
         [sensor] = body["sensors"]
-        if sensor["state"] == "running" and sensor["wait"] is not None:
+        if (sensor["state"], sensor["marks_source"]) == waiting and sensor["wait"] is not None:
             break
         assert time.monotonic() < deadline, f"the sensor's marks never shown: {body}"
         time.sleep(0.5)
     st = _status(url, stream)
     assert (sensor["task_id"], sensor["stream"], sensor["group"]) == ("drained", stream, GROUP)
-    assert sensor["marks_source"] == "task_state_store", sensor
     assert sensor["connection_id"] == "nats_default", sensor
     # "now" at the first poke: every partition's last sequence then; nothing published since
     assert sensor["marks"] == {str(p["partition"]): p["last"] for p in st["partitions"]}
@@ -157,13 +161,20 @@ def _while_waiting(api: ApiServer, url: str, stream: str, dag_id: str, tmp_path:
             "[...document.querySelectorAll('#dagrun tr[data-sensor=\"drained\"] td')]"
             ".map(td => td.innerText)"
         )
-        assert head[:5] == ["drained", "running", stream, GROUP, "task_state_store"], head
+        assert head[:5] == ["drained", waiting[0], stream, GROUP, waiting[1]], head
         shot = browser.screenshot(tmp_path / "ui-view-dagrun.png")
         print(f"\nscreenshot: {shot}", file=sys.__stderr__)
 
 
+@pytest.mark.parametrize(
+    ("deferrable", "waiting"),
+    # dag.test() runs a deferred task's trigger in line and keeps the task instance queued
+    # meanwhile (under a scheduler it is "deferred"); its trigger row holds the marks
+    [(False, ("running", "task_state_store")), (True, ("queued", "trigger"))],
+    ids=["poking", "deferred"],
+)
 def test_the_view_shows_what_a_dag_runs_drain_sensor_waits_on(
-    nats_url, unique_name, tmp_path, monkeypatch
+    nats_url, unique_name, tmp_path, monkeypatch, deferrable, waiting
 ):
     chromium_path()  # fails (not skips) without chromium, before minutes of set-up
     monkeypatch.setenv("AIRFLOW_CONN_NATS_DEFAULT", nats_connection(nats_url))
@@ -178,12 +189,12 @@ def test_the_view_shows_what_a_dag_runs_drain_sensor_waits_on(
     env = {"AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{metadata_db()}"}
     with (
         ApiServer(tmp_path, env=env) as api,
-        dag_file(SENSOR, stream=unique_name, group=GROUP) as dag,
+        dag_file(SENSOR, stream=unique_name, group=GROUP, deferrable=deferrable) as dag,
     ):
 
         def watch() -> None:
             try:
-                _while_waiting(api, nats_url, unique_name, dag.dag_id, tmp_path)
+                _while_waiting(api, nats_url, unique_name, dag.dag_id, tmp_path, waiting)
             except BaseException as exc:  # reported below
                 errors.append(exc)
             finally:  # let the run finish either way
