@@ -7,7 +7,9 @@ shown inside Airflow reads the JSON with the user's own session; none: 401). Rea
 the auth manager's permission to view the plugin's page, :data:`RESOURCE` (its
 ``is_authorized_custom_view("GET", "NATS pipelines")``: Airflow's viewers with the simple
 auth manager; a FAB role with that resource), not to read connections: the page shows what
-the pipelines hold, never a connection's fields. The actions (rebalance, reset, dead-letter
+the pipelines hold, never a connection's fields. A DAG run's drain sensors (``/api/dagrun``, read
+from the metadata DB by :mod:`.dagrun`) also need Airflow's permission to read that DAG's
+task instances. The actions (rebalance, reset, dead-letter
 replay) need its permission to edit connections (``"PUT"``), a ``confirm`` field equal to
 the group's name, and leave a line in Airflow's audit log (the ``log`` table, shown under
 Browse > Audit Log; event ``nats_ordered.<action>``) and on this module's logger, naming the
