@@ -38,6 +38,7 @@ from airflow.api_fastapi.core_api.security import (
     requires_access_dag,
 )
 from fastapi import Depends, FastAPI, HTTPException, Query
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, Response
 from pydantic import BaseModel, Field
 
@@ -302,7 +303,8 @@ def create_app() -> FastAPI:
         ``error`` instead when NATS cannot say). The NATS connection is the sensor's when
         Airflow holds it (a deferred sensor's trigger, a templated ``nats_conn_id``), else
         ``conn``, else ``nats_default`` (the sensor's default)."""
-        sensors = drain_sensors(session, dag_id, run_id)
+        # the metadata DB read in a worker thread, as Airflow runs its own sync routes
+        sensors = await run_in_threadpool(drain_sensors, session, dag_id, run_id)
         if sensors is None:
             raise HTTPException(404, f"no DAG run {run_id!r} of DAG {dag_id!r}")
         for s in sensors:

@@ -162,7 +162,7 @@ def _while_waiting(
             ".map(td => td.innerText)"
         )
         assert head[:5] == ["drained", waiting[0], stream, GROUP, waiting[1]], head
-        shot = browser.screenshot(tmp_path / "ui-view-dagrun.png")
+        shot = browser.screenshot(tmp_path / "ui-view-dagrun.png", down_to="#dagrun")
         print(f"\nscreenshot: {shot}", file=sys.__stderr__)
 
 
