@@ -12,6 +12,7 @@ behind. Requests without a token are refused (401)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -24,6 +25,8 @@ from airflow_api import ApiServer
 from airflow_dags import BackgroundPool, dag_file, nats_connection, on_server, task_states
 from airflow_processes import metadata_db, query
 from chromium import Browser, chromium_path
+from locations import TESTS
+from ui_auth import HIDDEN_DAG
 
 from airflow_nats_ordered.core.group.store import GroupStore
 from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
@@ -222,3 +225,24 @@ def test_the_view_shows_what_a_dag_runs_drain_sensor_waits_on(
         assert (sensor["state"], sensor["marks_source"]) == ("success", "xcom"), sensor
         assert sensor["wait"]["drained"] and sensor["wait"]["behind"] == [], sensor
         assert all(m["committed"] >= m["mark"] for m in sensor["wait"]["marks"]), sensor
+
+
+def test_a_dag_run_needs_the_permission_to_read_its_dag(tmp_path):
+    """The view's read permission is not enough: a user whom the auth manager does not let
+    read the DAG's task instances gets 403 for its runs, and still reads the rest."""
+    env = {
+        "AIRFLOW__CORE__AUTH_MANAGER": "ui_auth.HidingAuthManager",
+        "PYTHONPATH": os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH")) if p),
+    }
+    with ApiServer(tmp_path, env=env) as api:
+        hidden = "/nats-ordered/api/dagrun?" + urlencode({"dag_id": HIDDEN_DAG, "run_id": "r"})
+        status, body = api.request("GET", hidden, user="viewer")
+        assert status == 403, body
+        status, body = api.request("GET", "/nats-ordered/api/connections", user="viewer")
+        assert status == 200, body
+        # another DAG, and the hidden one for an admin: allowed (no such run: 404)
+        other = "/nats-ordered/api/dagrun?" + urlencode({"dag_id": "other", "run_id": "r"})
+        status, body = api.request("GET", other, user="viewer")
+        assert status == 404, body
+        status, body = api.request("GET", hidden, user="admin")
+        assert status == 404 and HIDDEN_DAG in body["detail"], body
