@@ -246,3 +246,13 @@ def test_a_dag_run_needs_the_permission_to_read_its_dag(tmp_path):
         assert status == 404, body
         status, body = api.request("GET", hidden, user="admin")
         assert status == 404 and HIDDEN_DAG in body["detail"], body
+
+
+def test_the_view_reads_the_key_and_class_the_sensor_writes():
+    """The view names the sensor's task state store key and class without importing the
+    sensor's module (Airflow's task SDK) into the api-server: they must stay the same."""
+    from airflow_nats_ordered.plugins import dagrun
+    from airflow_nats_ordered.sensors import drain
+
+    assert dagrun.MARKS_KEY == drain.MARKS_KEY
+    assert drain.NatsGroupDrainSensor.__name__ == dagrun.SENSOR
