@@ -188,12 +188,19 @@ class Browser:
     def text(self) -> str:
         return str(self.evaluate("document.body.innerText"))
 
-    def screenshot(self, path: Path) -> Path:
-        """A PNG of the whole page at ``path``."""
+    def screenshot(self, path: Path, down_to: str | None = None) -> Path:
+        """A PNG of the whole page at ``path``; with ``down_to`` (a CSS selector) only from
+        the top of the page to the bottom of that element (plus a margin)."""
         metrics = self.send("Page.getLayoutMetrics")
         content = metrics.get("cssContentSize") or metrics.get("contentSize")
         width = max(self.size[0], int(content["width"]))
         height = max(600, int(content["height"]))
+        if down_to is not None:
+            bottom = self.evaluate(
+                f"(() => {{ const r = document.querySelector({json.dumps(down_to)})"
+                ".getBoundingClientRect(); return r.bottom + window.scrollY; })()"
+            )
+            height = min(height, int(bottom) + 16)
         shot = self.send(
             "Page.captureScreenshot",
             {

@@ -7,7 +7,9 @@ shown inside Airflow reads the JSON with the user's own session; none: 401). Rea
 the auth manager's permission to view the plugin's page, :data:`RESOURCE` (its
 ``is_authorized_custom_view("GET", "NATS pipelines")``: Airflow's viewers with the simple
 auth manager; a FAB role with that resource), not to read connections: the page shows what
-the pipelines hold, never a connection's fields. The actions (rebalance, reset, dead-letter
+the pipelines hold, never a connection's fields. A DAG run's drain sensors (``/api/dagrun``, read
+from the metadata DB by :mod:`.dagrun`) also need Airflow's permission to read that DAG's
+task instances. The actions (rebalance, reset, dead-letter
 replay) need its permission to edit connections (``"PUT"``), a ``confirm`` field equal to
 the group's name, and leave a line in Airflow's audit log (the ``log`` table, shown under
 Browse > Audit Log; event ``nats_ordered.<action>``) and on this module's logger, naming the
@@ -28,8 +30,15 @@ from importlib import resources
 from typing import Annotated, Any, Literal, TypeVar
 
 from airflow.api_fastapi.app import get_auth_manager
-from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_connection
+from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
+from airflow.api_fastapi.common.db.common import SessionDep
+from airflow.api_fastapi.core_api.security import (
+    GetUserDep,
+    requires_access_connection,
+    requires_access_dag,
+)
 from fastapi import Depends, FastAPI, HTTPException, Query
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, Response
 from pydantic import BaseModel, Field
 
@@ -41,6 +50,7 @@ from airflow_nats_ordered.core.admin.dead_letters import (
 )
 from airflow_nats_ordered.core.admin.membership import GroupNotFoundError
 from airflow_nats_ordered.core.admin.overview import (
+    drain_wait_status,
     group_list,
     group_status,
     producer_list,
@@ -57,6 +67,7 @@ from airflow_nats_ordered.core.errors import (
     StreamNotFoundError,
 )
 from airflow_nats_ordered.hooks.nats import NatsHook
+from airflow_nats_ordered.plugins.dagrun import drain_sensors
 
 log = logging.getLogger(__name__)
 
@@ -175,6 +186,12 @@ def create_app() -> FastAPI:
             raise HTTPException(403, "Forbidden")
 
     read = [Depends(may_read)]
+    # a DAG run's sensors: the view's permission and Airflow's own to read the DAG's task
+    # instances (dag_id from the query), as GET /api/v2/dags/{dag_id}/dagRuns/.../taskInstances
+    read_dag_run = [
+        *read,
+        Depends(requires_access_dag(method="GET", access_entity=DagAccessEntity.TASK_INSTANCE)),
+    ]
     edit = [Depends(requires_access_connection(method="PUT"))]
 
     app = FastAPI(
@@ -272,6 +289,39 @@ def create_app() -> FastAPI:
             return letter.to_dict(payload=True)
 
         return await _with_nats(connection_id, fn)
+
+    @app.get("/api/dagrun", dependencies=read_dag_run)
+    async def dag_run(
+        dag_id: str,
+        run_id: str,
+        session: SessionDep,
+        conn: Annotated[str | None, Query(description="for sensors naming none")] = None,
+    ) -> dict[str, Any]:
+        """What the DAG run's drain sensors wait on: per NatsGroupDrainSensor task instance
+        its state, stream, group and marks (:mod:`.dagrun`) and, for each mark, the group's
+        committed position and exact lag against it now (``wait`` :func:`drain_wait_status`;
+        ``error`` instead when NATS cannot say). The NATS connection is the sensor's when
+        Airflow holds it (a deferred sensor's trigger, a templated ``nats_conn_id``), else
+        ``conn``, else ``nats_default`` (the sensor's default)."""
+        # the metadata DB read in a worker thread, as Airflow runs its own sync routes
+        sensors = await run_in_threadpool(drain_sensors, session, dag_id, run_id)
+        if sensors is None:
+            raise HTTPException(404, f"no DAG run {run_id!r} of DAG {dag_id!r}")
+        for s in sensors:
+            s["connection_id"] = s["nats_conn_id"] or conn or NatsHook.default_conn_name
+            s["wait"] = None
+            if not (s["stream"] and s["group"] and s["marks"] is not None):
+                continue
+            stream, group, marks = s["stream"], s["group"], s["marks"]
+
+            async def fn(nc: Any, st: str = stream, g: str = group, m: Any = marks) -> Any:
+                return await drain_wait_status(nc, st, g, m)
+
+            try:
+                s["wait"] = await _with_nats(s["connection_id"], fn)
+            except HTTPException as exc:
+                s["error"] = f"{exc.status_code}: {exc.detail}"
+        return {"dag_id": dag_id, "run_id": run_id, "sensors": sensors}
 
     base = "/api/connections/{connection_id}/streams/{stream}/groups/{group}/actions"
 

@@ -1,7 +1,8 @@
 """The JSON an operator reads about a server's pipelines: one group's status (what
 ``nats-ordered status --json`` prints), the group list (``group list --json``), the
 partitioned streams with their layout epochs, a stream's run ledger and its global
-producers. The CLI and the Airflow UI view (``airflow_nats_ordered.plugins``) both print
+producers, and where a drain wait on given marks stands (the drain sensor's, shown per
+DAG run by the view). The CLI and the Airflow UI view (``airflow_nats_ordered.plugins``) both print
 these dicts, so the two cannot disagree.
 
 Everything here reads with plain gets and never decides ownership.
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from nats.aio.client import Client as NATS
@@ -18,14 +20,17 @@ from nats.js.errors import NotFoundError
 
 from airflow_nats_ordered.core.admin.dlq import dead_letters
 from airflow_nats_ordered.core.admin.listing import find_groups, summarize_group
+from airflow_nats_ordered.core.admin.marks import marks_to_wait, recorded_switch
+from airflow_nats_ordered.core.admin.membership import group_exists
 from airflow_nats_ordered.core.errors import NatsOrderedError, StreamNotFoundError
 from airflow_nats_ordered.core.group.assignor import Assignment
 from airflow_nats_ordered.core.group.global_position import GlobalPosition
-from airflow_nats_ordered.core.group.lag import read_group_lag
+from airflow_nats_ordered.core.group.lag import count_after, read_group_lag
 from airflow_nats_ordered.core.group.store import GroupStore
 from airflow_nats_ordered.core.order.producers import list_producers, show_time
 from airflow_nats_ordered.core.publish.runs import RunRecord, ledger_bucket
 from airflow_nats_ordered.core.stream.kv import bucket_keys, latest_entry
+from airflow_nats_ordered.core.stream.layout import pending_switch_problem
 from airflow_nats_ordered.core.stream.partitioned import META_PARTITIONS, describe
 from airflow_nats_ordered.core.stream.strays import Strays
 
@@ -238,3 +243,89 @@ async def producer_list(nc: NATS, stream: str) -> list[dict[str, Any]]:
         }
         for p, m in sorted((await list_producers(nc, stream)).items())
     ]
+
+
+async def drain_wait_status(
+    nc: NATS, stream_name: str, group: str, marks: Mapping[str, int] | Mapping[int, int]
+) -> dict[str, Any]:
+    """Where a drain wait on ``marks`` (partition -> stream sequence, as the drain sensor
+    keeps them) stands now, by the rule every drain wait applies
+    (:func:`~.marks.marks_to_wait`): per mark the group's committed position, whether the
+    partition is still behind it and the exact number of its records between the two
+    (counted by the server, as the group's lag is); ``waiting_for`` says why the group
+    cannot be drained whatever the marks say (a group still on an earlier layout, an
+    unfinished repartition, stray messages), ``drained`` whether the wait would end now.
+    A group without state yet (no worker has joined it) has committed nothing."""
+    described = await describe(nc, stream_name)
+    given = {int(p): int(m) for p, m in marks.items()}
+    waiting: list[str] = []
+    committed: dict[int, int] = {}
+    blocked: dict[int, str | None] = {}
+    exists = await group_exists(nc, stream_name, group)
+    all_behind = False  # the group is on an earlier layout: every mark of it still waits
+    if exists:
+        store = await GroupStore.attach(nc, stream_name, group)
+        lag = await read_group_lag(nc, described, store, await store.snapshot())
+        committed = {p.partition: p.committed for p in lag.partitions}
+        blocked = {p.partition: p.blocked for p in lag.partitions}
+        if lag.strays:
+            waiting.append(lag.strays.problem())
+        if lag.switch_unfinished:
+            waiting.append(
+                pending_switch_problem(
+                    stream_name,
+                    described.current_partitions,
+                    described.current_epoch,
+                    lag.pending_switch if lag.pending_switch is not None else lag.epoch,
+                )
+            )
+            all_behind = True
+        elif lag.epoch != lag.stream_epoch:
+            waiting.append(
+                f"group {group} is still on layout epoch {lag.epoch} (the stream is at epoch "
+                f"{lag.stream_epoch}): it moves once every earlier partition is applied"
+            )
+            all_behind = True
+        switch_seq, partitions = lag.switch_seq, len(lag.partitions)
+    else:
+        switch_seq, partitions = recorded_switch(described), described.current_partitions
+    pending = (
+        {p: m for p, m in given.items() if m > 0}
+        if all_behind
+        else marks_to_wait(given, partitions=partitions, switch_seq=switch_seq, stream=stream_name)
+    )
+    rows: list[dict[str, Any]] = []
+    behind_at: dict[int, tuple[int, int]] = {}
+    for p, m in sorted(given.items()):
+        c = committed.get(p, 0)
+        is_behind = p in pending and (all_behind or c < pending[p])
+        rows.append(
+            {
+                "partition": p,
+                "mark": m,
+                "committed": c if p in committed or not exists else None,
+                "behind": is_behind,
+                "lag_to_mark": 0 if not is_behind else None,
+                "earlier_layout": p not in pending,
+                "blocked": blocked.get(p),
+            }
+        )
+        if is_behind and not all_behind:
+            behind_at[p] = (c, m)
+    if behind_at:  # exact: the partition's records after the committed position up to the mark
+        after_c = await count_after(nc, described, {p: c for p, (c, _) in behind_at.items()})
+        after_m = await count_after(nc, described, {p: m for p, (_, m) in behind_at.items()})
+        for row in rows:
+            p = row["partition"]
+            if p in behind_at:
+                row["lag_to_mark"] = max(0, after_c[p] - after_m[p])
+    behind = [r["partition"] for r in rows if r["behind"]]
+    return {
+        "stream": described.name,
+        "group": group,
+        "group_exists": exists,
+        "marks": rows,
+        "behind": behind,
+        "waiting_for": waiting,
+        "drained": not behind and not waiting,
+    }

@@ -1,12 +1,13 @@
 // The NATS pipelines view: reads the plugin's JSON (same origin, the user's Airflow session
 // cookie) and draws plain tables. No build step, no framework. The page's state is in its
-// URL (?conn=&stream=&group=), so a link shows the same group; body[data-state] says
-// "ready" once the data is drawn (the browser tests wait on it).
+// URL (?conn=&stream=&group=&dag_id=&run_id=), so a link shows the same group and DAG run;
+// body[data-state] says "ready" once the data is drawn (the browser tests wait on it).
 "use strict";
 
 const params = new URLSearchParams(location.search);
 const state = { conn: params.get("conn") || "", stream: params.get("stream") || "",
-                group: params.get("group") || "" };
+                group: params.get("group") || "", dagId: params.get("dag_id") || "",
+                runId: params.get("run_id") || "" };
 const $ = (id) => document.getElementById(id);
 
 function el(tag, attrs, ...children) {
@@ -42,6 +43,8 @@ function setUrl() {
   if (state.conn) q.set("conn", state.conn);
   if (state.stream) q.set("stream", state.stream);
   if (state.group) q.set("group", state.group);
+  if (state.dagId) q.set("dag_id", state.dagId);
+  if (state.runId) q.set("run_id", state.runId);
   history.replaceState(null, "", "?" + q.toString());
 }
 
@@ -175,6 +178,55 @@ function drawGroup(st, letters) {
   document.body.dataset.group = st.stream + "/" + st.group;
 }
 
+function drawDagRun(d) {
+  // one block per drain sensor: what it is, then each mark against the group's position
+  const blocks = [];
+  if (!d.sensors.length) blocks.push(el("p", { class: "muted" }, "no NatsGroupDrainSensor in this DAG run"));
+  for (const s of d.sensors) {
+    const id = s.task_id + (s.map_index >= 0 ? "[" + s.map_index + "]" : "");
+    blocks.push(el("h3", {}, "Sensor " + id));
+    blocks.push(table([
+      ["task", () => id], ["state", "state"], ["stream", "stream"], ["group", "group"],
+      ["marks from", (x) => x.marks_source || (x.run ? "run " + x.run : x.high_water_marks) || "-"],
+      ["connection", "connection_id"], ["try", "try_number", { num: true }],
+    ], [s], () => ({ "data-sensor": id })));
+    const w = s.wait;
+    if (s.error) blocks.push(el("p", { class: "bad" }, s.error));
+    if (!s.marks) {
+      blocks.push(el("p", { class: "muted" }, s.rendered ? "no marks resolved yet"
+        : "not started yet: its marks are resolved at its first poke"));
+      continue;
+    }
+    if (!w) continue;
+    blocks.push(el("p", { class: w.drained ? "ok" : "warn", "data-sensor-drained": id },
+      w.drained ? "drained up to its marks" : "still waiting on partition(s) " +
+        (w.behind.join(", ") || "-") + (w.group_exists ? "" : " (the group has no state yet: no worker has joined it)")));
+    for (const why of w.waiting_for) blocks.push(el("p", { class: "bad" }, why));
+    blocks.push(table([
+      ["partition", "partition", { num: true }], ["mark", "mark", { num: true }],
+      ["committed", "committed", { num: true }],
+      ["lag to mark", "lag_to_mark", { num: true }],
+      ["behind", "behind", { fmt: (v, r) => r.earlier_layout ? "no (earlier layout)"
+        : v ? el("span", { class: "bad" }, "yes") : el("span", { class: "ok" }, "no") }],
+      ["blocked", "blocked", { fmt: (v) => v ? el("span", { class: "bad" }, v) : "no" }],
+    ], w.marks, (m) => ({ "data-sensor-mark": id + "/" + m.partition })));
+  }
+  $("dagrun").replaceChildren(...blocks);
+  document.body.dataset.dagrun = d.dag_id + "/" + d.run_id;
+}
+
+async function loadDagRun() {
+  if (!(state.dagId && state.runId)) return;
+  const q = "?dag_id=" + enc(state.dagId) + "&run_id=" + enc(state.runId) +
+    (state.conn ? "&conn=" + enc(state.conn) : "");
+  try {
+    drawDagRun(await getJson("api/dagrun" + q));
+  } catch (e) {
+    $("dagrun").replaceChildren(el("p", { class: "bad", "data-dagrun-error": "1" }, e.message));
+    document.body.dataset.dagrun = "error";
+  }
+}
+
 async function showLetter(seq) {
   try {
     const d = await getJson(groupPath() + "/dead-letters/" + seq);
@@ -206,6 +258,7 @@ async function refresh() {
   document.body.dataset.state = "loading";
   showError(null);
   try {
+    await loadDagRun();  // its own errors in its panel: the rest is drawn anyway
     if (!$("conn").options.length) await loadConnections();
     if (!state.conn) { document.body.dataset.state = "ready"; return; }
     setUrl();
@@ -231,6 +284,13 @@ $("conn").addEventListener("change", () => {
   state.conn = $("conn").value; state.stream = ""; state.group = ""; refresh();
 });
 $("refresh").addEventListener("click", () => refresh());
+$("dag-id").value = state.dagId;
+$("run-id").value = state.runId;
+$("dagrun-form").addEventListener("submit", (ev) => {
+  ev.preventDefault();
+  state.dagId = $("dag-id").value.trim(); state.runId = $("run-id").value.trim();
+  setUrl(); refresh();
+});
 $("act-rebalance").addEventListener("click", () => act("rebalance"));
 $("act-reset-earliest").addEventListener("click", () => act("reset", { to: "earliest" }));
 $("act-reset-latest").addEventListener("click", () => act("reset", { to: "latest" }));
