@@ -14,6 +14,8 @@ from pathlib import Path
 
 import nats
 import pytest
+from nats.errors import NoRespondersError
+from nats.js.errors import NoStreamResponseError
 
 from airflow_nats_ordered.embedded.process import find_nats_server, free_port
 from airflow_nats_ordered.embedded.servers import NatsCluster, NatsServer, NatsServerError
@@ -33,8 +35,18 @@ async def _publish(url: str, stream: str, count: int, *, replicas: int = 1) -> N
     try:
         js = nc.jetstream()
         await js.add_stream(name=stream, subjects=[f"{stream}.>"], num_replicas=replicas)
+        # an R3 stream answers once its own Raft group has elected a leader, which may come
+        # after add_stream's reply: until then a publish has no responder (stored nothing),
+        # so it is sent again (seen in CI: NoStreamResponseError on the first publish)
+        deadline = time.monotonic() + 60
         for i in range(count):
-            ack = await js.publish(f"{stream}.k", f"m{i}".encode())
+            while True:
+                try:
+                    ack = await js.publish(f"{stream}.k", f"m{i}".encode())
+                    break
+                except (NoRespondersError, NoStreamResponseError):
+                    assert time.monotonic() < deadline, f"stream {stream} has no leader"
+                    await asyncio.sleep(0.2)
             assert ack.seq == i + 1
     finally:
         await nc.close()
