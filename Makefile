@@ -28,8 +28,8 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-# the suite, less the tests marked slow (end-to-end kills and re-submits of minutes each,
-# three triggerers or a spark-submit JVM apiece): those run one at a time in test-slow,
+# the suite, less the tests marked slow (end-to-end runs of a minute or more each: real
+# triggerers run or killed, a spark-submit JVM re-submitted): those run one at a time in test-slow,
 # which CI runs on its own before the suite, so neither waits behind the other's load
 test: venv
 	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup -m "not slow" $(PYTEST_ARGS)

@@ -381,6 +381,7 @@ with DAG(dag_id={asset!r}, schedule=[asset], is_paused_upon_creation=False):
 FIRED = re.compile(r"Trigger fired event.*?'stream_seq': (\d+)")
 
 
+@pytest.mark.slow  # real triggerers for a minute: make test-slow, one at a time
 def test_no_message_lost_when_the_triggerer_is_killed_mid_stream(
     nats_server, unique_name, tmp_path
 ) -> None:

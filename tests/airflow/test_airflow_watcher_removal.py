@@ -24,10 +24,12 @@ import time
 from pathlib import Path
 
 import nats
+import pytest
 from airflow_processes import query
 from watcher_deployment import WatcherDeployment, wait_for
 
 
+@pytest.mark.slow  # real triggerers for a minute: make test-slow, one at a time
 def test_events_stored_for_a_removed_watcher_trigger_are_not_acked(
     nats_server, unique_name, tmp_path: Path
 ) -> None:

@@ -229,6 +229,7 @@ def test_a_filter_outside_the_stream_fails_at_once(monkeypatch, nats_url, unique
 FAILED = re.compile(r"Shared stream poll failed|Trigger .*failed|Traceback")
 
 
+@pytest.mark.slow  # real triggerers for a minute: make test-slow, one at a time
 def test_a_real_triggerer_waits_for_the_stream_without_restarting_the_watcher(
     nats_url, unique_name, tmp_path: Path
 ) -> None:

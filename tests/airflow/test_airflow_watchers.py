@@ -278,6 +278,7 @@ for asset_name, extra in {watchers!r}:
 """
 
 
+@pytest.mark.slow  # real triggerers for a minute: make test-slow, one at a time
 def test_every_watcher_gets_every_message_on_two_triggerers(nats_server, unique_name, tmp_path):
     """Two DAG files, each with a watcher without durable= and a watcher on one explicit
     durable, arguments differing between the files (four Trigger rows). Triggerer 1 holds
