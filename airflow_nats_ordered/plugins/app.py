@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from importlib import resources
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -84,8 +84,8 @@ async def _nats(connection_id: str) -> Any:
     from airflow.exceptions import AirflowNotFoundException
     from airflow.models.connection import Connection
 
-    try:
-        conn = Connection.get_connection_from_secrets(connection_id)
+    try:  # a metadata DB or secrets backend read: in a worker thread, not on the loop
+        conn = await run_in_threadpool(Connection.get_connection_from_secrets, connection_id)
     except AirflowNotFoundException:
         raise HTTPException(404, f"no Airflow connection {connection_id!r}") from None
     if conn.conn_type != NatsHook.conn_type:
@@ -99,23 +99,40 @@ async def _nats(connection_id: str) -> Any:
     return await connect(options)
 
 
-async def _with_nats(connection_id: str, fn: Callable[[Any], Awaitable[T]]) -> T:
-    """``await fn(nc)`` on a fresh client; the core's errors as HTTP errors in its words."""
+@contextlib.asynccontextmanager
+async def _connected(connection_id: str) -> AsyncIterator[Any]:
+    """A fresh client for the connection, closed on exit; unreachable servers as 502."""
     try:
         nc = await _nats(connection_id)
     except ConnectError as exc:
         raise HTTPException(502, str(exc)) from None
     try:
-        return await fn(nc)
-    except (GroupNotFoundError, StreamNotFoundError, DeadLetterNotFoundError) as exc:
-        raise HTTPException(404, str(exc)) from None
-    except ConfigError as exc:
-        raise HTTPException(400, str(exc)) from None
-    except NatsOrderedError as exc:
-        raise HTTPException(409, str(exc)) from None
+        yield nc
     finally:
         with contextlib.suppress(Exception):
             await nc.close()
+
+
+def _as_http(exc: Exception) -> HTTPException:
+    """The core's error as an HTTP error in its words; anything else is raised again."""
+    if isinstance(exc, HTTPException):
+        return exc
+    if isinstance(exc, GroupNotFoundError | StreamNotFoundError | DeadLetterNotFoundError):
+        return HTTPException(404, str(exc))
+    if isinstance(exc, ConfigError):
+        return HTTPException(400, str(exc))
+    if isinstance(exc, NatsOrderedError):
+        return HTTPException(409, str(exc))
+    raise exc
+
+
+async def _with_nats(connection_id: str, fn: Callable[[Any], Awaitable[T]]) -> T:
+    """``await fn(nc)`` on a fresh client; the core's errors as HTTP errors (:func:`_as_http`)."""
+    async with _connected(connection_id) as nc:
+        try:
+            return await fn(nc)
+        except Exception as exc:
+            raise _as_http(exc) from None
 
 
 class Confirmed(BaseModel):
@@ -144,7 +161,7 @@ def _check_confirm(body: Confirmed, group: str) -> None:
         )
 
 
-def _audit(user: Any, action: str, target: dict[str, Any], outcome: dict[str, Any]) -> None:
+async def _audit(user: Any, action: str, target: dict[str, Any], outcome: dict[str, Any]) -> None:
     """One line in Airflow's audit log (event ``nats_ordered.<action>``) and on the logger."""
     name = user.get_name() if user is not None else "anonymous"
     extra = {**target, **outcome}
@@ -155,10 +172,10 @@ def _audit(user: Any, action: str, target: dict[str, Any], outcome: dict[str, An
         json.dumps(target, sort_keys=True),
         json.dumps(outcome, sort_keys=True, default=str),
     )
-    try:
-        from airflow.models.log import Log
-        from airflow.utils.session import create_session
+    from airflow.models.log import Log
+    from airflow.utils.session import create_session
 
+    def write() -> None:
         with create_session() as session:
             session.add(
                 Log(
@@ -168,6 +185,9 @@ def _audit(user: Any, action: str, target: dict[str, Any], outcome: dict[str, An
                     extra=json.dumps(extra, sort_keys=True, default=str),
                 )
             )
+
+    try:  # a metadata DB write: in a worker thread, not on the loop
+        await run_in_threadpool(write)
     except Exception:  # the logger line above stands; the action is done
         log.exception("NATS pipelines view: could not write the audit log row of %s", action)
 
@@ -221,12 +241,17 @@ def create_app() -> FastAPI:
         from airflow.utils.session import create_session
         from sqlalchemy import select
 
-        with create_session() as session:
-            ids = session.scalars(
-                select(Connection.conn_id)
-                .where(Connection.conn_type == NatsHook.conn_type)
-                .order_by(Connection.conn_id)
-            ).all()
+        def read() -> list[str]:
+            with create_session() as session:
+                return list(
+                    session.scalars(
+                        select(Connection.conn_id)
+                        .where(Connection.conn_type == NatsHook.conn_type)
+                        .order_by(Connection.conn_id)
+                    ).all()
+                )
+
+        ids = await run_in_threadpool(read)  # a metadata DB read: not on the loop
         return {"connections": [{"connection_id": c} for c in ids]}
 
     @app.get("/api/connections/{connection_id}/overview", dependencies=read)
@@ -307,20 +332,26 @@ def create_app() -> FastAPI:
         sensors = await run_in_threadpool(drain_sensors, session, dag_id, run_id)
         if sensors is None:
             raise HTTPException(404, f"no DAG run {run_id!r} of DAG {dag_id!r}")
+        waiting: dict[str, list[dict[str, Any]]] = {}  # connection id -> its sensors to ask
         for s in sensors:
             s["connection_id"] = s["nats_conn_id"] or conn or NatsHook.default_conn_name
             s["wait"] = None
-            if not (s["stream"] and s["group"] and s["marks"] is not None):
-                continue
-            stream, group, marks = s["stream"], s["group"], s["marks"]
-
-            async def fn(nc: Any, st: str = stream, g: str = group, m: Any = marks) -> Any:
-                return await drain_wait_status(nc, st, g, m)
-
+            if s["stream"] and s["group"] and s["marks"] is not None:
+                waiting.setdefault(s["connection_id"], []).append(s)
+        for connection_id, asked in waiting.items():  # one client per connection
             try:
-                s["wait"] = await _with_nats(s["connection_id"], fn)
-            except HTTPException as exc:
-                s["error"] = f"{exc.status_code}: {exc.detail}"
+                async with _connected(connection_id) as nc:
+                    for s in asked:
+                        try:
+                            s["wait"] = await drain_wait_status(
+                                nc, s["stream"], s["group"], s["marks"]
+                            )
+                        except Exception as exc:
+                            http = _as_http(exc)
+                            s["error"] = f"{http.status_code}: {http.detail}"
+            except HTTPException as exc:  # the connection itself: every sensor on it
+                for s in asked:
+                    s.setdefault("error", f"{exc.status_code}: {exc.detail}")
         return {"dag_id": dag_id, "run_id": run_id, "sensors": sensors}
 
     base = "/api/connections/{connection_id}/streams/{stream}/groups/{group}/actions"
@@ -396,7 +427,7 @@ async def _act(
     try:
         out = await _with_nats(connection_id, fn)
     except HTTPException as exc:
-        _audit(user, action, target, {"outcome": "failed", "error": exc.detail})
+        await _audit(user, action, target, {"outcome": "failed", "error": exc.detail})
         raise
-    _audit(user, action, target, {"outcome": "done", "result": out})
+    await _audit(user, action, target, {"outcome": "done", "result": out})
     return out

@@ -112,15 +112,15 @@ def drain_sensors(session: Any, dag_id: str, run_id: str) -> list[dict[str, Any]
                 )
             )
             value = XComModel.deserialize_value(xcom) if xcom is not None else None
-            if isinstance(value, Mapping) and _marks(value.get("marks")) is not None:
-                marks, source = _marks(value.get("marks")), "xcom"
+            if isinstance(value, Mapping) and (found := _marks(value.get("marks"))) is not None:
+                marks, source = found, "xcom"
                 fields["stream"] = value.get("stream") or fields["stream"]
                 fields["group"] = value.get("group") or fields["group"]
         if marks is None and ti.trigger_id is not None:
             trigger = session.get(Trigger, ti.trigger_id)
             kwargs = trigger.kwargs if trigger is not None else {}
-            if _marks(kwargs.get("marks")) is not None:
-                marks, source = _marks(kwargs.get("marks")), "trigger"
+            if (found := _marks(kwargs.get("marks"))) is not None:
+                marks, source = found, "trigger"
                 conn_id = _text(kwargs.get("nats_conn_id")) or conn_id
         if marks is None:
             scope = TaskScope(
@@ -131,9 +131,12 @@ def drain_sensors(session: Any, dag_id: str, run_id: str) -> list[dict[str, Any]
                 kept = json.loads(raw) if raw is not None else None
             except ValueError:
                 kept = None
-            ours = isinstance(kept, Mapping) and str(kept.get("ti_id")) == str(ti.id)
-            if ours and isinstance(kept, Mapping) and _marks(kept.get("marks")) is not None:
-                marks, source = _marks(kept.get("marks")), "task_state_store"
+            if (
+                isinstance(kept, Mapping)
+                and str(kept.get("ti_id")) == str(ti.id)
+                and (found := _marks(kept.get("marks"))) is not None
+            ):
+                marks, source = found, "task_state_store"
                 resolved_at = kept.get("resolved_at")
         if marks is None and fields["run"] in (None, "") and is_rendered:
             given = _marks(fields["high_water_marks"])
