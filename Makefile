@@ -24,6 +24,9 @@ $(STAMP): pyproject.toml
 	else \
 	  $(BIN)/python -m pip install -q --disable-pip-version-check -e '.[$(EXTRAS)]'; \
 	fi
+	@# uv keeps every build of pyspark's sdist (~700 MB each, one per fresh clone): CI runs on
+	@# the developer's own disk, where 60 GB of them once filled it; keep only what is in use
+	@if [ -x $(BIN)/uv ]; then $(BIN)/uv cache prune -q 2>/dev/null || true; fi
 	@touch $(STAMP)
 
 venv: $(STAMP)
