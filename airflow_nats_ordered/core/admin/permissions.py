@@ -1,0 +1,409 @@
+"""Least privilege: the exact NATS subjects each role of a pipeline may publish and subscribe.
+
+A role is one principal of a deployment (a NATS user), doing one job on one stream ``S``
+(and, for most roles, one consumer group ``G``):
+
+``publisher``
+    publishes records into ``S`` (fast batches, their replies), keeps the stream's run
+    ledger ``nor_<S>_runs`` and, for global order, the watermark bucket ``nor_<S>_global``.
+``worker``
+    a member of group ``G`` (a worker or a pool): its partition consumers on ``S``, the
+    group's leases, commits, heartbeats, presence and assignment in ``nor_<S>_<G>_leases``
+    and ``nor_<S>_<G>_state``, the dead letters it writes to ``<S>_DLQ``.
+``reader``
+    a :class:`~..order.reader.GlobalOrderReader` of ``S`` in group ``G``: its consumers on
+    ``S``, its position and heartbeat in the group's buckets, the producers' marks and
+    watermarks in ``nor_<S>_global`` (read only), the records it sets aside in ``<S>_DLQ``.
+``operator``
+    provisions and repartitions ``S``, resets, rebalances, lists and deletes its groups,
+    reads, replays and purges dead letters. With ``group`` the grant covers that group
+    only; without, every group of the stream, which NATS can only say as the account's
+    whole JetStream API (``$JS.API.>``, ``$KV.>``): the account is then the boundary.
+``watcher``
+    the Airflow triggerer: the drain sensor's reads of group ``G``'s lag and commits
+    (read only), and the ``nats://`` message-queue watcher's durable consumer on ``S``.
+
+:func:`permissions_for` derives each set from the names the code uses (the stream wing's
+bucket names, :class:`~..group.config.GroupConfig`, the dead-letter stream, the run
+ledger), and ``tests/core/admin/test_least_privilege.py`` proves each one against a real
+nats-server: every job runs as a user with exactly its set and no permission violation.
+It is pure: nothing here connects to NATS. Every subject comes with the reason it is
+needed (:attr:`RolePermissions.reasons`), which :meth:`RolePermissions.to_conf` writes as
+comments and ``docs/security.md`` explains.
+
+``api_prefix`` is the JetStream API prefix (``$JS.API``, or ``$JS.<domain>.API`` for a
+JetStream domain); ``inbox_prefix`` the client's inbox prefix (``_INBOX``), under which
+every request's reply arrives. Both must match the connection's settings.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow_nats_ordered.core.admin.dlq import dead_letter_stream
+from airflow_nats_ordered.core.errors import ConfigError
+from airflow_nats_ordered.core.group.config import GroupConfig
+from airflow_nats_ordered.core.publish.runs import ledger_bucket
+from airflow_nats_ordered.core.stream.buckets import watermark_bucket
+from airflow_nats_ordered.core.stream.partitioned import STREAM_NAME_RULE, check_stream_name
+from airflow_nats_ordered.core.stream.repartition import lock_bucket
+
+#: the roles, in the order the docs list them
+ROLES: tuple[str, ...] = ("publisher", "worker", "reader", "operator", "watcher")
+
+#: roles that act for one consumer group and need ``group``
+GROUP_ROLES: frozenset[str] = frozenset({"worker", "reader"})
+
+_TOKEN = r"[A-Za-z0-9_-]+"
+_PREFIX = re.compile(rf"^{_TOKEN}(\.{_TOKEN})*$")
+_GROUP = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_DOMAIN = re.compile(rf"^{_TOKEN}$")
+#: a subject prefix such as ``$JS.API`` or ``$JS.hub.API`` or ``_INBOX``: plain tokens,
+#: the first may start with ``$``
+_SUBJECT_PREFIX = re.compile(r"^\$?[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
+
+
+def js_api_prefix(domain: str | None) -> str:
+    """The JetStream API prefix of ``domain``: ``$JS.<domain>.API``, or ``$JS.API``."""
+    if domain is None or domain == "":
+        return "$JS.API"
+    if not _DOMAIN.fullmatch(domain):
+        raise ConfigError(
+            f"JetStream domain {domain!r} is not valid: one token of letters, digits, '_' or '-'"
+        )
+    return f"$JS.{domain}.API"
+
+
+@dataclass(frozen=True)
+class RolePermissions:
+    """What one role may publish and subscribe to, each subject with why it is needed.
+
+    ``publish_allow`` and ``subscribe_allow`` are the nats-server ``allow`` lists; the deny
+    lists are empty for every role today (an allow list already denies the rest) and are
+    rendered when set. ``reasons`` maps each subject to one line saying why the role needs
+    it (shown as comments by :meth:`to_conf`).
+    """
+
+    role: str
+    stream: str
+    group: str | None
+    publish_allow: tuple[str, ...]
+    subscribe_allow: tuple[str, ...]
+    publish_deny: tuple[str, ...] = ()
+    subscribe_deny: tuple[str, ...] = ()
+    reasons: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
+
+    def to_json(self) -> dict[str, Any]:
+        """A nats-server ``permissions`` object as JSON (the shape of the config block)."""
+        perms: dict[str, Any] = {
+            "publish": {"allow": list(self.publish_allow)},
+            "subscribe": {"allow": list(self.subscribe_allow)},
+        }
+        if self.publish_deny:
+            perms["publish"]["deny"] = list(self.publish_deny)
+        if self.subscribe_deny:
+            perms["subscribe"]["deny"] = list(self.subscribe_deny)
+        return {
+            "role": self.role,
+            "stream": self.stream,
+            "group": self.group,
+            "permissions": perms,
+        }
+
+    def to_conf(self, user: str | None = None) -> str:
+        """The ``permissions { ... }`` block of a nats-server config, one subject a line
+        with the reason as a comment; with ``user``, a whole user entry
+        (``{ user: NAME, password: $NAME_PASSWORD, permissions { ... } }``) to paste into an
+        ``authorization { users = [...] }`` or ``accounts { A { users = [...] } }`` list."""
+        head = f"# role {self.role} of stream {self.stream}"
+        if self.group is not None:
+            head += f", group {self.group}"
+        body = [
+            "permissions {",
+            *_conf_list("publish", self.publish_allow, self.publish_deny, self.reasons),
+            *_conf_list("subscribe", self.subscribe_allow, self.subscribe_deny, self.reasons),
+            "}",
+        ]
+        if user is None:
+            return "\n".join([head, *body]) + "\n"
+        if not re.fullmatch(r"[A-Za-z0-9_.@-]+", user):
+            raise ConfigError(
+                f"user name {user!r} is not valid: letters, digits, '_', '-', '.' or '@'"
+            )
+        variable = re.sub(r"[^A-Za-z0-9_]", "_", user).upper() + "_PASSWORD"
+        return (
+            "\n".join(
+                [
+                    head,
+                    "{",
+                    f"  user: {_quote(user)}",
+                    f"  password: ${variable}",
+                    *("  " + line for line in body),
+                    "}",
+                ]
+            )
+            + "\n"
+        )
+
+
+def _quote(subject: str) -> str:
+    return json.dumps(subject)
+
+
+def _conf_list(
+    what: str, allow: tuple[str, ...], deny: tuple[str, ...], reasons: dict[str, str]
+) -> list[str]:
+    lines = [f"  {what} {{"]
+    for key, subjects in (("allow", allow), ("deny", deny)):
+        if not subjects and key == "deny":
+            continue
+        lines.append(f"    {key}: [")
+        for s in subjects:
+            why = reasons.get(s)
+            lines.append(f"      {_quote(s)}" + (f"  # {why}" if why else ""))
+        lines.append("    ]")
+    lines.append("  }")
+    return lines
+
+
+class _Grant:
+    """Collects subjects (in order, once) with their reasons."""
+
+    def __init__(self, api: str, inbox: str) -> None:
+        self.api = api
+        self.inbox = inbox
+        self.pub: dict[str, str] = {}
+        self.sub: dict[str, str] = {}
+
+    def p(self, subject: str, why: str) -> None:
+        self.pub.setdefault(subject, why)
+
+    def s(self, subject: str, why: str) -> None:
+        self.sub.setdefault(subject, why)
+
+    # the building blocks -------------------------------------------------------------
+
+    def replies(self) -> None:
+        self.s(
+            f"{self.inbox}.>", "replies to every request (JetStream API, KV writes, publish acks)"
+        )
+
+    def stream_info(self, stream: str, what: str) -> None:
+        self.p(f"{self.api}.STREAM.INFO.{stream}", f"read {what}'s configuration and state")
+
+    def stream_reads(self, stream: str, what: str) -> None:
+        self.stream_info(stream, what)
+        self.p(
+            f"{self.api}.DIRECT.GET.{stream}",
+            f"direct gets of {what}'s records by sequence (positions, lag counts)",
+        )
+        self.p(
+            f"{self.api}.DIRECT.GET.{stream}.>",
+            f"direct gets of {what}'s last record per subject",
+        )
+        self.p(
+            f"{self.api}.STREAM.MSG.GET.{stream}",
+            f"read one record of {what} by sequence or subject",
+        )
+
+    def consumers(self, stream: str, what: str) -> None:
+        """Ephemeral consumers the core makes: created, pulled, deleted."""
+        self.p(
+            f"{self.api}.CONSUMER.CREATE.{stream}",
+            f"create the unnamed consumers that read {what}",
+        )
+        self.p(
+            f"{self.api}.CONSUMER.CREATE.{stream}.>",
+            f"create the named, filtered consumers that read {what}",
+        )
+        self.p(
+            f"{self.api}.CONSUMER.MSG.NEXT.{stream}.*",
+            f"pull records from those consumers of {what}",
+        )
+        self.p(
+            f"{self.api}.CONSUMER.DELETE.{stream}.*",
+            f"delete those consumers of {what} when done",
+        )
+
+    def kv_reads(self, bucket: str) -> None:
+        kv = f"KV_{bucket}"
+        self.stream_reads(kv, f"bucket {bucket}")
+        self.consumers(kv, f"bucket {bucket} (keys, watches)")
+        self.p(f"$JS.FC.{kv}.>", f"flow-control answers of the watches of bucket {bucket}")
+
+    def kv_writes(self, bucket: str) -> None:
+        self.kv_reads(bucket)
+        self.p(f"$KV.{bucket}.>", f"put, update (compare-and-set) and delete keys of {bucket}")
+
+    def kv_create(self, bucket: str) -> None:
+        kv = f"KV_{bucket}"
+        self.p(f"{self.api}.STREAM.CREATE.{kv}", f"create bucket {bucket} when missing")
+        self.p(
+            f"{self.api}.STREAM.UPDATE.{kv}",
+            f"raise bucket {bucket}'s replicas to the ones asked for",
+        )
+
+    def done(self, role: str, stream: str, group: str | None) -> RolePermissions:
+        reasons = {**self.sub, **self.pub}
+        return RolePermissions(
+            role=role,
+            stream=stream,
+            group=group,
+            publish_allow=tuple(self.pub),
+            subscribe_allow=tuple(self.sub),
+            reasons=reasons,
+        )
+
+
+def permissions_for(
+    role: str,
+    stream: str,
+    group: str | None = None,
+    *,
+    api_prefix: str = "$JS.API",
+    inbox_prefix: str = "_INBOX",
+    prefix: str | None = None,
+) -> RolePermissions:
+    """The exact publish and subscribe allow lists of ``role`` on ``stream`` (and ``group``).
+
+    ``prefix`` is the stream's subject prefix (default: the stream name in lower case, as
+    ``provision`` makes it). ``group`` is required by ``worker`` and ``reader``; the
+    ``watcher`` without a group may only watch messages (no drain sensor); the
+    ``operator`` without a group administers every group of the stream (the account's
+    whole JetStream API). Raises :class:`~..errors.ConfigError` on an unknown role, a
+    missing or invalid group, an invalid stream name, prefix or API/inbox prefix.
+    """
+    if role not in ROLES:
+        raise ConfigError(f"unknown role {role!r}: use one of {', '.join(ROLES)}")
+    try:
+        check_stream_name(stream)
+    except ConfigError:
+        raise ConfigError(f"stream name {stream!r} is not valid: use {STREAM_NAME_RULE}") from None
+    if group is None and role in GROUP_ROLES:
+        raise ConfigError(f"role {role} needs a consumer group: give the group it works for")
+    if group is not None and not _GROUP.fullmatch(group):
+        raise ConfigError(f"group name {group!r} is not valid: 1-64 letters, digits, '_' or '-'")
+    pre = stream.lower() if prefix is None else prefix
+    if not _PREFIX.fullmatch(pre):
+        raise ConfigError(
+            f"subject prefix {pre!r} is not valid: dot-separated tokens of letters, "
+            "digits, '_' or '-'"
+        )
+    for name, value in (("api_prefix", api_prefix), ("inbox_prefix", inbox_prefix)):
+        if not _SUBJECT_PREFIX.fullmatch(value):
+            raise ConfigError(
+                f"{name} {value!r} is not valid: dot-separated tokens of letters, digits, "
+                "'_' or '-', no wildcards"
+            )
+    g = _Grant(api_prefix, inbox_prefix)
+    g.replies()
+    build = {
+        "publisher": _publisher,
+        "worker": _worker,
+        "reader": _reader,
+        "operator": _operator,
+        "watcher": _watcher,
+    }[role]
+    build(g, stream, group, pre)
+    return g.done(role, stream, group)
+
+
+def _publisher(g: _Grant, stream: str, group: str | None, prefix: str) -> None:
+    g.stream_reads(stream, f"stream {stream}")
+    g.p(f"{prefix}.p.*", f"publish records to {stream}'s partitions (every layout epoch)")
+    for bucket in (ledger_bucket(stream), watermark_bucket(stream)):
+        g.kv_writes(bucket)
+        g.kv_create(bucket)
+
+
+def _group_state(g: _Grant, stream: str, group: str, *, write: bool) -> None:
+    cfg = GroupConfig(stream, group)
+    for bucket in (cfg.lease_bucket, cfg.state_bucket):
+        if write:
+            g.kv_writes(bucket)
+            g.kv_create(bucket)
+        else:
+            g.kv_reads(bucket)
+
+
+def _dead_letters_written(g: _Grant, stream: str, group: str, prefix: str) -> None:
+    dlq = dead_letter_stream(stream)
+    g.stream_info(dlq, f"dead-letter stream {dlq}")
+    g.p(f"{g.api}.STREAM.CREATE.{dlq}", f"create {dlq} on the first dead letter")
+    g.p(f"{prefix}.dlq.{group}.*", f"write group {group}'s dead letters")
+
+
+def _worker(g: _Grant, stream: str, group: str | None, prefix: str) -> None:
+    assert group is not None
+    g.stream_reads(stream, f"stream {stream}")
+    g.consumers(stream, f"stream {stream}")
+    _group_state(g, stream, group, write=True)
+    _dead_letters_written(g, stream, group, prefix)
+
+
+def _reader(g: _Grant, stream: str, group: str | None, prefix: str) -> None:
+    assert group is not None
+    g.stream_reads(stream, f"stream {stream}")
+    g.consumers(stream, f"stream {stream}")
+    g.kv_reads(watermark_bucket(stream))
+    _group_state(g, stream, group, write=True)
+    _dead_letters_written(g, stream, group, prefix)
+
+
+def _watcher(g: _Grant, stream: str, group: str | None, prefix: str) -> None:
+    g.stream_reads(stream, f"stream {stream}")
+    # the nats:// watcher's durable consumer (airflow-watcher-<hash> or the one named)
+    g.p(
+        f"{g.api}.CONSUMER.CREATE.{stream}.>",
+        f"create the watcher's durable consumer on {stream}",
+    )
+    g.p(
+        f"{g.api}.CONSUMER.INFO.{stream}.*",
+        f"read the watcher's durable consumer on {stream} (its binding, its position)",
+    )
+    g.p(
+        f"{g.api}.CONSUMER.MSG.NEXT.{stream}.*",
+        f"pull messages from the watcher's consumer on {stream}",
+    )
+    g.p(f"$JS.ACK.{stream}.>", "acknowledge (ack, nak, term) the messages handed to Airflow")
+    if group is not None:
+        _group_state(g, stream, group, write=False)
+        dlq = dead_letter_stream(stream)
+        g.stream_info(dlq, f"dead-letter stream {dlq}")
+
+
+def _operator(g: _Grant, stream: str, group: str | None, prefix: str) -> None:
+    api = g.api
+    if group is None:
+        g.p(f"{api}.>", "administer every stream, bucket and consumer of the account")
+        g.p("$KV.>", "write and delete the keys of every group's buckets")
+        g.p("$JS.FC.>", "flow-control answers of the watches of every bucket")
+        g.p(f"{prefix}.>", f"replay dead letters into {stream}'s partitions")
+        return
+    g.p(f"{api}.INFO", "read the account's JetStream limits and usage")
+    g.p(f"{api}.STREAM.NAMES", "find streams whose subjects overlap when provisioning")
+    g.p(f"{api}.STREAM.LIST", "list the account's streams to find the stream's groups")
+    dlq = dead_letter_stream(stream)
+    for name, what in ((stream, f"stream {stream}"), (dlq, f"dead-letter stream {dlq}")):
+        g.stream_reads(name, what)
+        g.consumers(name, what)
+        for op, why in (
+            ("CREATE", "create"),
+            ("UPDATE", "update (provision again, repartition)"),
+            ("PURGE", "purge strays or dead letters of"),
+            ("DELETE", "delete"),
+        ):
+            g.p(f"{api}.STREAM.{op}.{name}", f"{why} {what}")
+        g.p(f"{api}.CONSUMER.INFO.{name}.*", f"read consumers of {what}")
+    for bucket in (ledger_bucket(stream), watermark_bucket(stream), lock_bucket(stream)):
+        g.kv_writes(bucket)
+        g.kv_create(bucket)
+    cfg = GroupConfig(stream, group)
+    for bucket in (cfg.lease_bucket, cfg.state_bucket):
+        g.kv_writes(bucket)
+        g.kv_create(bucket)
+        g.p(f"{api}.STREAM.DELETE.KV_{bucket}", f"delete group {group}'s bucket {bucket}")
+    g.p(f"{prefix}.p.*", f"replay dead letters into {stream}'s partitions")
