@@ -170,7 +170,7 @@ def _conf_list(
 
 
 class _Grant:
-    """Collects subjects (in order, once) with their reasons."""
+    """Collects subjects (in order, once) with the reason each is needed."""
 
     def __init__(self, api: str, inbox: str) -> None:
         self.api = api
@@ -184,40 +184,41 @@ class _Grant:
     def s(self, subject: str, why: str) -> None:
         self.sub.setdefault(subject, why)
 
-    # the building blocks -------------------------------------------------------------
+    # streams ---------------------------------------------------------------------------
 
     def replies(self) -> None:
         self.s(
-            f"{self.inbox}.>", "replies to every request (JetStream API, KV writes, publish acks)"
+            f"{self.inbox}.>",
+            "the replies to every request: JetStream API answers, publish and KV write acks, "
+            "pulled records",
         )
 
-    def stream_info(self, stream: str, what: str) -> None:
+    def info(self, stream: str, what: str) -> None:
         self.p(f"{self.api}.STREAM.INFO.{stream}", f"read {what}'s configuration and state")
 
-    def stream_reads(self, stream: str, what: str) -> None:
-        self.stream_info(stream, what)
-        self.p(
-            f"{self.api}.DIRECT.GET.{stream}",
-            f"direct gets of {what}'s records by sequence (positions, lag counts)",
-        )
-        self.p(
-            f"{self.api}.DIRECT.GET.{stream}.>",
-            f"direct gets of {what}'s last record per subject",
-        )
+    def msg_get(self, stream: str, what: str) -> None:
         self.p(
             f"{self.api}.STREAM.MSG.GET.{stream}",
-            f"read one record of {what} by sequence or subject",
+            f"read one record of {what} by sequence or last of a subject",
         )
 
-    def consumers(self, stream: str, what: str) -> None:
-        """Ephemeral consumers the core makes: created, pulled, deleted."""
+    def direct_last(self, stream: str, what: str) -> None:
+        self.p(
+            f"{self.api}.DIRECT.GET.{stream}.>",
+            f"direct gets of the last record of a subject of {what}",
+        )
+
+    def direct_count(self, stream: str, what: str) -> None:
+        self.p(
+            f"{self.api}.DIRECT.GET.{stream}",
+            f"batch direct gets on {what}: the server counts the records after a position (lag)",
+        )
+
+    def readers(self, stream: str, what: str) -> None:
+        """The unnamed, filtered pull consumers a partition reader makes, pulls, deletes."""
         self.p(
             f"{self.api}.CONSUMER.CREATE.{stream}",
-            f"create the unnamed consumers that read {what}",
-        )
-        self.p(
-            f"{self.api}.CONSUMER.CREATE.{stream}.>",
-            f"create the named, filtered consumers that read {what}",
+            f"create the unnamed consumer that reads a partition of {what}",
         )
         self.p(
             f"{self.api}.CONSUMER.MSG.NEXT.{stream}.*",
@@ -225,36 +226,51 @@ class _Grant:
         )
         self.p(
             f"{self.api}.CONSUMER.DELETE.{stream}.*",
-            f"delete those consumers of {what} when done",
+            f"delete those consumers of {what} when the partition is let go",
         )
 
-    def kv_reads(self, bucket: str) -> None:
-        kv = f"KV_{bucket}"
-        self.stream_reads(kv, f"bucket {bucket}")
-        self.consumers(kv, f"bucket {bucket} (keys, watches)")
-        self.p(f"$JS.FC.{kv}.>", f"flow-control answers of the watches of bucket {bucket}")
+    # KV buckets ------------------------------------------------------------------------
 
-    def kv_writes(self, bucket: str) -> None:
-        self.kv_reads(bucket)
-        self.p(f"$KV.{bucket}.>", f"put, update (compare-and-set) and delete keys of {bucket}")
-
-    def kv_create(self, bucket: str) -> None:
+    def kv_read(self, bucket: str) -> None:
         kv = f"KV_{bucket}"
-        self.p(f"{self.api}.STREAM.CREATE.{kv}", f"create bucket {bucket} when missing")
+        self.info(kv, f"bucket {bucket}")
+        self.msg_get(kv, f"bucket {bucket} (a key's latest value)")
         self.p(
-            f"{self.api}.STREAM.UPDATE.{kv}",
-            f"raise bucket {bucket}'s replicas to the ones asked for",
+            f"{self.api}.DIRECT.GET.{kv}.>",
+            f"a key's latest value when bucket {bucket} allows direct gets "
+            "(as a bucket made by `nats kv add` does)",
         )
+
+    def kv_watch(self, bucket: str) -> None:
+        kv = f"KV_{bucket}"
+        self.p(
+            f"{self.api}.CONSUMER.CREATE.{kv}",
+            f"watch bucket {bucket} (an ordered consumer of its changes)",
+        )
+        self.p(f"{self.api}.CONSUMER.INFO.{kv}.*", f"the watch of {bucket}: its pending count")
+        self.p(f"$JS.FC.{kv}.>", f"flow-control answers of the watch of {bucket}")
+
+    def kv_write(self, bucket: str, what: str) -> None:
+        self.kv_read(bucket)
+        self.p(f"$KV.{bucket}.>", f"write {what} (put, compare-and-set, delete) in {bucket}")
+
+    def kv_create(self, bucket: str, *, update: bool = False) -> None:
+        kv = f"KV_{bucket}"
+        self.p(f"{self.api}.STREAM.CREATE.{kv}", f"create bucket {bucket} when it is missing")
+        if update:
+            self.p(
+                f"{self.api}.STREAM.UPDATE.{kv}",
+                f"raise bucket {bucket}'s replicas when more are asked for",
+            )
 
     def done(self, role: str, stream: str, group: str | None) -> RolePermissions:
-        reasons = {**self.sub, **self.pub}
         return RolePermissions(
             role=role,
             stream=stream,
             group=group,
             publish_allow=tuple(self.pub),
             subscribe_allow=tuple(self.sub),
-            reasons=reasons,
+            reasons={**self.sub, **self.pub},
         )
 
 
@@ -312,98 +328,131 @@ def permissions_for(
 
 
 def _publisher(g: _Grant, stream: str, group: str | None, prefix: str) -> None:
-    g.stream_reads(stream, f"stream {stream}")
-    g.p(f"{prefix}.p.*", f"publish records to {stream}'s partitions (every layout epoch)")
-    for bucket in (ledger_bucket(stream), watermark_bucket(stream)):
-        g.kv_writes(bucket)
-        g.kv_create(bucket)
+    what = f"stream {stream}"
+    g.info(stream, what)
+    g.direct_last(stream, what + " (where a run resumes)")
+    g.msg_get(stream, what + " (each partition's last record, for the watermarks)")
+    g.p(f"{prefix}.p.*", f"publish records to the partitions of {stream}, every layout epoch")
+    ledger, marks = ledger_bucket(stream), watermark_bucket(stream)
+    g.kv_write(ledger, "the runs' records")
+    g.kv_create(ledger)
+    g.kv_write(marks, "global order's sequencer claim, watermarks and producer marks")
+    g.kv_create(marks)
 
 
-def _group_state(g: _Grant, stream: str, group: str, *, write: bool) -> None:
+def _group_writes(g: _Grant, stream: str, group: str) -> None:
     cfg = GroupConfig(stream, group)
-    for bucket in (cfg.lease_bucket, cfg.state_bucket):
-        if write:
-            g.kv_writes(bucket)
-            g.kv_create(bucket)
-        else:
-            g.kv_reads(bucket)
+    g.kv_write(cfg.lease_bucket, f"group {group}'s leases, heartbeats and presence")
+    g.kv_create(cfg.lease_bucket, update=True)
+    g.kv_write(cfg.state_bucket, f"group {group}'s commits, fencing tokens and assignment")
+    g.kv_create(cfg.state_bucket, update=True)
 
 
 def _dead_letters_written(g: _Grant, stream: str, group: str, prefix: str) -> None:
     dlq = dead_letter_stream(stream)
-    g.stream_info(dlq, f"dead-letter stream {dlq}")
+    g.info(dlq, f"dead-letter stream {dlq}")
     g.p(f"{g.api}.STREAM.CREATE.{dlq}", f"create {dlq} on the first dead letter")
     g.p(f"{prefix}.dlq.{group}.*", f"write group {group}'s dead letters")
 
 
 def _worker(g: _Grant, stream: str, group: str | None, prefix: str) -> None:
     assert group is not None
-    g.stream_reads(stream, f"stream {stream}")
-    g.consumers(stream, f"stream {stream}")
-    _group_state(g, stream, group, write=True)
+    what = f"stream {stream}"
+    g.info(stream, what)
+    g.msg_get(stream, what + " (a position's record, to check continuity)")
+    g.direct_last(stream, what + " (an earlier layout's last records, to switch epochs)")
+    g.readers(stream, what)
+    _group_writes(g, stream, group)
     _dead_letters_written(g, stream, group, prefix)
 
 
 def _reader(g: _Grant, stream: str, group: str | None, prefix: str) -> None:
     assert group is not None
-    g.stream_reads(stream, f"stream {stream}")
-    g.consumers(stream, f"stream {stream}")
-    g.kv_reads(watermark_bucket(stream))
-    _group_state(g, stream, group, write=True)
+    what = f"stream {stream}"
+    g.info(stream, what)
+    g.msg_get(stream, what + " (each partition's last record)")
+    g.readers(stream, what)
+    g.kv_read(watermark_bucket(stream))
+    _group_writes(g, stream, group)
     _dead_letters_written(g, stream, group, prefix)
 
 
-def _watcher(g: _Grant, stream: str, group: str | None, prefix: str) -> None:
-    g.stream_reads(stream, f"stream {stream}")
-    # the nats:// watcher's durable consumer (airflow-watcher-<hash> or the one named)
-    g.p(
-        f"{g.api}.CONSUMER.CREATE.{stream}.>",
-        f"create the watcher's durable consumer on {stream}",
-    )
+def _durable(g: _Grant, stream: str, create: str, what: str) -> None:
+    """The ``nats://`` watcher's durable consumer on ``stream`` (``airflow-watcher-<hash>``,
+    ``airflow-dlq-<group>`` or the durable named): created under ``create``, bound, pulled
+    from, its messages acknowledged."""
+    g.p(create, f"create the watcher's durable consumer on {what}")
     g.p(
         f"{g.api}.CONSUMER.INFO.{stream}.*",
-        f"read the watcher's durable consumer on {stream} (its binding, its position)",
+        f"read the watcher's durable consumer on {what} (its binding, its position)",
     )
     g.p(
         f"{g.api}.CONSUMER.MSG.NEXT.{stream}.*",
-        f"pull messages from the watcher's consumer on {stream}",
+        f"pull messages from the watcher's durable consumer on {what}",
     )
-    g.p(f"$JS.ACK.{stream}.>", "acknowledge (ack, nak, term) the messages handed to Airflow")
-    if group is not None:
-        _group_state(g, stream, group, write=False)
-        dlq = dead_letter_stream(stream)
-        g.stream_info(dlq, f"dead-letter stream {dlq}")
+    g.p(
+        f"$JS.ACK.{stream}.>",
+        f"acknowledge (ack, nak, term, in progress) the messages of {what} handed to Airflow",
+    )
+
+
+def _watcher(g: _Grant, stream: str, group: str | None, prefix: str) -> None:
+    what = f"stream {stream}"
+    g.p(f"{g.api}.INFO", "the Airflow connection's test: the account's JetStream limits")
+    g.info(stream, what)
+    _durable(g, stream, f"{g.api}.CONSUMER.CREATE.{stream}.>", what)
+    if group is None:
+        return
+    g.msg_get(stream, what + " (the first and last stray record)")
+    g.direct_last(stream, what + " (strays)")
+    g.direct_count(stream, what)
+    cfg = GroupConfig(stream, group)
+    g.kv_read(cfg.lease_bucket)
+    g.kv_read(cfg.state_bucket)
+    g.kv_watch(cfg.state_bucket)
+    dlq = dead_letter_stream(stream)
+    g.info(dlq, f"dead-letter stream {dlq}")
+    _durable(
+        g,
+        dlq,
+        f"{g.api}.CONSUMER.CREATE.{dlq}.*.{prefix}.dlq.{group}.*",
+        f"group {group}'s dead letters in {dlq}",
+    )
 
 
 def _operator(g: _Grant, stream: str, group: str | None, prefix: str) -> None:
     api = g.api
     if group is None:
         g.p(f"{api}.>", "administer every stream, bucket and consumer of the account")
-        g.p("$KV.>", "write and delete the keys of every group's buckets")
+        g.p("$KV.>", "write the keys of every group's buckets")
         g.p("$JS.FC.>", "flow-control answers of the watches of every bucket")
-        g.p(f"{prefix}.>", f"replay dead letters into {stream}'s partitions")
+        g.p(f"{prefix}.p.*", f"replay dead letters into the partitions of {stream}")
         return
-    g.p(f"{api}.INFO", "read the account's JetStream limits and usage")
-    g.p(f"{api}.STREAM.NAMES", "find streams whose subjects overlap when provisioning")
-    g.p(f"{api}.STREAM.LIST", "list the account's streams to find the stream's groups")
+    what = f"stream {stream}"
+    g.p(f"{api}.STREAM.NAMES", "find streams whose subjects overlap, when provisioning")
+    g.p(f"{api}.STREAM.LIST", "list the account's streams, to find the stream's groups")
+    g.info(stream, what)
+    g.p(f"{api}.STREAM.CREATE.{stream}", f"create {what} (provision)")
+    g.p(f"{api}.STREAM.UPDATE.{stream}", f"update {what} (provision again, repartition)")
+    g.p(f"{api}.STREAM.PURGE.{stream}", f"purge the strays of {what}")
+    g.msg_get(stream, what + " (the records a reset lands on, strays)")
+    g.direct_last(stream, what + " (strays)")
+    g.direct_count(stream, what)
+    g.readers(stream, what + " (a rebalance by load counts each partition's rate)")
     dlq = dead_letter_stream(stream)
-    for name, what in ((stream, f"stream {stream}"), (dlq, f"dead-letter stream {dlq}")):
-        g.stream_reads(name, what)
-        g.consumers(name, what)
-        for op, why in (
-            ("CREATE", "create"),
-            ("UPDATE", "update (provision again, repartition)"),
-            ("PURGE", "purge strays or dead letters of"),
-            ("DELETE", "delete"),
-        ):
-            g.p(f"{api}.STREAM.{op}.{name}", f"{why} {what}")
-        g.p(f"{api}.CONSUMER.INFO.{name}.*", f"read consumers of {what}")
-    for bucket in (ledger_bucket(stream), watermark_bucket(stream), lock_bucket(stream)):
-        g.kv_writes(bucket)
-        g.kv_create(bucket)
+    g.info(dlq, f"dead-letter stream {dlq}")
+    g.msg_get(dlq, f"the dead letters in {dlq}")
+    g.p(f"{api}.STREAM.PURGE.{dlq}", f"purge group {group}'s dead letters from {dlq}")
+    g.p(f"{api}.STREAM.DELETE.{dlq}", f"delete {dlq} once the last group's letters are gone")
+    g.kv_read(ledger_bucket(stream))
+    g.kv_read(watermark_bucket(stream))
+    lock = lock_bucket(stream)
+    g.kv_write(lock, "the repartition lock")
+    g.kv_create(lock)
     cfg = GroupConfig(stream, group)
+    g.kv_read(cfg.lease_bucket)
+    g.kv_write(cfg.state_bucket, f"group {group}'s reset positions and rebalance requests")
+    g.kv_watch(cfg.state_bucket)
     for bucket in (cfg.lease_bucket, cfg.state_bucket):
-        g.kv_writes(bucket)
-        g.kv_create(bucket)
         g.p(f"{api}.STREAM.DELETE.KV_{bucket}", f"delete group {group}'s bucket {bucket}")
-    g.p(f"{prefix}.p.*", f"replay dead letters into {stream}'s partitions")
+    g.p(f"{prefix}.p.*", f"replay dead letters into the partitions of {stream}")
