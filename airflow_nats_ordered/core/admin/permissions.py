@@ -61,20 +61,50 @@ _TOKEN = r"[A-Za-z0-9_-]+"
 _PREFIX = re.compile(rf"^{_TOKEN}(\.{_TOKEN})*$")
 _GROUP = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _DOMAIN = re.compile(rf"^{_TOKEN}$")
-#: a subject prefix such as ``$JS.API`` or ``$JS.hub.API`` or ``_INBOX``: plain tokens,
-#: the first may start with ``$``
-_SUBJECT_PREFIX = re.compile(r"^\$?[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
+#: an API or inbox prefix such as ``$JS.API``, ``$JS.hub.API`` or ``_INBOX_billing``: plain
+#: tokens (the first may start with ``$``), no wildcards
+_SUBJECT_PREFIX = re.compile(rf"^\$?{_TOKEN}(\.{_TOKEN})*$")
+_USER = re.compile(r"^[A-Za-z0-9_.@-]+$")
 
 
-def js_api_prefix(domain: str | None) -> str:
+def check_subject_prefix(value: str, name: str = "subject prefix") -> str:
+    """``value`` if it is a stream's subject prefix (dot-separated tokens), else
+    ConfigError naming ``name`` (the interface's word for it: ``--subject-prefix``)."""
+    if not isinstance(value, str) or not _PREFIX.fullmatch(value):
+        raise ConfigError(
+            f"{name} {value!r} is not valid: dot-separated tokens of letters, digits, "
+            "'_' or '-' (no wildcards or blanks)"
+        )
+    return value
+
+
+def check_prefix(value: str, name: str) -> str:
+    """``value`` if it is a JetStream API prefix or an inbox prefix (``$JS.API``,
+    ``$JS.hub.API``, ``_INBOX``), else ConfigError naming ``name``."""
+    if not isinstance(value, str) or not _SUBJECT_PREFIX.fullmatch(value):
+        raise ConfigError(
+            f"{name} {value!r} is not valid: dot-separated tokens of letters, digits, "
+            "'_' or '-' (the first may start with '$'), no wildcards or blanks"
+        )
+    return value
+
+
+def js_api_prefix(domain: str | None, name: str = "JetStream domain") -> str:
     """The JetStream API prefix of ``domain``: ``$JS.<domain>.API``, or ``$JS.API``."""
     if domain is None or domain == "":
         return "$JS.API"
-    if not _DOMAIN.fullmatch(domain):
+    if not isinstance(domain, str) or not _DOMAIN.fullmatch(domain):
         raise ConfigError(
-            f"JetStream domain {domain!r} is not valid: one token of letters, digits, '_' or '-'"
+            f"{name} {domain!r} is not valid: one token of letters, digits, '_' or '-'"
         )
     return f"$JS.{domain}.API"
+
+
+def check_user(value: str, name: str = "user name") -> str:
+    """``value`` if it may name a user entry of the server config, else ConfigError."""
+    if not isinstance(value, str) or not _USER.fullmatch(value):
+        raise ConfigError(f"{name} {value!r} is not valid: letters, digits, '_', '-', '.' or '@'")
+    return value
 
 
 @dataclass(frozen=True)
@@ -129,10 +159,7 @@ class RolePermissions:
         ]
         if user is None:
             return "\n".join([head, *body]) + "\n"
-        if not re.fullmatch(r"[A-Za-z0-9_.@-]+", user):
-            raise ConfigError(
-                f"user name {user!r} is not valid: letters, digits, '_', '-', '.' or '@'"
-            )
+        check_user(user)
         variable = re.sub(r"[^A-Za-z0-9_]", "_", user).upper() + "_PASSWORD"
         return (
             "\n".join(
@@ -196,22 +223,19 @@ class _Grant:
     def info(self, stream: str, what: str) -> None:
         self.p(f"{self.api}.STREAM.INFO.{stream}", f"read {what}'s configuration and state")
 
-    def msg_get(self, stream: str, what: str) -> None:
-        self.p(
-            f"{self.api}.STREAM.MSG.GET.{stream}",
-            f"read one record of {what} by sequence or last of a subject",
-        )
+    def msg_get(self, stream: str, what: str, why: str) -> None:
+        self.p(f"{self.api}.STREAM.MSG.GET.{stream}", f"get a record of {what}: {why}")
 
-    def direct_last(self, stream: str, what: str) -> None:
+    def direct_last(self, stream: str, what: str, why: str) -> None:
         self.p(
             f"{self.api}.DIRECT.GET.{stream}.>",
-            f"direct gets of the last record of a subject of {what}",
+            f"direct get of a subject's last record in {what}: {why}",
         )
 
     def direct_count(self, stream: str, what: str) -> None:
         self.p(
             f"{self.api}.DIRECT.GET.{stream}",
-            f"batch direct gets on {what}: the server counts the records after a position (lag)",
+            f"batch direct get on {what}: the server counts the records after a position (lag)",
         )
 
     def readers(self, stream: str, what: str) -> None:
@@ -234,11 +258,12 @@ class _Grant:
     def kv_read(self, bucket: str) -> None:
         kv = f"KV_{bucket}"
         self.info(kv, f"bucket {bucket}")
-        self.msg_get(kv, f"bucket {bucket} (a key's latest value)")
-        self.p(
-            f"{self.api}.DIRECT.GET.{kv}.>",
-            f"a key's latest value when bucket {bucket} allows direct gets "
-            "(as a bucket made by `nats kv add` does)",
+        self.msg_get(kv, f"bucket {bucket}", "a key's latest value")
+        self.direct_last(
+            kv,
+            f"bucket {bucket}",
+            "a key's latest value, when the bucket allows direct gets (as one made by "
+            "`nats kv add` does)",
         )
 
     def kv_watch(self, bucket: str) -> None:
@@ -281,16 +306,18 @@ def permissions_for(
     *,
     api_prefix: str = "$JS.API",
     inbox_prefix: str = "_INBOX",
-    prefix: str | None = None,
+    subject_prefix: str | None = None,
 ) -> RolePermissions:
     """The exact publish and subscribe allow lists of ``role`` on ``stream`` (and ``group``).
 
-    ``prefix`` is the stream's subject prefix (default: the stream name in lower case, as
-    ``provision`` makes it). ``group`` is required by ``worker`` and ``reader``; the
-    ``watcher`` without a group may only watch messages (no drain sensor); the
-    ``operator`` without a group administers every group of the stream (the account's
-    whole JetStream API). Raises :class:`~..errors.ConfigError` on an unknown role, a
-    missing or invalid group, an invalid stream name, prefix or API/inbox prefix.
+    ``group`` is required by ``worker`` and ``reader``; a ``watcher`` without one may only
+    watch messages (no drain sensor, no dead-letter watcher); an ``operator`` without one
+    administers every group of the stream, which NATS can only grant as the account's whole
+    JetStream API. ``subject_prefix`` is the stream's (default: the stream name in lower
+    case, as ``provision`` makes it). ``api_prefix`` is ``$JS.API`` or, for a JetStream
+    domain, ``$JS.<domain>.API`` (:func:`js_api_prefix`); ``inbox_prefix`` the clients'
+    inbox prefix. Raises :class:`~..errors.ConfigError` naming what is wrong: an unknown
+    role, a missing or invalid group, an invalid stream name or prefix.
     """
     if role not in ROLES:
         raise ConfigError(f"unknown role {role!r}: use one of {', '.join(ROLES)}")
@@ -300,20 +327,11 @@ def permissions_for(
         raise ConfigError(f"stream name {stream!r} is not valid: use {STREAM_NAME_RULE}") from None
     if group is None and role in GROUP_ROLES:
         raise ConfigError(f"role {role} needs a consumer group: give the group it works for")
-    if group is not None and not _GROUP.fullmatch(group):
+    if group is not None and (not isinstance(group, str) or not _GROUP.fullmatch(group)):
         raise ConfigError(f"group name {group!r} is not valid: 1-64 letters, digits, '_' or '-'")
-    pre = stream.lower() if prefix is None else prefix
-    if not _PREFIX.fullmatch(pre):
-        raise ConfigError(
-            f"subject prefix {pre!r} is not valid: dot-separated tokens of letters, "
-            "digits, '_' or '-'"
-        )
-    for name, value in (("api_prefix", api_prefix), ("inbox_prefix", inbox_prefix)):
-        if not _SUBJECT_PREFIX.fullmatch(value):
-            raise ConfigError(
-                f"{name} {value!r} is not valid: dot-separated tokens of letters, digits, "
-                "'_' or '-', no wildcards"
-            )
+    pre = check_subject_prefix(stream.lower() if subject_prefix is None else subject_prefix)
+    check_prefix(api_prefix, "api_prefix")
+    check_prefix(inbox_prefix, "inbox_prefix")
     g = _Grant(api_prefix, inbox_prefix)
     g.replies()
     build = {
@@ -330,8 +348,8 @@ def permissions_for(
 def _publisher(g: _Grant, stream: str, group: str | None, prefix: str) -> None:
     what = f"stream {stream}"
     g.info(stream, what)
-    g.direct_last(stream, what + " (where a run resumes)")
-    g.msg_get(stream, what + " (each partition's last record, for the watermarks)")
+    g.direct_last(stream, what, "each partition's last record, where a run resumes")
+    g.msg_get(stream, what, "each partition's last record, for global order's watermarks")
     g.p(f"{prefix}.p.*", f"publish records to the partitions of {stream}, every layout epoch")
     ledger, marks = ledger_bucket(stream), watermark_bucket(stream)
     g.kv_write(ledger, "the runs' records")
@@ -359,8 +377,8 @@ def _worker(g: _Grant, stream: str, group: str | None, prefix: str) -> None:
     assert group is not None
     what = f"stream {stream}"
     g.info(stream, what)
-    g.msg_get(stream, what + " (a position's record, to check continuity)")
-    g.direct_last(stream, what + " (an earlier layout's last records, to switch epochs)")
+    g.msg_get(stream, what, "the record at a committed position, to check continuity")
+    g.direct_last(stream, what, "an earlier layout's last records, to switch epochs")
     g.readers(stream, what)
     _group_writes(g, stream, group)
     _dead_letters_written(g, stream, group, prefix)
@@ -370,7 +388,7 @@ def _reader(g: _Grant, stream: str, group: str | None, prefix: str) -> None:
     assert group is not None
     what = f"stream {stream}"
     g.info(stream, what)
-    g.msg_get(stream, what + " (each partition's last record)")
+    g.msg_get(stream, what, "each partition's last record, for the merge's bounds")
     g.readers(stream, what)
     g.kv_read(watermark_bucket(stream))
     _group_writes(g, stream, group)
@@ -403,8 +421,8 @@ def _watcher(g: _Grant, stream: str, group: str | None, prefix: str) -> None:
     _durable(g, stream, f"{g.api}.CONSUMER.CREATE.{stream}.>", what)
     if group is None:
         return
-    g.msg_get(stream, what + " (the first and last stray record)")
-    g.direct_last(stream, what + " (strays)")
+    g.msg_get(stream, what, "the first and last stray record (the drain reports strays)")
+    g.direct_last(stream, what, "the last record on each subject (strays)")
     g.direct_count(stream, what)
     cfg = GroupConfig(stream, group)
     g.kv_read(cfg.lease_bucket)
@@ -435,13 +453,13 @@ def _operator(g: _Grant, stream: str, group: str | None, prefix: str) -> None:
     g.p(f"{api}.STREAM.CREATE.{stream}", f"create {what} (provision)")
     g.p(f"{api}.STREAM.UPDATE.{stream}", f"update {what} (provision again, repartition)")
     g.p(f"{api}.STREAM.PURGE.{stream}", f"purge the strays of {what}")
-    g.msg_get(stream, what + " (the records a reset lands on, strays)")
-    g.direct_last(stream, what + " (strays)")
+    g.msg_get(stream, what, "the records a reset lands on, strays")
+    g.direct_last(stream, what, "the last record on each subject (strays)")
     g.direct_count(stream, what)
     g.readers(stream, what + " (a rebalance by load counts each partition's rate)")
     dlq = dead_letter_stream(stream)
     g.info(dlq, f"dead-letter stream {dlq}")
-    g.msg_get(dlq, f"the dead letters in {dlq}")
+    g.msg_get(dlq, f"dead-letter stream {dlq}", "read, show and replay dead letters")
     g.p(f"{api}.STREAM.PURGE.{dlq}", f"purge group {group}'s dead letters from {dlq}")
     g.p(f"{api}.STREAM.DELETE.{dlq}", f"delete {dlq} once the last group's letters are gone")
     g.kv_read(ledger_bucket(stream))
