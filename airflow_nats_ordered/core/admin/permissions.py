@@ -277,7 +277,7 @@ class _Grant:
 
     def kv_write(self, bucket: str, what: str) -> None:
         self.kv_read(bucket)
-        self.p(f"$KV.{bucket}.>", f"write {what} (put, compare-and-set, delete) in {bucket}")
+        self.p(f"$KV.{bucket}.>", f"write {what} in {bucket} (put, compare-and-set, delete)")
 
     def kv_create(self, bucket: str, *, update: bool = False) -> None:
         kv = f"KV_{bucket}"

@@ -182,3 +182,45 @@ def test_the_json_form_is_the_same_set() -> None:
             "subscribe": {"allow": list(perms.subscribe_allow)},
         },
     }
+
+
+# ---------------------------------------------------------------------------- docs/protocol.md
+
+PAGE_ROLES = (
+    ("publisher", None),
+    ("worker", G),
+    ("reader", G),
+    ("watcher", G),
+    ("operator", G),
+)
+
+
+def protocol_tables() -> str:
+    """Section 13's tables of docs/protocol.md, from ``permissions_for`` (stream ORDERS,
+    group billing): what the page between its ``permissions-table`` markers must be."""
+    out = []
+    for role, group in PAGE_ROLES:
+        perms = permissions_for(role, S, group)
+        head = f"`{role}`" + (f" (group `{group}`)" if group else "")
+        out += [f"**{head}**", "", "| | subject | why |", "|---|---|---|"]
+        for kind, subjects in (("pub", perms.publish_allow), ("sub", perms.subscribe_allow)):
+            for subject in subjects:
+                why = perms.reasons[subject].replace("|", "\\|")
+                out.append(f"| {kind} | `{subject}` | {why} |")
+        out.append("")
+    return "\n".join(out).rstrip() + "\n"
+
+
+def test_protocol_page_lists_the_subjects_each_role_is_given() -> None:
+    """docs/protocol.md section 13 is the function's output; on a change, paste what this
+    prints (``python -c 'import test_permissions as t; print(t.protocol_tables())'`` from
+    tests/core/admin) between the markers."""
+    from protocol_page import page_text
+
+    m = re.search(
+        r"<!-- permissions-table: begin[^>]*-->\n(.*?)<!-- permissions-table: end -->",
+        page_text(),
+        re.S,
+    )
+    assert m, "docs/protocol.md has no permissions-table markers"
+    assert m.group(1) == protocol_tables(), protocol_tables()
