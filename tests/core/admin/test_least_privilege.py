@@ -2,16 +2,22 @@
 to end against ONE real nats-server, as a password user with exactly that set and nothing
 else, with no permission violation.
 
-The server has a system account and two accounts (``TEAM_A``, ``TEAM_B``) with JetStream;
-every user's entry is the ``to_conf(user)`` block itself. A violation would show as an
-error in a client's ``error_cb`` (our own connections) and as a "Violation" line in the
-server log (every connection, the pool's and the Airflow hook's included): both are
-checked after each job. The jobs: the operator provisions; the publisher publishes a run
-(its ledger); two workers process every partition, dead-lettering one poison record, and
-commit; the watcher's drain trigger sees the group drained and the ``nats://`` watcher
-reads and acks; the operator rebalances, resets, repartitions, lists, reads, replays and
-purges dead letters and deletes the group; a global-order publisher and reader. Denials
-beyond one sanity check are tests/... of branch p-denials.
+The server is the locked-down set-up of docs/security.md: TLS for every client, a system
+account, and two accounts (``TEAM_A``, ``TEAM_B``) with JetStream and the same stream and
+group names; every user's entry is the ``to_conf(user)`` block itself. A violation shows as
+an ``[ERR] ... Violation`` line in the server log (every connection: ours, the pool's and
+the Airflow hook's) and as an error in our connections' ``error_cb``: both are checked after
+each job. The jobs: the operator provisions; the publisher publishes a run (its ledger);
+two workers process every partition, dead-lettering one poison record, and commit; the
+watcher's drain waits; the operator rebalances and repartitions under the running workers,
+a second run is drained on the new layout, then the operator resets, lists, reads,
+replays and purges dead letters and deletes the group; a global-order publisher and
+reader; the Airflow triggerer's drain trigger (through an Airflow connection) and its
+``nats://`` and dead-letter watchers. The denied cases are the business of other tests;
+one sanity check here shows the sets are allow lists.
+
+``NATS_ORDERED_TRACE_PERMISSIONS=1`` turns the server's trace on (every PUB and SUB of
+every user in the log): how the sets were narrowed to the subjects the code uses.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from authfixtures import make_pki
 
 from airflow_nats_ordered.core import (
     ConnectionOptions,
@@ -69,14 +76,20 @@ def _grants(stream: str, global_stream: str) -> list[Grant]:
 class Deployment:
     """The server, its users' passwords and the violations seen so far."""
 
-    def __init__(self, server: NatsServer, passwords: dict[str, str]) -> None:
+    def __init__(self, server: NatsServer, passwords: dict[str, str], ca: str) -> None:
         self.server = server
         self.passwords = passwords
+        self.ca = ca
+        self.url = server.url.replace("nats://", "tls://")
         self.errors: list[str] = []
 
     def options(self, user: str) -> ConnectionOptions:
         return ConnectionOptions(
-            servers=(self.server.url,), user=user, password=self.passwords[user], name=user
+            servers=(self.url,),
+            user=user,
+            password=self.passwords[user],
+            tls_ca_file=self.ca,
+            name=user,
         )
 
     async def connect(self, user: str) -> Any:
@@ -106,7 +119,7 @@ class Deployment:
                 "conn_type": "nats",
                 "login": user,
                 "password": self.passwords[user],
-                "extra": {"servers": self.server.url},
+                "extra": {"servers": self.url, "tls_ca_file": self.ca},
             }
         )
 
@@ -139,8 +152,10 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
     )
     if os.environ.get("NATS_ORDERED_TRACE_PERMISSIONS"):  # exploring: log every PUB/SUB
         config += "trace: true\n"
+    pki = make_pki(tmp_path_factory.mktemp("least-privilege-pki"))
+    config += pki.server_tls_block(verify=False)
     with NatsServer(tmp_path_factory.mktemp("least-privilege"), extra_config=config) as server:
-        yield Deployment(server, passwords)
+        yield Deployment(server, passwords, str(pki.ca_cert))
 
 
 @dataclass(frozen=True)
