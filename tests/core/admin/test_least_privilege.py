@@ -55,6 +55,7 @@ class Grant:
     role: str
     stream: str
     group: str | None
+    inbox: str = "_INBOX"
 
 
 def _grants(stream: str, global_stream: str) -> list[Grant]:
@@ -70,6 +71,11 @@ def _grants(stream: str, global_stream: str) -> list[Grant]:
             Grant(account, f"{a}_reader", "reader", global_stream, "ledger"),
             Grant(account, f"{a}_goperator", "operator", global_stream, "ledger"),
         ]
+    out += [
+        Grant("TEAM_A", "inbox_operator", "operator", INBOXED, "g"),
+        Grant("TEAM_A", "inbox_publisher", "publisher", INBOXED, None),
+        Grant("TEAM_A", "inbox_worker", "worker", INBOXED, "g", "_INBOX_billing"),
+    ]
     return out
 
 
@@ -92,11 +98,11 @@ class Deployment:
             name=user,
         )
 
-    async def connect(self, user: str) -> Any:
+    async def connect(self, user: str, **kwargs: Any) -> Any:
         async def on_error(exc: Exception) -> None:
             self.errors.append(f"{user}: {exc}")
 
-        return await connect(self.options(user), error_cb=on_error)
+        return await connect(self.options(user), error_cb=on_error, **kwargs)
 
     def mark(self) -> tuple[int, int]:
         """Where the server log and the error_cb record stand now."""
@@ -126,6 +132,7 @@ class Deployment:
 
 STREAM = "ORDERS"
 GSTREAM = "LEDGER"
+INBOXED = "INBOXED"
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +142,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
     variables = []
     users: dict[str, list[str]] = {a: [] for a in ACCOUNTS}
     for g in grants:
-        perms = permissions_for(g.role, g.stream, g.group)
+        perms = permissions_for(g.role, g.stream, g.group, inbox_prefix=g.inbox)
         users[g.account].append(perms.to_conf(g.user))
         variables.append(f"{g.user.upper()}_PASSWORD: {json.dumps(passwords[g.user])}")
     accounts = "\n".join(
@@ -377,6 +384,51 @@ def test_the_airflow_watcher_drains_and_watches_with_its_permissions(
     assert event.payload["status"] == "success", event.payload
     assert stream_seqs == list(range(1, n + 2))
     assert dlq_seqs == [1]
+
+
+def test_a_worker_with_its_own_inbox_prefix_and_no_inbox_of_the_default(
+    deployment: Deployment,
+) -> None:
+    """--inbox-prefix: the worker's user may subscribe to ``_INBOX_billing.>`` only (not
+    ``_INBOX.>``, where the account's other users get their replies); a worker whose client
+    uses that prefix runs its job."""
+    from airflow_nats_ordered.core import Worker, WorkerConfig
+
+    dep = deployment
+    mark = dep.mark()
+    n = 20
+
+    async def go() -> list[bytes]:
+        op = await dep.connect("inbox_operator")
+        await provision(op, StreamSpec(INBOXED, partitions=2))
+        await op.close()
+        pub = await dep.connect("inbox_publisher")
+        records = [Rec(f"k{i}", b"%d" % i) for i in range(n)]
+        await publish_run(pub, INBOXED, records, producer_id="r")
+        await pub.close()
+        seen: list[bytes] = []
+
+        async def handler(msg: Any) -> None:
+            seen.append(msg.data)
+
+        nc = await dep.connect("inbox_worker", inbox_prefix="_INBOX_billing")
+        worker = Worker(nc, WorkerConfig(INBOXED, "g", member_id="w", lease_ttl=2.0), handler)
+        await worker.start()
+        await _until(lambda: len(seen) >= n, "every record")
+        await worker.stop()
+        # the default inbox is refused: the prefix is the only one it may read
+        await nc.subscribe("_INBOX.>")
+        await nc.flush()
+        await _until(lambda: bool(dep.violations_since(mark)), "the refusal", 10)
+        await nc.close()
+        return seen
+
+    seen = asyncio.run(go())
+    assert sorted(seen) == sorted(b"%d" % i for i in range(n))
+    violations = dep.violations_since(mark)
+    assert all(
+        'Subscription Violation - Subject "_INBOX.>"' in v or "_inbox.>" in v for v in violations
+    ), violations
 
 
 def test_a_grant_is_not_more_than_it_says(deployment: Deployment) -> None:
