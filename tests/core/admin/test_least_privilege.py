@@ -75,6 +75,9 @@ def _grants(stream: str, global_stream: str) -> list[Grant]:
         Grant("TEAM_A", "inbox_operator", "operator", INBOXED, "g"),
         Grant("TEAM_A", "inbox_publisher", "publisher", INBOXED, None),
         Grant("TEAM_A", "inbox_worker", "worker", INBOXED, "g", "_INBOX_billing"),
+        Grant("TEAM_B", "cli_operator", "operator", CLI_STREAM, "g"),
+        Grant("TEAM_B", "cli_publisher", "publisher", CLI_STREAM, None),
+        Grant("TEAM_B", "cli_worker", "worker", CLI_STREAM, "g"),
     ]
     return out
 
@@ -133,6 +136,7 @@ class Deployment:
 STREAM = "ORDERS"
 GSTREAM = "LEDGER"
 INBOXED = "INBOXED"
+CLI_STREAM = "CLIOPS"
 
 
 @pytest.fixture(scope="module")
@@ -429,6 +433,59 @@ def test_a_worker_with_its_own_inbox_prefix_and_no_inbox_of_the_default(
     assert all(
         'Subscription Violation - Subject "_INBOX.>"' in v or "_inbox.>" in v for v in violations
     ), violations
+
+
+def test_the_cli_commands_run_as_their_roles(
+    deployment: Deployment,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Any,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The ``nats-ordered`` commands docs/security.md assigns to the operator and the
+    publisher, as those users (``--user``, ``NATS_PASSWORD``, ``--tls-ca``), with a worker
+    of the group running: each exits 0 with no permission violation."""
+    from airflow_nats_ordered import cli
+    from airflow_nats_ordered.core import Worker, WorkerConfig
+
+    dep = deployment
+    mark = dep.mark()
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"k": f"k{i}", "i": i}) + "\n" for i in range(20)))
+
+    def run(user: str, *argv: str) -> None:
+        monkeypatch.setenv("NATS_PASSWORD", dep.passwords[user])
+        flags = ("--server", dep.url, "--tls-ca", dep.ca, "--user", user)
+        code = cli.main([*argv, *flags])
+        out, err = capsys.readouterr()
+        assert code == 0, (argv, out, err)
+
+    run("cli_operator", "provision", "--stream", CLI_STREAM, "--partitions", "2")
+    run("cli_publisher", "publish", "--stream", CLI_STREAM, str(rows), "--key-field", "k")
+
+    async def work() -> None:
+        nc = await dep.connect("cli_worker")
+        worker = Worker(nc, WorkerConfig(CLI_STREAM, "g", member_id="w", lease_ttl=2.0), print)
+        await worker.start()
+        await worker.wait_assigned(WAIT)
+        await asyncio.to_thread(operate)
+        await worker.stop()
+        await nc.close()
+
+    group = ("--stream", CLI_STREAM, "--group", "g")
+
+    def operate() -> None:
+        run("cli_operator", "status", *group, "--wait-drained", "--timeout", "60s")
+        run("cli_operator", "info", "--stream", CLI_STREAM)
+        run("cli_operator", "group", "list", "--stream", CLI_STREAM)
+        run("cli_operator", "group", "describe", *group)
+        run("cli_operator", "group", "rebalance", *group)
+        run("cli_operator", "group", "reset", *group, "--to", "earliest")  # the plan
+        run("cli_operator", "dead-letters", "list", *group)
+
+    asyncio.run(work())
+    run("cli_operator", "group", "reset", *group, "--to", "latest", "--execute")
+    run("cli_operator", "group", "delete", *group)
+    assert dep.violations_since(mark) == []
 
 
 def test_a_grant_is_not_more_than_it_says(deployment: Deployment) -> None:
