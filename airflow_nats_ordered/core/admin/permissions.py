@@ -21,7 +21,8 @@ A role is one principal of a deployment (a NATS user), doing one job on one stre
     whole JetStream API (``$JS.API.>``, ``$KV.>``): the account is then the boundary.
 ``watcher``
     the Airflow triggerer: the drain sensor's reads of group ``G``'s lag and commits
-    (read only), and the ``nats://`` message-queue watcher's durable consumer on ``S``.
+    (read only), the ``nats://`` message-queue watcher's durable consumer on ``S`` and the
+    group's dead-letter watcher's on ``<S>_DLQ``.
 
 :func:`permissions_for` derives each set from the names the code uses (the stream wing's
 bucket names, :class:`~..group.config.GroupConfig`, the dead-letter stream, the run
@@ -32,8 +33,14 @@ needed (:attr:`RolePermissions.reasons`), which :meth:`RolePermissions.to_conf` 
 comments and ``docs/security.md`` explains.
 
 ``api_prefix`` is the JetStream API prefix (``$JS.API``, or ``$JS.<domain>.API`` for a
-JetStream domain); ``inbox_prefix`` the client's inbox prefix (``_INBOX``), under which
-every request's reply arrives. Both must match the connection's settings.
+JetStream domain: it replaces ``$JS.API`` in every API subject; ``$KV.``, ``$JS.ACK.`` and
+``$JS.FC.`` subjects keep their names); ``inbox_prefix`` the client's inbox prefix
+(``_INBOX``), under which every request's reply arrives. Both must match the connection's
+settings. ``subject_prefix`` is the stream's, when it was provisioned with one.
+
+The sets are narrowed to the calls the code makes, not to what a role might conceivably
+do; a few lines serve paths a test run may not take (a bucket that allows direct gets,
+replicas raised, strays, a rebalance by load): each says so in its reason.
 """
 
 from __future__ import annotations
