@@ -22,7 +22,7 @@ Usage (``nats-ordered COMMAND --help`` for every flag)::
     nats-ordered global-read --stream LEDGER --group audit --handler mypkg.handlers:apply \\
         [--order-by sequence|time|event-time [--watermarks]]
     nats-ordered global-producers --stream LEDGER [--close PRODUCER] [--json]
-    nats-ordered permissions --role worker --stream ORDERS --group billing [--format json]
+    nats-ordered permissions --role worker --stream ORDERS --group billing  # never connects
 
 Every command takes the connection flags (``--server``, ``--creds``, ``--nkey``, ``--user``,
 ``--tls-ca``/``--tls-cert``/``--tls-key``, ``--connect-timeout``) on top of the ``nats`` CLI
