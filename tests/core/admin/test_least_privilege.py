@@ -12,7 +12,7 @@ two workers process every partition, dead-lettering one poison record, and commi
 watcher's drain waits; the operator rebalances and repartitions under the running workers,
 a second run is drained on the new layout, then the operator resets, lists, reads,
 replays and purges dead letters and deletes the group; a global-order publisher and
-reader; the Airflow triggerer's drain trigger (through an Airflow connection) and its
+reader, and several producers with the exact event-time reader; the CLI's commands; the Airflow triggerer's drain trigger (through an Airflow connection) and its
 ``nats://`` and dead-letter watchers. The denied cases are the business of other tests;
 one sanity check here shows the sets are allow lists.
 
@@ -75,6 +75,9 @@ def _grants(stream: str, global_stream: str) -> list[Grant]:
         Grant("TEAM_A", "inbox_operator", "operator", INBOXED, "g"),
         Grant("TEAM_A", "inbox_publisher", "publisher", INBOXED, None),
         Grant("TEAM_A", "inbox_worker", "worker", INBOXED, "g", "_INBOX_billing"),
+        Grant("TEAM_B", "x_operator", "operator", EXACT, "audit"),
+        Grant("TEAM_B", "x_publisher", "publisher", EXACT, None),
+        Grant("TEAM_B", "x_reader", "reader", EXACT, "audit"),
         Grant("TEAM_B", "cli_operator", "operator", CLI_STREAM, "g"),
         Grant("TEAM_B", "cli_publisher", "publisher", CLI_STREAM, None),
         Grant("TEAM_B", "cli_worker", "worker", CLI_STREAM, "g"),
@@ -137,6 +140,7 @@ STREAM = "ORDERS"
 GSTREAM = "LEDGER"
 INBOXED = "INBOXED"
 CLI_STREAM = "CLIOPS"
+EXACT = "EXACT"
 
 
 @pytest.fixture(scope="module")
@@ -308,6 +312,47 @@ def test_a_global_order_publisher_and_reader_with_their_permissions(deployment: 
     got = asyncio.run(go())
     assert dep.violations_since(mark) == []
     assert [int(m.data) for m in got] == list(range(n))
+
+
+def test_several_producers_and_the_exact_event_time_reader(deployment: Deployment) -> None:
+    """Global order with several producers (``GlobalProducer``: their marks and watermarks
+    in the stream's watermark bucket) and the exact event-time reader that waits for them,
+    as publisher and reader users."""
+    from airflow_nats_ordered.core import GlobalOrderReader, OrderedPublisher
+    from airflow_nats_ordered.core.order.producer import GlobalProducer
+
+    dep = deployment
+    mark = dep.mark()
+    t0 = 1_790_000_000_000
+
+    async def go() -> list[Any]:
+        op = await dep.connect("x_operator")
+        await provision(op, StreamSpec(EXACT, partitions=2))
+        await op.close()
+        got: list[Any] = []
+        nc = await dep.connect("x_reader")
+        reader = GlobalOrderReader(
+            nc, EXACT, "audit", got.append, order_by="event-time", watermarks=True
+        )
+        await reader.start()
+        for name, offset in (("alpha", 0), ("beta", 5)):
+            pub = await dep.connect("x_publisher")
+            async with GlobalProducer(OrderedPublisher(pub, EXACT), name) as prod:
+                for i in range(10):
+                    await prod.publish(
+                        f"k{i}", f"{name}-{i}".encode(), event_time=t0 + 10 * i + offset
+                    )
+            await pub.close()
+        await _until(lambda: len(got) >= 20, "every record in event-time order")
+        await reader.stop()
+        await nc.close()
+        return got
+
+    got = asyncio.run(go())
+    assert dep.violations_since(mark) == []
+    assert [m.data.decode() for m in got] == [
+        f"{name}-{i}" for i in range(10) for name in ("alpha", "beta")
+    ]
 
 
 def test_the_airflow_watcher_drains_and_watches_with_its_permissions(
