@@ -12,8 +12,9 @@ two workers process every partition, dead-lettering one poison record, and commi
 watcher's drain waits; the operator rebalances and repartitions under the running workers,
 a second run is drained on the new layout, then the operator resets, lists, reads,
 replays and purges dead letters and deletes the group; a global-order publisher and
-reader, and several producers with the exact event-time reader; the CLI's commands; the Airflow triggerer's drain trigger (through an Airflow connection) and its
-``nats://`` and dead-letter watchers. The denied cases are the business of other tests;
+reader, and several producers with the exact event-time reader; the CLI's commands; the
+Airflow triggerer's drain trigger (through an Airflow connection) and its ``nats://`` and
+dead-letter watchers. The denied cases are the business of other tests;
 one sanity check here shows the sets are allow lists.
 
 ``NATS_ORDERED_TRACE_PERMISSIONS=1`` turns the server's trace on (every PUB and SUB of
