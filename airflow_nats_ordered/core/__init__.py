@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     )
     from airflow_nats_ordered.core.admin.listing import GroupSummary, find_groups, summarize_group
     from airflow_nats_ordered.core.admin.membership import GroupNotFoundError, live_members
+    from airflow_nats_ordered.core.admin.permissions import ROLES, RolePermissions, permissions_for
     from airflow_nats_ordered.core.admin.rebalance import rebalance_group
     from airflow_nats_ordered.core.admin.reset import reset_group
     from airflow_nats_ordered.core.connection.connect import connect
@@ -236,6 +237,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "GroupNotFoundError",
         "live_members",
     ),
+    "airflow_nats_ordered.core.admin.permissions": ("ROLES", "RolePermissions", "permissions_for"),
     "airflow_nats_ordered.core.admin.rebalance": ("rebalance_group",),
     "airflow_nats_ordered.core.admin.reset": ("reset_group",),
     "airflow_nats_ordered.core.order.watermarks": ("GlobalOrder",),
@@ -289,11 +291,13 @@ __all__ = [
     "PublishError",
     "PublishSummary",
     "PublisherConfig",
+    "ROLES",
     "RecordError",
     "RecordTooLargeError",
     "RepartitionResult",
     "RepartitionRunning",
     "RepartitionUnfinishedError",
+    "RolePermissions",
     "RunLedger",
     "RunRecord",
     "RunResult",
@@ -318,6 +322,7 @@ __all__ = [
     "message_key",
     "partition_for",
     "partition_subject",
+    "permissions_for",
     "provision",
     "publish_run",
     "purge_dead_letters",
