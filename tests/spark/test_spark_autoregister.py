@@ -20,6 +20,7 @@ import threading
 import zipfile
 from pathlib import Path
 
+import pytest
 from locations import ROOT, TESTS
 from spark_helpers import make_stream, stored
 
@@ -123,6 +124,7 @@ def test_the_wheel_puts_pyspark_nats_ordered_where_sparks_lookup_sees_it(tmp_pat
     assert Path(source_file).is_relative_to(site), source_file
 
 
+@pytest.mark.slow  # its own spark-submit JVMs for 1.5 min: make test-slow, one at a time
 def test_format_is_found_without_register_with_the_working_directory_elsewhere(
     nats_url, unique_name, tmp_path
 ):

@@ -227,6 +227,7 @@ def _on_token_server(url: str, fn: Any) -> Any:
     return asyncio.run(go())
 
 
+@pytest.mark.slow  # its own spark-submit JVMs for 1.5 min: make test-slow, one at a time
 def test_operator_on_a_standalone_cluster_publishes_with_the_drivers_connection(
     cluster, monkeypatch, tmp_path, unique_name, capfd
 ):
