@@ -20,6 +20,10 @@ extra ``tls_ca``/``tls_cert``/``tls_private_key``  PEM content (the key is secre
                         ``tls_ca_file``/``tls_cert_file``/``tls_key_file``: paths
 extra ``tls_hostname``, ``tls_verify``, ``connect_timeout``, ``name``,
                         ``max_reconnect_attempts``, ``reconnect_time_wait``
+extra ``inbox_prefix``  reply inbox prefix instead of ``_INBOX`` (a user allowed to
+                        subscribe only to ``<prefix>.>``)
+extra ``js_domain``     the JetStream domain (e.g. a leaf node's); or ``js_api_prefix``:
+                        the JetStream API prefix instead of ``$JS.API`` (not both)
 ======================  ============================================================
 
 Secret extras are named so that Airflow's secrets masker hides them in the REST API, the
@@ -48,6 +52,7 @@ from typing import Any, TypeVar
 
 from airflow.sdk import BaseHook
 
+from airflow_nats_ordered.core.connection.api import jetstream
 from airflow_nats_ordered.core.connection.connect import connect
 from airflow_nats_ordered.core.connection.options import ConnectionOptions
 from airflow_nats_ordered.core.errors import ConfigError, ConnectError, NatsOrderedError
@@ -88,15 +93,21 @@ OPTION_FIELDS = (
     "name",
     "max_reconnect_attempts",
     "reconnect_time_wait",
+    "inbox_prefix",
+    "js_domain",
+    "js_api_prefix",
 )
 #: how an option is named on the connection form, for error messages
 _FORM_NAMES = {
     "servers": "Host/Port (or extra 'servers')",
     "user": "Login",
     "password": "Password",
+    "inbox_prefix": "Inbox prefix (extra 'inbox_prefix')",
+    "js_domain": "JetStream domain (extra 'js_domain')",
+    "js_api_prefix": "JetStream API prefix (extra 'js_api_prefix')",
 }
 # hints in core messages written for CLI users: "(NATS_PASSWORD)", "(NATS_URL / --server)"
-_ENV_HINT = re.compile(r"\s*\((?:or |from environment variable )?NATS_[A-Z]+(?: / --[a-z-]+)?\)")
+_ENV_HINT = re.compile(r"\s*\((?:or |from environment variable )?NATS_[A-Z_]+(?: / --[a-z-]+)?\)")
 
 
 def _in_airflow_terms(conn_id: str, text: str) -> str:
@@ -320,7 +331,7 @@ class NatsHook(BaseHook):
 
             async def probe(nc: Any) -> str:
                 try:
-                    info = await nc.jetstream(timeout=options.connect_timeout).account_info()
+                    info = await jetstream(nc, timeout=options.connect_timeout).account_info()
                 except Exception as exc:
                     raise ConnectError(
                         f"connected to {nc.connected_url.netloc if nc.connected_url else '?'} "
