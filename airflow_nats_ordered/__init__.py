@@ -221,7 +221,8 @@ _CONN_FIELDS = {
         "Seconds between two reconnect attempts to the same server. Default 0.5.",
         "number",
         default=0.5,
-    ),    "inbox_prefix": _field(
+    ),
+    "inbox_prefix": _field(
         "Inbox prefix (instead of _INBOX)",
         "The prefix of the client's reply subjects, for a user whose permissions allow "
         "subscribing only to <prefix>.> (e.g. _INBOX_ORDERS). Default _INBOX.",

@@ -237,7 +237,7 @@ class SinkOptions:
         try:
             resolved = resolve(os.environ if env is None else env, sink.connection)
         except ConfigError as exc:
-            wrong = getattr(exc, "field", None)
+            wrong = str(getattr(exc, "field", ""))
             if wrong in sink.connection:  # an option's value: name the option
                 text = str(exc).removeprefix(f"{wrong} ")
                 if {"js_domain", "js_api_prefix"} <= sink.connection.keys():

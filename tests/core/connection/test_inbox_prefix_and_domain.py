@@ -156,9 +156,9 @@ def test_without_the_inbox_prefix_the_same_user_is_refused_its_replies(
 
     asyncio.run(go())
     # nats-py lowercases the server's -ERR 'Permissions Violation for Subscription to ...'
-    assert any(
-        'permissions violation for subscription to "_inbox.' in e.lower() for e in errors
-    ), errors
+    assert any('permissions violation for subscription to "_inbox.' in e.lower() for e in errors), (
+        errors
+    )
 
 
 # ---------------------------------------------------------------------------- JetStream domain
