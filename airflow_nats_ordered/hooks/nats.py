@@ -333,11 +333,33 @@ class NatsHook(BaseHook):
                 try:
                     info = await jetstream(nc, timeout=options.connect_timeout).account_info()
                 except Exception as exc:
+                    where = nc.connected_url.netloc if nc.connected_url else "?"
+                    refused = str(getattr(nc, "last_error", None) or "").removeprefix("nats: ")
+                    if "permissions violation for subscription" in refused.lower():
+                        raise ConnectError(
+                            f"connected to {where} as {options.auth_description()}, but the "
+                            f"server refused the subscription to this client's reply subjects "
+                            f"({refused}); set Inbox prefix (extra 'inbox_prefix') to a prefix "
+                            "whose subjects (<prefix>.>) the user may subscribe to"
+                        ) from None
+                    api = ""
+                    if options.js_domain is not None:
+                        api = f" in JetStream domain {options.js_domain!r} (extra 'js_domain')"
+                    elif options.js_api_prefix is not None:
+                        api = (
+                            f" under JetStream API prefix {options.js_api_prefix!r} "
+                            "(extra 'js_api_prefix')"
+                        )
                     raise ConnectError(
-                        f"connected to {nc.connected_url.netloc if nc.connected_url else '?'} "
-                        f"as {options.auth_description()}, but JetStream is not available to "
-                        f"this account ({type(exc).__name__}: {exc}); enable JetStream on the "
-                        "server (`-js`, or `jetstream {}` in its config) or for the account"
+                        f"connected to {where} as {options.auth_description()}, but JetStream "
+                        f"is not available to this account{api} ({type(exc).__name__}: {exc}); "
+                        + (
+                            "check the domain or prefix, "
+                            if api
+                            else "enable JetStream on the server (`-js`, or `jetstream {}` in "
+                            "its config) or for the account"
+                        )
+                        + ("or that its server is reachable from this one" if api else "")
                     ) from None
                 return (
                     f"connected to {', '.join(options.servers)} as "

@@ -72,24 +72,36 @@ authorization {
         yield server
 
 
-@pytest.mark.parametrize("prefix", ["_AFINBOX", None])
-def test_the_connection_test_passes_only_with_the_allowed_inbox_prefix(
-    locked_server: NatsServer, monkeypatch: pytest.MonkeyPatch, prefix: str | None
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        ({"inbox_prefix": "_AFINBOX"}, None),
+        ({}, "set Inbox prefix (extra 'inbox_prefix')"),
+        (
+            {"inbox_prefix": "_AFINBOX", "js_domain": "nowhere"},
+            "JetStream is not available to this account in JetStream domain 'nowhere' "
+            "(extra 'js_domain')",
+        ),
+    ],
+)
+def test_the_connection_test_needs_the_allowed_inbox_prefix_and_names_the_domain(
+    locked_server: NatsServer,
+    monkeypatch: pytest.MonkeyPatch,
+    extra: dict[str, object],
+    expected: str | None,
 ) -> None:
-    extra: dict[str, object] = {"connect_timeout": 1}
-    if prefix:
-        extra["inbox_prefix"] = prefix
     conn = {
         "conn_type": "nats",
         "host": f"127.0.0.1:{locked_server.port}",
         "login": "locked",
         "password": "pw-locked-af",
-        "extra": extra,
+        "extra": {"connect_timeout": 1, **extra},
     }
     monkeypatch.setenv("AIRFLOW_CONN_NATS_LOCKED", json.dumps(conn))
     ok, message = NatsHook("nats_locked").test_connection()
-    if prefix:
+    if expected is None:
         assert ok, message
         assert "JetStream is enabled" in message
     else:
-        assert not ok and "JetStream is not available" in message
+        assert not ok and expected in message, message
+        assert "pw-locked-af" not in message

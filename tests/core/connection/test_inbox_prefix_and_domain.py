@@ -6,7 +6,8 @@
   server reports the subscription violation, the request times out).
 * A hub and a leaf node on loopback, the leaf running JetStream in domain ``leaf``: a client
   of the HUB with ``js_domain="leaf"`` provisions the stream, publishes a run (run ledger
-  in KV), a worker commits (the group's KV state), and the group drains, all on the leaf;
+  and watermarks in KV), a worker commits (the group's KV state), the group drains and a
+  global-order reader reads the run in publish order, all on the leaf;
   the CLI shows it drained with ``--js-domain leaf``. The hub has none of it.
 """
 
@@ -69,6 +70,19 @@ async def _work_until_drained(options: ConnectionOptions, nc, stream: str) -> li
     return seen
 
 
+async def _read_in_global_order(nc, stream: str) -> list[GlobalMessage]:
+    got: list[GlobalMessage] = []
+    reader = GlobalOrderReader(nc, stream, "audit", got.append)
+    await reader.start()
+    try:
+        async with asyncio.timeout(WAIT):
+            while len(got) < N:
+                await asyncio.sleep(0.02)
+    finally:
+        await reader.stop()
+    return got
+
+
 # ---------------------------------------------------------------------------- inbox prefix
 
 
@@ -115,13 +129,7 @@ def test_a_user_denied_INBOX_publishes_works_and_reads_with_its_own_inbox_prefix
             )
             seen = await _work_until_drained(options, nc, unique_name)
             lag = await read_lag(nc, unique_name, "g")
-            got: list[GlobalMessage] = []
-            reader = GlobalOrderReader(nc, unique_name, "audit", got.append)
-            await reader.start()
-            async with asyncio.timeout(WAIT):
-                while len(got) < N:
-                    await asyncio.sleep(0.02)
-            await reader.stop()
+            got = await _read_in_global_order(nc, unique_name)
             return run, seen, lag, got
         finally:
             await nc.close()
@@ -227,10 +235,17 @@ def test_a_client_of_the_hub_runs_the_pipeline_in_the_leafs_domain(
         try:
             assert api_prefix(nc) == "$JS.leaf.API"
             await provision(nc, StreamSpec(stream, partitions=3))
-            run = await publish_run(nc, stream, _records(), producer_id="run-1")
+            run = await publish_run(
+                nc,
+                stream,
+                _records(),
+                producer_id="run-1",
+                config=PublisherConfig(global_order=GlobalOrder()),  # watermarks in KV too
+            )
             seen = await _work_until_drained(options, nc, stream)
             lag = await read_lag(nc, stream, "g")
-            return run, seen, lag
+            got = await _read_in_global_order(nc, stream)
+            return run, seen, lag, got
         finally:
             await nc.close()
 
@@ -256,10 +271,11 @@ def test_a_client_of_the_hub_runs_the_pipeline_in_the_leafs_domain(
             await hub_nc.close()
         return on_leaf, on_hub
 
-    run, seen, lag = asyncio.run(go())
+    run, seen, lag, got = asyncio.run(go())
     assert run.record.status == "complete" and run.record.acked == N
     assert sorted(set(seen)) == list(range(N))
     assert lag.drained and lag.total_lag == 0
+    assert [json.loads(m.data)["i"] for m in got] == list(range(N))  # publish order
     on_leaf, on_hub = asyncio.run(where_it_lives())
     assert on_leaf[stream] >= N and all(on_leaf.values()), on_leaf  # commits, ledger stored
     assert on_hub == []
