@@ -454,11 +454,33 @@ def _refuse_url_credentials(server: str) -> None:
     )
 
 
+def _inbox_refused(nc: NATS, options: ConnectionOptions) -> ConfigError | None:
+    """Why a request timed out, when the server had refused the client's reply
+    subscription (a user not allowed to subscribe to ``_INBOX.>``): the flag to pass."""
+    refused = str(getattr(nc, "last_error", None) or "").removeprefix("nats: ")
+    if "permissions violation for subscription" not in refused.lower():
+        return None
+    now = f" (now {options.inbox_prefix})" if options.inbox_prefix else ""
+    return ConfigError(
+        f"the server refused the subscription to this client's reply subjects ({refused}), "
+        f"so its requests got no answer: pass --inbox-prefix PREFIX{now} (or set "
+        "NATS_INBOX_PREFIX; with --conn-id, the connection's extra inbox_prefix) with a "
+        "prefix whose subjects PREFIX.> the user may subscribe to"
+    )
+
+
 @contextlib.asynccontextmanager
 async def connected(options: ConnectionOptions) -> AsyncIterator[NATS]:
+    """A client connected with ``options``, closed on exit. A request that timed out because
+    the server refused the reply subscription becomes a ConfigError naming --inbox-prefix."""
     nc = await connect(options)
     try:
         yield nc
+    except TimeoutError:
+        refused = _inbox_refused(nc, options)
+        if refused is not None:
+            raise refused from None
+        raise
     finally:
         # connect()'s disconnected callback logs "reconnecting" on a deliberate close too;
         # keep that false alarm out of the CLI's output

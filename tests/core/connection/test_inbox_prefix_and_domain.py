@@ -169,6 +169,22 @@ def test_without_the_inbox_prefix_the_same_user_is_refused_its_replies(
     )
 
 
+def test_the_cli_names_the_inbox_prefix_flag_when_the_reply_subscription_is_refused(
+    locked_server: NatsServer,
+    unique_name: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("NATS_PASSWORD", "pw-locked")
+    argv = ["provision", "--stream", unique_name, "--partitions", "2"]
+    argv += ["--server", locked_server.url, "--user", "locked"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "refused the subscription to this client's reply subjects" in err, err
+    assert "pass --inbox-prefix PREFIX" in err
+    assert cli.main([*argv, "--inbox-prefix", "_MYINBOX"]) == 0, capsys.readouterr().err
+
+
 # ---------------------------------------------------------------------------- JetStream domain
 
 
