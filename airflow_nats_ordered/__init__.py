@@ -222,4 +222,20 @@ _CONN_FIELDS = {
         "number",
         default=0.5,
     ),
+    "inbox_prefix": _field(
+        "Inbox prefix (instead of _INBOX)",
+        "The prefix of the client's reply subjects, for a user whose permissions allow "
+        "subscribing only to <prefix>.> (e.g. _INBOX_ORDERS). Default _INBOX.",
+    ),
+    "js_domain": _field(
+        "JetStream domain",
+        "The JetStream domain the streams and the group's state live in, e.g. a leaf node's "
+        "(requests go to $JS.<domain>.API). Empty: the account's own JetStream. Not with "
+        "JetStream API prefix.",
+    ),
+    "js_api_prefix": _field(
+        "JetStream API prefix (instead of $JS.API)",
+        "The subject prefix of the JetStream API, when it is imported from another account "
+        "under a prefix. Not with JetStream domain.",
+    ),
 }

@@ -29,6 +29,9 @@ _FLAG_DESTS = (
     "tls_cert",
     "tls_key",
     "connect_timeout",
+    "inbox_prefix",
+    "js_domain",
+    "js_api_prefix",
 )
 
 

@@ -31,6 +31,7 @@ from nats.aio.client import Client as NATS
 
 from airflow_nats_ordered.cli.airflow_connection import airflow_connection_options
 from airflow_nats_ordered.core.connection.connect import connect
+from airflow_nats_ordered.core.connection.fields import _domain_name, _subject_prefix
 from airflow_nats_ordered.core.connection.options import ConnectionOptions
 from airflow_nats_ordered.core.errors import ConfigError
 from airflow_nats_ordered.core.stream.partitioned import STREAM_NAME_RULE, check_stream_name
@@ -326,6 +327,28 @@ def add_connection_flags(parser: argparse.ArgumentParser) -> None:
         help="give up connecting after this long (default 5)",
     )
     g.add_argument(
+        "--inbox-prefix",
+        type=_inbox_prefix,
+        metavar="PREFIX",
+        help="reply inbox prefix instead of _INBOX, for a user allowed to subscribe only to "
+        "PREFIX.> (as the nats CLI's --inbox-prefix) [NATS_INBOX_PREFIX]",
+    )
+    api = g.add_mutually_exclusive_group()
+    api.add_argument(
+        "--js-domain",
+        type=_js_domain,
+        metavar="DOMAIN",
+        help="the JetStream domain to use, e.g. a leaf node's (API prefix $JS.DOMAIN.API; "
+        "streams and the group's KV buckets live there) [NATS_JS_DOMAIN]",
+    )
+    api.add_argument(
+        "--js-api-prefix",
+        type=_js_api_prefix,
+        metavar="PREFIX",
+        help="the JetStream API's subject prefix instead of $JS.API (an API imported from "
+        "another account); not with --js-domain [NATS_JS_API_PREFIX]",
+    )
+    g.add_argument(
         "--conn-id",
         metavar="ID",
         help="take every connection setting from this Airflow connection of type nats (looked "
@@ -335,6 +358,32 @@ def add_connection_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "-v", "--verbose", action="count", default=0, help="log more (repeat for debug logs)"
     )
+
+
+def _flag_value(check: Callable[[str], str]) -> Callable[[str], str]:
+    """An argparse ``type=`` from a ConnectionOptions value check: argparse names the flag,
+    the message says what is wrong (without the option's own name)."""
+
+    def parse(text: str) -> str:
+        try:
+            return check(text)
+        except ConfigError as exc:
+            field = getattr(exc, "field", "")
+            message = str(exc)
+            if field and message.startswith(f"{field} "):
+                message = message[len(field) + 1 :]
+            raise argparse.ArgumentTypeError(message) from None
+
+    return parse
+
+
+_inbox_prefix = _flag_value(
+    lambda t: _subject_prefix("inbox_prefix", t, example="--inbox-prefix _INBOX_ORDERS")
+)
+_js_domain = _flag_value(lambda t: _domain_name("js_domain", t))
+_js_api_prefix = _flag_value(
+    lambda t: _subject_prefix("js_api_prefix", t, example="--js-api-prefix JS.hub.API")
+)
 
 
 def connection_options(
@@ -364,6 +413,9 @@ def connection_options(
         "tls_cert_file": args.tls_cert,
         "tls_key_file": args.tls_key,
         "connect_timeout": args.connect_timeout,
+        "inbox_prefix": getattr(args, "inbox_prefix", None),
+        "js_domain": getattr(args, "js_domain", None),
+        "js_api_prefix": getattr(args, "js_api_prefix", None),
     }
     if args.user is not None:
         password = env.get("NATS_PASSWORD") or None
@@ -402,11 +454,33 @@ def _refuse_url_credentials(server: str) -> None:
     )
 
 
+def _inbox_refused(nc: NATS, options: ConnectionOptions) -> ConfigError | None:
+    """Why a request timed out, when the server had refused the client's reply
+    subscription (a user not allowed to subscribe to ``_INBOX.>``): the flag to pass."""
+    refused = str(getattr(nc, "last_error", None) or "").removeprefix("nats: ")
+    if "permissions violation for subscription" not in refused.lower():
+        return None
+    now = f" (now {options.inbox_prefix})" if options.inbox_prefix else ""
+    return ConfigError(
+        f"the server refused the subscription to this client's reply subjects ({refused}), "
+        f"so its requests got no answer: pass --inbox-prefix PREFIX{now} (or set "
+        "NATS_INBOX_PREFIX; with --conn-id, the connection's extra inbox_prefix) with a "
+        "prefix whose subjects PREFIX.> the user may subscribe to"
+    )
+
+
 @contextlib.asynccontextmanager
 async def connected(options: ConnectionOptions) -> AsyncIterator[NATS]:
+    """A client connected with ``options``, closed on exit. A request that timed out because
+    the server refused the reply subscription becomes a ConfigError naming --inbox-prefix."""
     nc = await connect(options)
     try:
         yield nc
+    except TimeoutError:
+        refused = _inbox_refused(nc, options)
+        if refused is not None:
+            raise refused from None
+        raise
     finally:
         # connect()'s disconnected callback logs "reconnecting" on a deliberate close too;
         # keep that false alarm out of the CLI's output

@@ -40,6 +40,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from airflow_nats_ordered.core.connection.api import jetstream
+
 DAG_ID = "flights_ordered_pipeline"
 STREAM = "FLIGHTS"
 GROUP = "aircraft-totals"
@@ -190,7 +192,7 @@ async def _last_seq(url: str) -> int:
 
     nc = await nats.connect(url)
     try:
-        return (await nc.jetstream().stream_info(STREAM)).state.last_seq
+        return (await jetstream(nc).stream_info(STREAM)).state.last_seq
     finally:
         await nc.close()
 

@@ -20,6 +20,10 @@ extra ``tls_ca``/``tls_cert``/``tls_private_key``  PEM content (the key is secre
                         ``tls_ca_file``/``tls_cert_file``/``tls_key_file``: paths
 extra ``tls_hostname``, ``tls_verify``, ``connect_timeout``, ``name``,
                         ``max_reconnect_attempts``, ``reconnect_time_wait``
+extra ``inbox_prefix``  reply inbox prefix instead of ``_INBOX`` (a user allowed to
+                        subscribe only to ``<prefix>.>``)
+extra ``js_domain``     the JetStream domain (e.g. a leaf node's); or ``js_api_prefix``:
+                        the JetStream API prefix instead of ``$JS.API`` (not both)
 ======================  ============================================================
 
 Secret extras are named so that Airflow's secrets masker hides them in the REST API, the
@@ -48,6 +52,7 @@ from typing import Any, TypeVar
 
 from airflow.sdk import BaseHook
 
+from airflow_nats_ordered.core.connection.api import jetstream
 from airflow_nats_ordered.core.connection.connect import connect
 from airflow_nats_ordered.core.connection.options import ConnectionOptions
 from airflow_nats_ordered.core.errors import ConfigError, ConnectError, NatsOrderedError
@@ -88,15 +93,21 @@ OPTION_FIELDS = (
     "name",
     "max_reconnect_attempts",
     "reconnect_time_wait",
+    "inbox_prefix",
+    "js_domain",
+    "js_api_prefix",
 )
 #: how an option is named on the connection form, for error messages
 _FORM_NAMES = {
     "servers": "Host/Port (or extra 'servers')",
     "user": "Login",
     "password": "Password",
+    "inbox_prefix": "Inbox prefix (extra 'inbox_prefix')",
+    "js_domain": "JetStream domain (extra 'js_domain')",
+    "js_api_prefix": "JetStream API prefix (extra 'js_api_prefix')",
 }
 # hints in core messages written for CLI users: "(NATS_PASSWORD)", "(NATS_URL / --server)"
-_ENV_HINT = re.compile(r"\s*\((?:or |from environment variable )?NATS_[A-Z]+(?: / --[a-z-]+)?\)")
+_ENV_HINT = re.compile(r"\s*\((?:or |from environment variable )?NATS_[A-Z_]+(?: / --[a-z-]+)?\)")
 
 
 def _in_airflow_terms(conn_id: str, text: str) -> str:
@@ -320,13 +331,35 @@ class NatsHook(BaseHook):
 
             async def probe(nc: Any) -> str:
                 try:
-                    info = await nc.jetstream(timeout=options.connect_timeout).account_info()
+                    info = await jetstream(nc, timeout=options.connect_timeout).account_info()
                 except Exception as exc:
+                    where = nc.connected_url.netloc if nc.connected_url else "?"
+                    refused = str(getattr(nc, "last_error", None) or "").removeprefix("nats: ")
+                    if "permissions violation for subscription" in refused.lower():
+                        raise ConnectError(
+                            f"connected to {where} as {options.auth_description()}, but the "
+                            f"server refused the subscription to this client's reply subjects "
+                            f"({refused}); set Inbox prefix (extra 'inbox_prefix') to a prefix "
+                            "whose subjects (<prefix>.>) the user may subscribe to"
+                        ) from None
+                    api = ""
+                    if options.js_domain is not None:
+                        api = f" in JetStream domain {options.js_domain!r} (extra 'js_domain')"
+                    elif options.js_api_prefix is not None:
+                        api = (
+                            f" under JetStream API prefix {options.js_api_prefix!r} "
+                            "(extra 'js_api_prefix')"
+                        )
                     raise ConnectError(
-                        f"connected to {nc.connected_url.netloc if nc.connected_url else '?'} "
-                        f"as {options.auth_description()}, but JetStream is not available to "
-                        f"this account ({type(exc).__name__}: {exc}); enable JetStream on the "
-                        "server (`-js`, or `jetstream {}` in its config) or for the account"
+                        f"connected to {where} as {options.auth_description()}, but JetStream "
+                        f"is not available to this account{api} ({type(exc).__name__}: {exc}); "
+                        + (
+                            "check the domain or prefix, "
+                            if api
+                            else "enable JetStream on the server (`-js`, or `jetstream {}` in "
+                            "its config) or for the account"
+                        )
+                        + ("or that its server is reachable from this one" if api else "")
                     ) from None
                 return (
                     f"connected to {', '.join(options.servers)} as "

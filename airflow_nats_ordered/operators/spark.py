@@ -42,7 +42,8 @@ class NatsSparkPublishOperator(NatsLineageMixin, SparkSubmitOperator):
     ``high_water_marks`` for :class:`~airflow_nats_ordered.sensors.drain.NatsGroupDrainSensor`).
 
     The NATS connection ``nats_conn_id``, every field of it (servers, credentials, TLS
-    files, ``tls_hostname``, ``tls_verify``, timeouts, ``name``, reconnect settings), reaches
+    files, ``tls_hostname``, ``tls_verify``, timeouts, ``name``, reconnect settings, inbox
+    prefix, JetStream domain or API prefix), reaches
     the driver as ``NATS_*`` environment variables of the spark-submit process (see
     :mod:`airflow_nats_ordered.core.connection.environment`), never on its command line or in a
     Spark

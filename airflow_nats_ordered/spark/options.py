@@ -36,6 +36,9 @@ CONNECTION_OPTIONS: Mapping[str, str] = {
     "maxreconnectattempts": "max_reconnect_attempts",
     "pinginterval": "ping_interval",
     "maxoutstandingpings": "max_outstanding_pings",
+    "inboxprefix": "inbox_prefix",
+    "jsdomain": "js_domain",
+    "jsapiprefix": "js_api_prefix",
 }
 #: Spark option names (as :meth:`SinkOptions.pinned_connection` writes them) of the above
 _OPTION_NAME = {
@@ -51,6 +54,9 @@ _OPTION_NAME = {
     "max_reconnect_attempts": "maxReconnectAttempts",
     "ping_interval": "pingInterval",
     "max_outstanding_pings": "maxOutstandingPings",
+    "inbox_prefix": "inboxPrefix",
+    "js_domain": "jsDomain",
+    "js_api_prefix": "jsApiPrefix",
 }
 #: the option that pins the auth method the caller resolved (checked, never a secret)
 AUTH_OPTION = "auth"
@@ -228,7 +234,16 @@ class SinkOptions:
             connection=connection,
             expected_auth=str(opts[AUTH_OPTION]).strip() if opts.get(AUTH_OPTION) else None,
         )
-        resolved = resolve(os.environ if env is None else env, sink.connection)
+        try:
+            resolved = resolve(os.environ if env is None else env, sink.connection)
+        except ConfigError as exc:
+            wrong = str(getattr(exc, "field", ""))
+            if wrong in sink.connection:  # an option's value: name the option
+                text = str(exc).removeprefix(f"{wrong} ")
+                if {"js_domain", "js_api_prefix"} <= sink.connection.keys():
+                    text = "jsDomain and jsApiPrefix are both set; give only one of them"
+                raise ConfigError(f"option {_OPTION_NAME[wrong]}: {text}") from None
+            raise
         if sink.expected_auth is not None and resolved.auth_method != sink.expected_auth:
             raise ConfigError(
                 f"the caller connected with NATS auth {sink.expected_auth!r} (option auth) but "

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from airflow_nats_ordered.core.connection.api import jetstream
 from airflow_nats_ordered.core.errors import ConfigError
 from airflow_nats_ordered.core.publish.config import _MAX_BACKOFF, PublisherConfig
 from airflow_nats_ordered.core.stream.partitioned import describe
@@ -65,5 +66,5 @@ async def check_resend_window(nc: NATS, options: SinkOptions) -> None:
 async def last_seq(nc: NATS, stream: str) -> int:
     """The stream's last sequence (0 when empty): every message stored later is above it."""
     ps = await describe(nc, stream)
-    info = await nc.jetstream().stream_info(ps.name)
+    info = await jetstream(nc).stream_info(ps.name)
     return int(info.state.last_seq or 0)

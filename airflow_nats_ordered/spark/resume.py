@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from nats.js.errors import NotFoundError
 
+from airflow_nats_ordered.core.connection.api import jetstream
 from airflow_nats_ordered.core.errors import NatsOrderedError, RecordError
 from airflow_nats_ordered.core.publish.config import PublisherConfig
 from airflow_nats_ordered.core.publish.msg_ids import (
@@ -111,7 +112,7 @@ async def stored_tails(nc: NATS, stream: str, producer_id: str) -> dict[int, Sto
     (a partition's records are stored in position order). A partition where another
     producer published after the run shows only what the ledger recorded."""
     ps = await describe(nc, stream)
-    js = nc.jetstream()
+    js = jetstream(nc)
     out: dict[int, StoredTail] = {}
 
     async def tail(p: int) -> None:

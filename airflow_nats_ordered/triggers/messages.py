@@ -100,6 +100,7 @@ from nats.js import api
 from nats.js.errors import BadRequestError, NotFoundError, ServiceUnavailableError
 
 from airflow_nats_ordered.core.admin.dlq import DEAD_LETTER_SUFFIX
+from airflow_nats_ordered.core.connection.api import jetstream
 from airflow_nats_ordered.core.errors import AuthError, ConfigError, ConnectError
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec
 from airflow_nats_ordered.core.worker.dead_letters import dead_letter_subject
@@ -524,7 +525,7 @@ class NatsMessageProducer(SharedStreamProducer):
                 if self._nc is None:
                     hook = NatsHook(t.nats_conn_id)
                     self._nc = await self._stack.enter_async_context(hook.aconnect())
-                js = self._nc.jetstream()
+                js = jetstream(self._nc)
                 await self._ensure_consumer(js)
                 break
             except Exception as exc:
@@ -776,7 +777,7 @@ async def _create_only(js: Any, stream: str, config: api.ConsumerConfig) -> bool
 async def arelease_durable(nc: Any, stream: str, durable: str) -> bool:
     """Remove the binding recorded on consumer ``durable`` of ``stream``; the next
     NatsMessageTrigger to read it adopts it at its position. False if it had none."""
-    js = nc.jetstream()
+    js = jetstream(nc)
     cfg = (await js.consumer_info(stream, durable)).config
     metadata = dict(cfg.metadata or {})
     if metadata.pop(BINDING_ID, None) is None:

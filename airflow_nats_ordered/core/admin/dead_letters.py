@@ -44,6 +44,7 @@ from nats.js.errors import BucketNotFoundError, NotFoundError
 from airflow_nats_ordered.core.admin.dlq import dead_letter_prefix, dead_letter_stream
 from airflow_nats_ordered.core.admin.listing import find_groups
 from airflow_nats_ordered.core.admin.membership import GroupNotFoundError
+from airflow_nats_ordered.core.connection.api import api_subject, jetstream
 from airflow_nats_ordered.core.errors import ConfigError, NatsOrderedError
 from airflow_nats_ordered.core.group.config import GroupConfig
 from airflow_nats_ordered.core.publish.msg_ids import HDR_MSG_ID, HDR_PRODUCER, HDR_SEQ
@@ -162,7 +163,7 @@ async def dead_letter_place(nc: NATS, stream: str, group: str) -> DeadLetterPlac
     if await _has_state(nc, stream, group):
         return place
     if place.exists:
-        info = await nc.jetstream().stream_info(place.stream, subjects_filter=place.subjects())
+        info = await jetstream(nc).stream_info(place.stream, subjects_filter=place.subjects())
         if info.state.subjects:
             return place
     known = [r.group for r in await find_groups(nc, stream)]
@@ -176,7 +177,7 @@ async def dead_letter_place(nc: NATS, stream: str, group: str) -> DeadLetterPlac
 
 async def _has_state(nc: NATS, stream: str, group: str) -> bool:
     try:
-        await nc.jetstream().key_value(GroupConfig(stream, group).state_bucket)
+        await jetstream(nc).key_value(GroupConfig(stream, group).state_bucket)
     except (BucketNotFoundError, NotFoundError):
         return False
     return True
@@ -203,7 +204,7 @@ async def read_dead_letters(
         if seqs:
             raise DeadLetterNotFoundError(_no_such(place, list(seqs)), list(seqs))
         return []
-    js = nc.jetstream()
+    js = jetstream(nc)
     prefix = f"{place.prefix}.dlq.{place.group}."
     if seqs:
         found, missing = [], []
@@ -380,7 +381,7 @@ async def replay_dead_letters(
     result = ReplayResult(stream, place.group, plan, dry_run)
     if dry_run:
         return result
-    js = nc.jetstream()
+    js = jetstream(nc)
     done = []
     for r in plan:
         assert r.subject is not None
@@ -437,7 +438,7 @@ async def purge_dead_letters(
     gone = [x.seq for x in letters]
     if dry_run or not gone:
         return Purged(place.stream, place.group, gone, dry_run)
-    js = nc.jetstream()
+    js = jetstream(nc)
     if seqs:
         for seq in gone:
             with contextlib.suppress(NotFoundError):  # removed meanwhile
@@ -452,7 +453,7 @@ async def purge_dead_letters(
 async def _purge_upto(nc: NATS, stream: str, subject: str, keep_from: int) -> None:
     """Purge ``subject`` below sequence ``keep_from`` (the JetStream ``seq`` purge)."""
     resp = await nc.request(
-        f"$JS.API.STREAM.PURGE.{stream}",
+        api_subject(nc, f"STREAM.PURGE.{stream}"),
         json.dumps({"filter": subject, "seq": keep_from}).encode(),
         timeout=5.0,
     )

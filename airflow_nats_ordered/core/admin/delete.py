@@ -17,6 +17,7 @@ from nats.js.errors import NotFoundError
 
 from airflow_nats_ordered.core.admin import dlq
 from airflow_nats_ordered.core.admin.membership import GroupNotFoundError, live_members
+from airflow_nats_ordered.core.connection.api import jetstream
 from airflow_nats_ordered.core.errors import NatsOrderedError
 from airflow_nats_ordered.core.group.config import GroupConfig
 
@@ -50,7 +51,7 @@ async def _other_groups(nc: NATS, stream: str, group: str) -> list[str]:
     ours = GroupConfig(stream, group).state_bucket
     head, tail = f"KV_nor_{stream}_", "_state"
     found: list[str] = []
-    js = nc.jetstream()
+    js = jetstream(nc)
     offset = 0
     while True:
         page = await js.streams_info(offset)
@@ -89,7 +90,7 @@ async def delete_group(
             "or pass force=True to delete it under them",
             members,
         )
-    js = nc.jetstream()
+    js = jetstream(nc)
     deleted: list[str] = []
     for bucket in (cfg.lease_bucket, cfg.state_bucket):
         try:
@@ -131,7 +132,7 @@ async def _remove_dead_letters(nc: NATS, stream: str, group: str) -> tuple[int, 
     found = await dlq.dead_letters(nc, stream, group)
     if not found.exists:
         return 0, False, None
-    js = nc.jetstream()
+    js = jetstream(nc)
     if found.messages:
         await js.purge_stream(found.stream, subject=found.subjects)
     left = (await js.stream_info(found.stream)).state.messages

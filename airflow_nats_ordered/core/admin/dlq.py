@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from nats.aio.client import Client as NATS
 from nats.js.errors import NotFoundError
 
+from airflow_nats_ordered.core.connection.api import jetstream
+
 #: Suffix of the dead-letter stream of a partitioned stream: ``ORDERS`` -> ``ORDERS_DLQ``.
 DEAD_LETTER_SUFFIX = "_DLQ"
 
@@ -37,7 +39,7 @@ async def dead_letter_prefix(nc: NATS, stream: str) -> str | None:
     """The subject prefix of ``stream``'s dead-letter stream (from its ``<prefix>.dlq.>``
     subject, so it is known even when the partitioned stream is gone); None if absent."""
     try:
-        info = await nc.jetstream().stream_info(dead_letter_stream(stream))
+        info = await jetstream(nc).stream_info(dead_letter_stream(stream))
     except NotFoundError:
         return None
     for subject in info.config.subjects or []:
@@ -53,5 +55,5 @@ async def dead_letters(nc: NATS, stream: str, group: str) -> DeadLetters:
     if prefix is None:
         return DeadLetters(name, f"<prefix>.dlq.{group}.*", 0, exists=False)
     subjects = f"{prefix}.dlq.{group}.*"
-    info = await nc.jetstream().stream_info(name, subjects_filter=subjects)
+    info = await jetstream(nc).stream_info(name, subjects_filter=subjects)
     return DeadLetters(name, subjects, sum((info.state.subjects or {}).values()), exists=True)

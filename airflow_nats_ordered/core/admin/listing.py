@@ -20,6 +20,7 @@ from nats.js.errors import BucketNotFoundError, NotFoundError
 
 from airflow_nats_ordered.core.admin.dlq import dead_letters
 from airflow_nats_ordered.core.admin.membership import GroupNotFoundError
+from airflow_nats_ordered.core.connection.api import jetstream
 from airflow_nats_ordered.core.errors import StreamNotFoundError
 from airflow_nats_ordered.core.group.config import GroupConfig
 from airflow_nats_ordered.core.group.lag import read_group_lag
@@ -60,7 +61,7 @@ class GroupSummary:
 
 async def find_groups(nc: NATS, stream: str | None = None) -> list[GroupRef]:
     """Every group with state on the server (or of ``stream``), sorted by stream and name."""
-    js = nc.jetstream()
+    js = jetstream(nc)
     found: list[GroupRef] = []
     offset = 0
     while True:
@@ -99,7 +100,7 @@ async def _group_of(nc: NATS, bucket: str, description: str) -> GroupRef | None:
 async def require_group(nc: NATS, stream: str, group: str) -> None:
     """Raise GroupNotFoundError, naming the stream's groups, unless ``group`` has state."""
     try:
-        await nc.jetstream().key_value(GroupConfig(stream, group).state_bucket)
+        await jetstream(nc).key_value(GroupConfig(stream, group).state_bucket)
         return
     except (BucketNotFoundError, NotFoundError):
         pass

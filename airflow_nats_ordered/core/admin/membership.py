@@ -21,6 +21,7 @@ from nats.js.errors import (
     NotFoundError,
 )
 
+from airflow_nats_ordered.core.connection.api import jetstream
 from airflow_nats_ordered.core.errors import NatsOrderedError
 from airflow_nats_ordered.core.group.config import GroupConfig
 from airflow_nats_ordered.core.group.global_position import READER_KEY
@@ -44,7 +45,7 @@ class GroupNotFoundError(NatsOrderedError):
 async def group_exists(nc: NATS, stream: str, group: str) -> bool:
     """Whether the group has state: its buckets exist (the first member to join creates
     them, and only ``group delete`` removes them)."""
-    js = nc.jetstream()
+    js = jetstream(nc)
     cfg = GroupConfig(stream, group)
     try:
         await js.key_value(cfg.lease_bucket)
@@ -60,7 +61,7 @@ async def live_members(nc: NATS, stream: str, group: str) -> list[str]:
     no-members check and ``group delete`` see it too."""
     bucket = GroupConfig(stream, group).lease_bucket
     try:
-        kv = await nc.jetstream().key_value(bucket)
+        kv = await jetstream(nc).key_value(bucket)
     except (BucketNotFoundError, NotFoundError):
         return []
     members = []

@@ -22,6 +22,7 @@ from airflow_nats_ordered.core.admin.dlq import dead_letters
 from airflow_nats_ordered.core.admin.listing import find_groups, summarize_group
 from airflow_nats_ordered.core.admin.marks import marks_to_wait, recorded_switch
 from airflow_nats_ordered.core.admin.membership import group_exists
+from airflow_nats_ordered.core.connection.api import jetstream
 from airflow_nats_ordered.core.errors import NatsOrderedError, StreamNotFoundError
 from airflow_nats_ordered.core.group.assignor import Assignment
 from airflow_nats_ordered.core.group.global_position import GlobalPosition
@@ -169,7 +170,7 @@ async def stream_list(nc: NATS) -> list[dict[str, Any]]:
     """The server's partitioned streams (those ``provision`` made), sorted by name: each one's
     partition count, current layout epoch and earlier layouts, subjects, replicas, message
     count, and ``error`` (instead of the rest) for one whose layout cannot be read."""
-    js = nc.jetstream()
+    js = jetstream(nc)
     found: list[dict[str, Any]] = []
     offset = 0
     while True:

@@ -18,6 +18,7 @@ from nats.aio.client import Client as NATS
 from nats.js import api
 
 from airflow_nats_ordered.core.admin.membership import live_members
+from airflow_nats_ordered.core.connection.api import jetstream
 from airflow_nats_ordered.core.errors import ConfigError, NatsOrderedError
 from airflow_nats_ordered.core.group.assignment import RebalancePolicy
 from airflow_nats_ordered.core.group.assignor import Assignment, assign, imbalance, moves
@@ -223,7 +224,7 @@ async def partition_rates(nc: NATS, stream: str, window: float = 3600.0) -> dict
     a rebalance by load weighs). Counted by the server: an ephemeral consumer per partition
     starting at ``now - window`` reports how many messages it has pending."""
     described = await describe(nc, stream)
-    js = nc.jetstream()
+    js = jetstream(nc)
     since = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=window)
 
     async def rate(p: int) -> tuple[int, float]:

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from nats.aio.client import Client as NATS
 
 from airflow_nats_ordered.core.admin.membership import live_members
+from airflow_nats_ordered.core.connection.api import api_subject, jetstream
 from airflow_nats_ordered.core.errors import ConfigError, NatsOrderedError
 from airflow_nats_ordered.core.group.lag import records_after
 from airflow_nats_ordered.core.group.store import GroupStore
@@ -58,7 +59,7 @@ async def _first_since(nc: NATS, stream: str, subject: str, when: dt.datetime) -
     (read from the stream leader), or None if there is none."""
     req = {"start_time": when.astimezone(dt.UTC).isoformat(), "next_by_subj": subject}
     resp = await nc.request(
-        f"$JS.API.STREAM.MSG.GET.{stream}", json.dumps(req).encode(), timeout=5.0
+        api_subject(nc, f"STREAM.MSG.GET.{stream}"), json.dumps(req).encode(), timeout=5.0
     )
     body = json.loads(resp.data or b"{}")
     if "error" in body:
@@ -102,7 +103,7 @@ async def plan_reset(
             f"stream {stream} has partitions 0 to {described.partitions - 1}; {wrong} do not exist"
         )
     if isinstance(to, int):
-        stream_last = int((await nc.jetstream().stream_info(stream)).state.last_seq or 0)
+        stream_last = int((await jetstream(nc).stream_info(stream)).state.last_seq or 0)
         if not 0 <= to <= stream_last:
             raise ConfigError(
                 f"sequence {to} is not a position of stream {stream}: it must be 0 to "

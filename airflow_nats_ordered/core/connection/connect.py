@@ -28,6 +28,7 @@ import nats
 import nats.errors
 from nats.aio.client import Client
 
+from airflow_nats_ordered.core.connection.api import remember_api_prefix
 from airflow_nats_ordered.core.connection.credentials import _check_creds_file
 from airflow_nats_ordered.core.connection.fields import (
     _AUTH_HINT,
@@ -60,6 +61,7 @@ _RESERVED_KWARGS = {
     "nkeys_seed_str": "nkey_seed",
     "tls": "tls_ca_file / tls_cert_file / tls_key_file / tls_verify",
     "tls_hostname": "tls_hostname",
+    "inbox_prefix": "inbox_prefix",
 }
 
 _AUTH_MARKERS = (
@@ -267,9 +269,10 @@ async def connect(options: ConnectionOptions, **extra_nats_kwargs: Any) -> Clien
     server while TLS is required closes the client.
 
     ``extra_nats_kwargs`` are passed to ``nats.connect`` (e.g. ``error_cb``,
-    ``disconnected_cb``, ``reconnected_cb``, ``closed_cb``, ``inbox_prefix``); user
-    callbacks run after this module's logging. Options that ConnectionOptions owns
-    (servers, credentials, TLS) are rejected with TypeError.
+    ``disconnected_cb``, ``reconnected_cb``, ``closed_cb``); user callbacks run after
+    this module's logging. Options that ConnectionOptions owns (servers, credentials, TLS,
+    inbox prefix) are rejected with TypeError. The client remembers the options' JetStream
+    API prefix (see :mod:`.api`: ``api.jetstream(nc)``).
     """
     if not isinstance(options, ConnectionOptions):
         raise TypeError(f"connect() needs ConnectionOptions, got {type(options).__name__}")
@@ -413,6 +416,7 @@ async def connect(options: ConnectionOptions, **extra_nats_kwargs: Any) -> Clien
             "and use a nats:// URL."
         )
     first_connect = False
+    remember_api_prefix(nc, options.api_prefix)
     if options.max_reconnect_attempts == 0:
         nc.options["allow_reconnect"] = False
     _log.info("connected to %s as %r (%s)", url, options.name, options.auth_description())

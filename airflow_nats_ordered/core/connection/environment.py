@@ -7,7 +7,9 @@ Where the settings come from
     The environment of the Spark *driver* (in client mode: the ``spark-submit`` process, or
     the JVM a ``SparkSession`` started), in the ``NATS_*`` variables of :data:`SPARK_ENV_VARS`:
     the ``nats`` CLI's nine (``NATS_URL``, ``NATS_USER``, ``NATS_PASSWORD``, ``NATS_TOKEN``,
-    ``NATS_CREDS``, ``NATS_NKEY``, ``NATS_CA``, ``NATS_CERT``, ``NATS_KEY``) and one for each
+    ``NATS_CREDS``, ``NATS_NKEY``, ``NATS_CA``, ``NATS_CERT``, ``NATS_KEY``), those named
+    after its ``--inbox-prefix``, ``--js-domain`` and ``--js-api-prefix`` flags
+    (``NATS_INBOX_PREFIX``, ``NATS_JS_DOMAIN``, ``NATS_JS_API_PREFIX``) and one for each
     other :class:`~.connect.ConnectionOptions` field
     (``NATS_NKEY_SEED``, ``NATS_TLS_HOSTNAME``, ``NATS_TLS_VERIFY``, ``NATS_CONNECT_TIMEOUT``,
     ``NATS_NAME``, ``NATS_RECONNECT_TIME_WAIT``, ``NATS_MAX_RECONNECT_ATTEMPTS``,
@@ -63,7 +65,8 @@ def resolve(
     """The connection described by ``env`` (see :data:`SPARK_ENV_VARS`), with ``overrides``
     (ConnectionOptions fields, e.g. from Spark options) applied over it.
 
-    An override of an auth field replaces every auth method taken from the environment (as
+    An override of an auth field replaces every auth method taken from the environment, and
+    one of ``js_domain``/``js_api_prefix`` replaces both (as
     :meth:`ConnectionOptions.from_env` does). A ConfigError names the variable or option.
     """
     given = {k: v for k, v in (overrides or {}).items() if v is not None}
@@ -81,6 +84,10 @@ def resolve(
             if name not in keep:
                 values.pop(name, None)
                 source.pop(name, None)
+    if given.keys() & {"js_domain", "js_api_prefix"}:  # an option for one replaces both
+        for name in ("js_domain", "js_api_prefix"):
+            values.pop(name, None)
+            source.pop(name, None)
     if "nkey_seed" in values and "nkey_seed_file" in values:
         raise ConfigError(
             "both NATS_NKEY_SEED (the seed) and NATS_NKEY (a seed file) are set; unset one"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
@@ -25,7 +26,9 @@ __all__ = ["DEFAULT_SERVER", "ENV_VARS"]
 
 DEFAULT_SERVER = "nats://127.0.0.1:4222"
 
-#: Environment variable -> ConnectionOptions field. The names match the ``nats`` CLI.
+#: Environment variable -> ConnectionOptions field. The first nine are the ``nats`` CLI's;
+#: the CLI has only flags (``--inbox-prefix``, ``--js-domain``, ``--js-api-prefix``) for the
+#: last three, whose variables are named after those flags.
 ENV_VARS: Mapping[str, str] = {
     "NATS_URL": "servers",
     "NATS_USER": "user",
@@ -36,13 +39,26 @@ ENV_VARS: Mapping[str, str] = {
     "NATS_CA": "tls_ca_file",
     "NATS_CERT": "tls_cert_file",
     "NATS_KEY": "tls_key_file",
+    "NATS_INBOX_PREFIX": "inbox_prefix",
+    "NATS_JS_DOMAIN": "js_domain",
+    "NATS_JS_API_PREFIX": "js_api_prefix",
 }
 _FIELD_TO_ENV = {v: k for k, v in ENV_VARS.items()}
 
 _SCHEMES = ("nats", "tls", "ws", "wss")
 _SECRET_FIELDS = ("password", "token", "nkey_seed")
 _FILE_FIELDS = ("creds_file", "nkey_seed_file", "tls_ca_file", "tls_cert_file", "tls_key_file")
-_OPTIONAL_STR_FIELDS = ("user", "password", "token", "nkey_seed", "tls_hostname", *_FILE_FIELDS)
+#: the settings that name subjects: the reply inbox and the JetStream API (see api.py)
+_SUBJECT_FIELDS = ("inbox_prefix", "js_domain", "js_api_prefix")
+_OPTIONAL_STR_FIELDS = (
+    "user",
+    "password",
+    "token",
+    "nkey_seed",
+    "tls_hostname",
+    *_FILE_FIELDS,
+    *_SUBJECT_FIELDS,
+)
 _FLOAT_FIELDS = ("connect_timeout", "reconnect_time_wait", "ping_interval")
 _INT_FIELDS = ("max_reconnect_attempts", "max_outstanding_pings")
 _BOOL_FIELDS = ("tls_verify",)
@@ -115,6 +131,43 @@ def _normalize_server(url: str, index: int) -> tuple[str, str | None, str | None
     user = unquote(parts.username) if parts.username is not None else None
     password = unquote(parts.password) if parts.password is not None else None
     return clean, user, password
+
+
+#: a character no subject token may hold (wildcards, separators' neighbours, blanks)
+_BAD_SUBJECT_CHARS = re.compile(r"[\s*>]")
+
+
+def _subject_prefix(name: str, value: str, *, example: str) -> str:
+    """``value`` checked as a subject prefix (dot-separated tokens, no wildcards, no blanks);
+    one trailing dot is dropped (``JS.acc.API.`` is ``JS.acc.API``)."""
+    text = value[:-1] if value.endswith(".") else value
+    bad = _BAD_SUBJECT_CHARS.search(text)
+    if bad is not None:
+        what = "blanks" if bad.group().isspace() else "wildcards (* or >)"
+        raise _config_error(
+            name,
+            f"{name} {value!r} is not a subject prefix: it holds {what}; give dot-separated "
+            f"tokens without blanks or wildcards, e.g. {example}",
+        )
+    if any(token == "" for token in text.split(".")):
+        raise _config_error(
+            name,
+            f"{name} {value!r} is not a subject prefix: it has an empty token (a leading "
+            f"dot or two dots in a row); give dot-separated tokens, e.g. {example}",
+        )
+    return text
+
+
+def _domain_name(name: str, value: str) -> str:
+    """A JetStream domain: one subject token (it becomes ``$JS.<domain>.API``)."""
+    if _BAD_SUBJECT_CHARS.search(value) or "." in value:
+        raise _config_error(
+            name,
+            f"{name} {value!r} is not a JetStream domain name: a domain is one word without "
+            "dots, blanks or wildcards (the domain set in the server's jetstream block, e.g. "
+            "leaf or hub)",
+        )
+    return value
 
 
 def _positive_float(name: str, value: Any, *, allow_zero: bool) -> float:

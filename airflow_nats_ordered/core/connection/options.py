@@ -39,8 +39,10 @@ from airflow_nats_ordered.core.connection.fields import (
     ENV_VARS,
     _coerce,
     _config_error,
+    _domain_name,
     _normalize_server,
     _positive_float,
+    _subject_prefix,
 )
 from airflow_nats_ordered.core.errors import ConfigError
 
@@ -72,6 +74,14 @@ class ConnectionOptions:
     (120 x 0.5 s) a client rides out about a minute of server downtime.
     ``ping_interval`` x ``max_outstanding_pings`` bounds how long a hung (not closed)
     server goes unnoticed.
+
+    ``inbox_prefix`` replaces ``_INBOX`` in every reply subject the client makes (for a user
+    allowed to subscribe only to, say, ``_MYINBOX.>``). ``js_domain`` (the JetStream of that
+    domain, API prefix ``$JS.<domain>.API``, e.g. a leaf node's) or ``js_api_prefix`` (an
+    API imported from another account under a prefix) directs every JetStream API request,
+    and the writes to the group's KV buckets, there (:attr:`api_prefix`); at most one of the
+    two. All three are checked as subject prefixes (dot-separated tokens, no wildcards or
+    blanks; a domain is one token).
     """
 
     servers: tuple[str, ...] = (DEFAULT_SERVER,)
@@ -92,6 +102,9 @@ class ConnectionOptions:
     max_reconnect_attempts: int = 120
     ping_interval: float = 20.0
     max_outstanding_pings: int = 3
+    inbox_prefix: str | None = None
+    js_domain: str | None = None
+    js_api_prefix: str | None = None
 
     #: Option names accepted by :meth:`from_mapping` (all dataclass fields).
     FIELDS: ClassVar[tuple[str, ...]]
@@ -227,6 +240,28 @@ class ConnectionOptions:
                 f"nkey_seed_file {self.nkey_seed_file!r}",
             )
 
+        # --- subjects: the reply inbox and the JetStream API
+        if self.inbox_prefix is not None:
+            set_(
+                self,
+                "inbox_prefix",
+                _subject_prefix("inbox_prefix", self.inbox_prefix, example="_INBOX_ORDERS"),
+            )
+        if self.js_domain is not None and self.js_api_prefix is not None:
+            raise _config_error(
+                "js_api_prefix",
+                "both js_domain and js_api_prefix are set; set only one of them (a domain "
+                "means the API prefix $JS.<domain>.API)",
+            )
+        if self.js_domain is not None:
+            set_(self, "js_domain", _domain_name("js_domain", self.js_domain))
+        if self.js_api_prefix is not None:
+            set_(
+                self,
+                "js_api_prefix",
+                _subject_prefix("js_api_prefix", self.js_api_prefix, example="JS.hub.API"),
+            )
+
         # --- TLS
         if self.tls_cert_file is not None and self.tls_key_file is None:
             raise _config_error(
@@ -308,10 +343,13 @@ class ConnectionOptions:
 
         Reads NATS_URL (comma-separated list allowed; default ``nats://127.0.0.1:4222``),
         NATS_USER, NATS_PASSWORD, NATS_TOKEN, NATS_CREDS, NATS_NKEY (seed file), NATS_CA,
-        NATS_CERT and NATS_KEY. Empty variables count as unset. ``overrides`` are option
+        NATS_CERT and NATS_KEY, and NATS_INBOX_PREFIX, NATS_JS_DOMAIN and NATS_JS_API_PREFIX
+        (the ``nats`` CLI's ``--inbox-prefix``, ``--js-domain`` and ``--js-api-prefix``).
+        Empty variables count as unset. ``overrides`` are option
         names (as in :meth:`from_mapping`); overrides that are ``None`` are ignored, so
         unset CLI flags can be passed straight through. An override of one auth method
-        replaces every auth method taken from the environment.
+        replaces every auth method taken from the environment, and one of js_domain /
+        js_api_prefix replaces both.
         """
         values: dict[str, Any] = {}
         from_env_vars: dict[str, str] = {}
@@ -334,6 +372,10 @@ class ConnectionOptions:
                 for k in group:  # another auth method was chosen explicitly
                     values.pop(k, None)
                     from_env_vars.pop(k, None)
+        if given.keys() & {"js_domain", "js_api_prefix"}:  # one replaces the other
+            for k in ("js_domain", "js_api_prefix"):
+                values.pop(k, None)
+                from_env_vars.pop(k, None)
         for k in given:
             from_env_vars.pop(k, None)
         values.update(given)
@@ -382,6 +424,16 @@ class ConnectionOptions:
             or not self.tls_verify
         )
 
+    @property
+    def api_prefix(self) -> str:
+        """The JetStream API prefix requests go to: ``js_api_prefix``, ``$JS.<js_domain>.API``,
+        or ``$JS.API`` when neither is set."""
+        if self.js_api_prefix is not None:
+            return self.js_api_prefix
+        if self.js_domain is not None:
+            return f"$JS.{self.js_domain}.API"
+        return "$JS.API"
+
     def auth_description(self) -> str:
         """Which credentials are used, without secrets (e.g. ``user/password (user 'bob')``)."""
         method = self.auth_method
@@ -401,7 +453,8 @@ class ConnectionOptions:
         return "no credentials"
 
     def describe(self) -> str:
-        """One line for logs and CLI output: servers, auth method, TLS. Never a secret."""
+        """One line for logs and CLI output: servers, auth method, TLS, and the inbox prefix
+        and JetStream domain or API prefix when set. Never a secret."""
         tls = "off"
         if self.tls_required:
             bits = []
@@ -414,7 +467,12 @@ class ConnectionOptions:
             if not self.tls_verify:
                 bits.append("verify=off")
             tls = "on" + (f" ({', '.join(bits)})" if bits else "")
-        return f"{','.join(self.servers)} auth={self.auth_description()} tls={tls}"
+        text = f"{','.join(self.servers)} auth={self.auth_description()} tls={tls}"
+        for name in ("inbox_prefix", "js_domain", "js_api_prefix"):
+            value = getattr(self, name)
+            if value is not None:
+                text += f" {name}={value}"
+        return text
 
     def __repr__(self) -> str:
         parts = []
@@ -498,6 +556,8 @@ class ConnectionOptions:
             kwargs["nkeys_seed"] = self.nkey_seed_file
         if self.nkey_seed is not None:
             kwargs["nkeys_seed_str"] = self.nkey_seed
+        if self.inbox_prefix is not None:
+            kwargs["inbox_prefix"] = self.inbox_prefix
         ctx = self.ssl_context()
         if ctx is not None:
             kwargs["tls"] = ctx

@@ -33,6 +33,7 @@ from nats.js.errors import (
 )
 from nats.js.kv import KeyValue
 
+from airflow_nats_ordered.core.connection.api import jetstream, kv_subject
 from airflow_nats_ordered.core.errors import NatsOrderedError
 from airflow_nats_ordered.core.group.cas_writes import Answer, CasWrites
 from airflow_nats_ordered.core.group.config import GroupConfig
@@ -272,7 +273,7 @@ class GroupCommits:
         """What the stream holds at ``seq`` now, read from its leader: its last sequence,
         and the subject and Nats-Msg-Id of the message stored at ``seq`` (if one is)."""
         assert self.stream is not None
-        js = self.nc.jetstream()
+        js = jetstream(self.nc)
         info = await js.stream_info(self.stream.name)
         last = int(info.state.last_seq or 0)
         if seq <= 0 or seq > last:
@@ -318,7 +319,7 @@ class GroupCommits:
         key = state_key(grant.epoch, "c", grant.partition)
         value = _commit_value(seq, grant.token, grant.member, grant.stream, msg_id or "")
         await self._cas.send(
-            f"$KV.{self.cfg.state_bucket}.{key}", value, grant.revision, answer, timeout
+            kv_subject(self.nc, self.cfg.state_bucket, key), value, grant.revision, answer, timeout
         )
 
     @staticmethod

@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 
 from nats.aio.client import Client as NATS
 
+from airflow_nats_ordered.core.connection.api import api_subject
 from airflow_nats_ordered.core.errors import NatsOrderedError
 from airflow_nats_ordered.core.group.status import GroupState
 from airflow_nats_ordered.core.group.store import GroupStore
@@ -54,7 +55,7 @@ async def records_after(nc: NATS, stream: str, subject: str, seq: int) -> int:
     first sequence counts every stored record of the subject."""
     req = {"seq": seq + 1, "next_by_subj": subject, "batch": 1}
     msg = await nc.request(
-        f"$JS.API.DIRECT.GET.{stream}", json.dumps(req).encode(), timeout=COUNT_TIMEOUT
+        api_subject(nc, f"DIRECT.GET.{stream}"), json.dumps(req).encode(), timeout=COUNT_TIMEOUT
     )
     headers = msg.headers or {}
     status = headers.get("Status")

@@ -21,6 +21,7 @@ from nats.aio.client import Client as NATS
 from nats.js.errors import KeyDeletedError, KeyNotFoundError
 from nats.js.kv import KeyValue
 
+from airflow_nats_ordered.core.connection.api import jetstream
 from airflow_nats_ordered.core.errors import StreamNotFoundError
 from airflow_nats_ordered.core.group.commits import CommitRecord
 from airflow_nats_ordered.core.group.config import GroupConfig
@@ -182,7 +183,7 @@ class GroupSnapshot:
         """Partitions whose ``c.<n>`` has a delete marker (it existed, then was deleted);
         not one whose record appeared after ``commits`` was read."""
         prefix = f"$KV.{self.cfg.state_bucket}.{state_key(self.epoch(), 'c')}."
-        info = await self.nc.jetstream().stream_info(
+        info = await jetstream(self.nc).stream_info(
             f"KV_{self.cfg.state_bucket}", subjects_filter=f"{prefix}*"
         )
         candidates = sorted(

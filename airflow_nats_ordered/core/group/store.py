@@ -58,6 +58,7 @@ from nats.js import api
 from nats.js.errors import APIError, BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 
+from airflow_nats_ordered.core.connection.api import jetstream
 from airflow_nats_ordered.core.errors import ConfigError, NatsOrderedError, StreamNotFoundError
 from airflow_nats_ordered.core.group.assignment import GroupAssignment, RebalancePolicy
 from airflow_nats_ordered.core.group.cas_writes import Answer
@@ -131,7 +132,7 @@ class GroupStore:
 
         Never refuses for the state of the stream (deleted, re-created): :meth:`snapshot`
         reports that in ``problems``."""
-        js = nc.jetstream()
+        js = jetstream(nc)
         try:
             leases = await js.key_value(GroupConfig(stream, group).lease_bucket)
             state = await js.key_value(GroupConfig(stream, group).state_bucket)
@@ -163,7 +164,7 @@ class GroupStore:
         stream = await describe(nc, cfg.stream)
         replicas = cfg.replicas or stream.replicas
         explicit = cfg.replicas is not None
-        js = nc.jetstream()
+        js = jetstream(nc)
         try:
             leases = await js.key_value(cfg.lease_bucket)
             status = await leases.status()

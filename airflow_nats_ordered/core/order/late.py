@@ -24,6 +24,7 @@ from nats.errors import Error as NatsError
 from nats.js import api
 from nats.js.errors import NotFoundError
 
+from airflow_nats_ordered.core.connection.api import jetstream
 from airflow_nats_ordered.core.group.config import GroupConfig
 from airflow_nats_ordered.core.stream.partitioned import PartitionedStream
 from airflow_nats_ordered.core.worker.dead_letters import HDR_ERROR, HDR_ORIGIN, dead_letter_subject
@@ -33,7 +34,7 @@ log = logging.getLogger(__name__)
 
 async def ensure_dead_letter_stream(nc: NATS, stream: PartitionedStream) -> None:
     """Create ``<STREAM>_DLQ`` for the dead-letter subjects of ``stream`` unless it exists."""
-    js = nc.jetstream()
+    js = jetstream(nc)
     name = f"{stream.name}_DLQ"
     try:
         await js.stream_info(name)
@@ -89,7 +90,7 @@ class DeadLetters:
         while not stopping():
             try:
                 await ensure_dead_letter_stream(self.nc, self.stream)
-                await self.nc.jetstream().publish(subject, m.data or b"", headers=h)
+                await jetstream(self.nc).publish(subject, m.data or b"", headers=h)
             except (NatsError, TimeoutError) as exc:
                 log.warning("global-order reader: setting aside a late record failed: %s", exc)
                 await asyncio.sleep(delay)

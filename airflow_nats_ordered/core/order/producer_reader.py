@@ -38,6 +38,7 @@ import time
 from nats.errors import Error as NatsError
 from nats.js.errors import NotFoundError
 
+from airflow_nats_ordered.core.connection.api import jetstream
 from airflow_nats_ordered.core.errors import NatsOrderedError
 from airflow_nats_ordered.core.order.merge import GlobalOrderViolation
 from airflow_nats_ordered.core.order.producer_merge import ProducerMerge, describe_key
@@ -159,7 +160,7 @@ class ProducerStrategy:
         stream = ctx.stream
         self._last_check = time.monotonic()
         unknown = self.merge.unknown()
-        js = ctx.nc.jetstream()
+        js = jetstream(ctx.nc)
 
         async def last(p: int) -> int:
             try:

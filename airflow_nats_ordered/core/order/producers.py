@@ -34,6 +34,7 @@ from typing import Any
 from nats.aio.client import Client as NATS
 from nats.js.errors import BucketNotFoundError, KeyWrongLastSequenceError, NotFoundError
 
+from airflow_nats_ordered.core.connection.api import jetstream
 from airflow_nats_ordered.core.errors import ConfigError, NatsOrderedError
 from airflow_nats_ordered.core.order.event_time import DEFAULT_TIME_HEADER, parse_event_time
 from airflow_nats_ordered.core.stream.buckets import watermark_bucket
@@ -175,7 +176,7 @@ async def close_producer(nc: NATS, stream: str, producer: str) -> bool:
     and a live instance of it can write no more marks (:class:`ProducerFenced`)."""
     check_producer(producer)
     try:
-        kv = await nc.jetstream().key_value(watermark_bucket(stream))
+        kv = await jetstream(nc).key_value(watermark_bucket(stream))
     except (BucketNotFoundError, NotFoundError):
         raise ConfigError(
             f"stream {stream} has no global producers (no bucket {watermark_bucket(stream)}): "

@@ -24,6 +24,7 @@ import logging
 from nats.errors import Error as NatsError
 from nats.js.errors import NotFoundError
 
+from airflow_nats_ordered.core.connection.api import jetstream
 from airflow_nats_ordered.core.errors import NatsOrderedError
 from airflow_nats_ordered.core.order.merge import GlobalMerge, GlobalOrderViolation
 from airflow_nats_ordered.core.order.strategy import ReadingContext
@@ -95,7 +96,7 @@ class SequenceStrategy:
         ctx = self.context
         stream = ctx.stream
         bucket = watermark_bucket(stream.name)
-        js = ctx.nc.jetstream()
+        js = jetstream(ctx.nc)
 
         async def check(p: int) -> None:
             found = await latest_entry(ctx.nc, bucket, f"w.{p}")

@@ -35,6 +35,7 @@ from nats.js import api
 from nats.js.errors import BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 
+from airflow_nats_ordered.core.connection.api import jetstream
 from airflow_nats_ordered.core.order.sequencer import SequencerClaim
 from airflow_nats_ordered.core.stream.buckets import watermark_bucket
 from airflow_nats_ordered.core.stream.kv import bucket_keys, compact_json, latest_entry
@@ -63,7 +64,7 @@ def watermark_of(data: bytes | None) -> int:
 
 async def open_watermarks(nc: NATS, stream: PartitionedStream) -> KeyValue:
     """The stream's watermark bucket, created (history 1, the stream's replicas) if new."""
-    js = nc.jetstream()
+    js = jetstream(nc)
     with contextlib.suppress(BucketNotFoundError, NotFoundError):
         return await js.key_value(watermark_bucket(stream.name))
     return await js.create_key_value(
@@ -93,7 +94,7 @@ async def global_base(nc: NATS, stream: PartitionedStream) -> int:
     """The first global sequence a new publisher may use: one above the largest found in
     every partition's last record (read from the stream leader; along a partition the
     sequence increases, so its last record holds its largest) and in every watermark."""
-    js = nc.jetstream()
+    js = jetstream(nc)
     top = 0
 
     async def last(p: int) -> int:

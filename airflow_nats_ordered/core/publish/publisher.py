@@ -70,6 +70,7 @@ from nats.aio.client import Client as NATS
 from nats.errors import Error as NatsError
 from nats.nuid import NUID
 
+from airflow_nats_ordered.core.connection.api import inbox_prefix, jetstream
 from airflow_nats_ordered.core.errors import (
     ConfigError,
     InvalidKeyError,
@@ -180,7 +181,7 @@ class OrderedPublisher:
         # server parses per message: 12 random base62 characters (71 bits) keep them unique
         # per stream and connection at 20 bytes less per message than two NUIDs
         self._batch_tag = _short_tag()
-        self._inbox = f"_INBOX.{self._batch_tag}"
+        self._inbox = f"{inbox_prefix(nc)}.{self._batch_tag}"
         self._max_size = 0
         self._nparts = 0
         self._fast = False
@@ -319,7 +320,7 @@ class OrderedPublisher:
     async def _subject_counts(self, timeout: float = 5.0) -> tuple[dict[str, int], int]:
         """Messages per partition subject, and how many messages the stream ever removed
         (last sequence - messages): when it changes, limits or an operator removed some."""
-        js = self.nc.jetstream(timeout=timeout)
+        js = jetstream(self.nc, timeout=timeout)
         info = await js.stream_info(
             self.stream.name, subjects_filter=partition_wildcard(self.stream.prefix)
         )
@@ -579,7 +580,7 @@ class OrderedPublisher:
                 for ln in self._lanes
                 if (ln.summary.acked or ln.summary.offset) and not ln.summary.last_seq
             ]
-            js = self.nc.jetstream()
+            js = jetstream(self.nc)
 
             async def last(lane: _Lane) -> None:
                 with contextlib.suppress(NatsError, TimeoutError):

@@ -58,6 +58,7 @@ from nats.js.errors import (
 )
 from nats.js.kv import KeyValue
 
+from airflow_nats_ordered.core.connection.api import jetstream
 from airflow_nats_ordered.core.errors import (
     ConfigError,
     InvalidKeyError,
@@ -168,7 +169,7 @@ class RunLedger:
         cls, nc: NATS, stream: str | PartitionedStream, *, create: bool = True
     ) -> RunLedger:
         ps = stream if isinstance(stream, PartitionedStream) else await describe(nc, stream)
-        js = nc.jetstream()
+        js = jetstream(nc)
         try:
             kv = await js.key_value(ledger_bucket(ps.name))
         except (BucketNotFoundError, NotFoundError):
@@ -576,7 +577,7 @@ async def stored_positions(
     partition's last stream sequence (partitions without messages are left out)."""
     out = dict(previous.acked_per_partition)
     tails: dict[int, int] = {}
-    js = nc.jetstream()
+    js = jetstream(nc)
 
     async def tail(p: int) -> None:
         try:
@@ -618,7 +619,7 @@ async def fill_marks(nc: NATS, stream: PartitionedStream, rec: RunRecord) -> lis
     ]
     if not missing:
         return []
-    js = nc.jetstream()
+    js = jetstream(nc)
 
     async def last(p: int) -> None:
         with contextlib.suppress(NotFoundError, TimeoutError, NatsError):

@@ -15,6 +15,7 @@ from typing import Any
 from nats.aio.client import Client as NATS
 from nats.js.errors import NotFoundError
 
+from airflow_nats_ordered.core.connection.api import jetstream
 from airflow_nats_ordered.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,7 @@ async def latest_entry(nc: NATS, bucket: str, key: str) -> tuple[bytes | None, i
     stale replica): ``(value, revision)``, ``(None, revision)`` for a delete or purge
     marker, or None if the key was never written (or its history was purged)."""
     try:
-        msg = await nc.jetstream().get_msg(f"KV_{bucket}", subject=f"$KV.{bucket}.{key}")
+        msg = await jetstream(nc).get_msg(f"KV_{bucket}", subject=f"$KV.{bucket}.{key}")
     except NotFoundError:
         return None
     op = (msg.headers or {}).get(KV_OP)
@@ -55,7 +56,7 @@ async def bucket_keys(nc: NATS, bucket: str, prefix: str = "") -> list[str]:
     member)."""
     pre = f"$KV.{bucket}."
     try:
-        info = await nc.jetstream().stream_info(f"KV_{bucket}", subjects_filter=f"{pre}{prefix}>")
+        info = await jetstream(nc).stream_info(f"KV_{bucket}", subjects_filter=f"{pre}{prefix}>")
     except NotFoundError:
         return []
     return sorted(s[len(pre) :] for s in (info.state.subjects or {}) if s.startswith(pre + prefix))
@@ -65,7 +66,7 @@ async def ensure_replicas(nc: NATS, bucket: str, replicas: int, *, explicit: boo
     """Raise an existing bucket to ``replicas`` in place; never lower it. A member that
     asks for fewer on purpose (``explicit``) is refused: one member's setting must not take
     the whole group's state down to fewer copies."""
-    js = nc.jetstream()
+    js = jetstream(nc)
     info = await js.stream_info(f"KV_{bucket}")
     current = info.config.num_replicas or 1
     if current > replicas and explicit:

@@ -29,6 +29,7 @@ from nats.aio.client import Client as NATS
 from nats.js import api
 from nats.js.errors import APIError, NotFoundError
 
+from airflow_nats_ordered.core.connection.api import api_subject, jetstream
 from airflow_nats_ordered.core.errors import (
     ConfigError,
     PartitionMismatchError,
@@ -403,7 +404,7 @@ async def describe(nc: NATS, name: str, *, check_layout: bool = True) -> Partiti
     naming the command that completes the change) unless ``check_layout`` is False (only
     :mod:`.repartition` reads it so, to complete the change)."""
     check_stream_name(name)
-    js = nc.jetstream()
+    js = jetstream(nc)
     try:
         info = await js.stream_info(name)
     except NotFoundError as exc:
@@ -416,7 +417,7 @@ async def describe(nc: NATS, name: str, *, check_layout: bool = True) -> Partiti
 
 async def _overlapping_streams(nc: NATS, subject: str, exclude: str) -> list[str]:
     resp = await nc.request(
-        "$JS.API.STREAM.NAMES", json.dumps({"subject": subject}).encode(), timeout=5
+        api_subject(nc, "STREAM.NAMES"), json.dumps({"subject": subject}).encode(), timeout=5
     )
     names = json.loads(resp.data).get("streams") or []
     return [n for n in names if n != exclude]
@@ -457,8 +458,8 @@ async def provision(nc: NATS, spec: StreamSpec) -> ProvisionResult:
     that overlap another stream. Applies retention limits, duplicate window, description,
     replicas and the batch/direct flags in place.
     """
-    js = nc.jetstream()
-    admin = nc.jetstream(timeout=PROVISION_TIMEOUT)
+    js = jetstream(nc)
+    admin = jetstream(nc, timeout=PROVISION_TIMEOUT)
     try:
         info = await js.stream_info(spec.name)
     except NotFoundError:
@@ -618,7 +619,7 @@ async def stream_contents(nc: NATS, stream: PartitionedStream | str) -> StreamCo
     stored or removed meanwhile never shows up as a stray."""
     if isinstance(stream, str):
         stream = await describe(nc, stream)
-    js = nc.jetstream()
+    js = jetstream(nc)
     info = await js.stream_info(stream.name, subjects_filter=">")
     counts = info.state.subjects or {}
     strays = _strays_in(stream, counts)
@@ -643,7 +644,7 @@ async def stream_contents(nc: NATS, stream: PartitionedStream | str) -> StreamCo
 
 async def stray_messages(nc: NATS, stream: PartitionedStream) -> Strays:
     """The stream's stray messages, from one stream-info read (no per-partition reads)."""
-    info = await nc.jetstream().stream_info(stream.name, subjects_filter=">")
+    info = await jetstream(nc).stream_info(stream.name, subjects_filter=">")
     return _strays_in(stream, info.state.subjects or {})
 
 
@@ -675,7 +676,7 @@ async def purge_strays(nc: NATS, stream: PartitionedStream | str) -> Strays:
     if isinstance(stream, str):
         stream = await describe(nc, stream)
     strays = await stray_messages(nc, stream)
-    js = nc.jetstream()
+    js = jetstream(nc)
     for subject in strays.subjects:
         await js.purge_stream(strays.stream, subject=subject)
     return strays
@@ -684,7 +685,7 @@ async def purge_strays(nc: NATS, stream: PartitionedStream | str) -> Strays:
 async def partition_bounds(nc: NATS, stream: PartitionedStream, partition: int) -> tuple[int, int]:
     """The stream sequences of the first and the last message of ``partition`` still in the
     stream, read from the stream leader; ``(0, 0)`` for an empty partition."""
-    js = nc.jetstream()
+    js = jetstream(nc)
     subject = stream.subject(partition)
     try:
         first = await js.get_msg(stream.name, seq=1, subject=subject, next=True)

@@ -28,6 +28,7 @@ from nats.errors import Error as NatsError
 from nats.js import api
 from nats.js.errors import NotFoundError
 
+from airflow_nats_ordered.core.connection.api import api_subject, jetstream
 from airflow_nats_ordered.core.stream.message import HDR_MSG_ID
 
 # the worker's logger: records keep the name they had before the worker was split up
@@ -191,7 +192,9 @@ def _discard(nc: NATS, stream: str, consumer: str) -> asyncio.Task[None]:
 
     async def delete() -> None:
         with contextlib.suppress(Exception):
-            await nc.request(f"$JS.API.CONSUMER.DELETE.{stream}.{consumer}", b"", timeout=1.0)
+            await nc.request(
+                api_subject(nc, f"CONSUMER.DELETE.{stream}.{consumer}"), b"", timeout=1.0
+            )
 
     task = asyncio.ensure_future(delete())
     _DELETING.add(task)
@@ -253,7 +256,7 @@ class PartitionReader:
         self.verify = verify
         self._opened = False
         self.nc = nc
-        self.js = nc.jetstream()
+        self.js = jetstream(nc)
         self.stream = stream
         self.subject = subject
         self.next_seq = max(1, start)
@@ -409,7 +412,7 @@ class PartitionReader:
         if max_bytes is not None:
             req["max_bytes"] = max_bytes
         await self.nc.publish(
-            f"$JS.API.CONSUMER.MSG.NEXT.{self.stream}.{self.consumer}",
+            api_subject(self.nc, f"CONSUMER.MSG.NEXT.{self.stream}.{self.consumer}"),
             json.dumps(req).encode(),
             reply=self.inbox,
         )

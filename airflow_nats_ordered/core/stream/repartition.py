@@ -66,6 +66,7 @@ from nats.aio.client import Client as NATS
 from nats.js import api
 from nats.js.errors import APIError, BucketNotFoundError, KeyWrongLastSequenceError, NotFoundError
 
+from airflow_nats_ordered.core.connection.api import jetstream
 from airflow_nats_ordered.core.errors import (
     ConfigError,
     NatsOrderedError,
@@ -184,7 +185,7 @@ async def _refuse_global_order(nc: NATS, stream: str) -> None:
     that layout's partitions: neither follows a switch yet."""
     bucket = watermark_bucket(stream)
     try:
-        await nc.jetstream().key_value(bucket)
+        await jetstream(nc).key_value(bucket)
     except BucketNotFoundError:
         return
     raise ConfigError(
@@ -351,7 +352,7 @@ async def _update(nc: NATS, current: PartitionedStream, new: Layout, layouts: li
             "partitions"
         )
     try:
-        await nc.jetstream(timeout=PROVISION_TIMEOUT).update_stream(cfg)
+        await jetstream(nc, timeout=PROVISION_TIMEOUT).update_stream(cfg)
     except APIError as exc:
         raise StreamConflictError(
             f"cannot repartition stream {stream}: the server refused the update: {exc.description}"
@@ -368,7 +369,7 @@ async def _record_switch(
     switch = await settled_switch_point(nc, current, pending)
     say(f"switch point of epoch {pending.epoch}: seq {switch} (its last record)")
     _crash_point("switch-read")
-    info = await nc.jetstream().stream_info(current.name)
+    info = await jetstream(nc).stream_info(current.name)
     cfg = info.config
     meta = dict(cfg.metadata or {})
     recorded = [
@@ -380,7 +381,7 @@ async def _record_switch(
     meta[META_LAYOUTS] = layouts_json(recorded)
     cfg.metadata = meta
     try:
-        await nc.jetstream(timeout=PROVISION_TIMEOUT).update_stream(cfg)
+        await jetstream(nc, timeout=PROVISION_TIMEOUT).update_stream(cfg)
     except APIError as exc:
         raise StreamConflictError(
             f"cannot record the switch point of stream {current.name}: the server refused "
@@ -420,7 +421,7 @@ async def _drain_ingest(nc: NATS, stream: str, subject: str) -> None:
     a probe publish to ``subject`` (one the stream takes) that expects an impossible last
     sequence is refused in the stream's ingest order, naming its last sequence L (counting
     writes still being replicated); then wait until the stream holds L."""
-    js = nc.jetstream()
+    js = jetstream(nc)
     reply = await nc.request(
         subject, b"", timeout=10.0, headers={"Nats-Expected-Last-Sequence": _PROBE_EXPECT}
     )
@@ -463,7 +464,7 @@ def _process_gone(pid: int) -> bool:
 
 
 async def _lock_kv(nc: NATS, stream: str) -> Any:
-    js = nc.jetstream()
+    js = jetstream(nc)
     try:
         return await js.key_value(lock_bucket(stream))
     except (BucketNotFoundError, NotFoundError):

@@ -21,6 +21,7 @@ from nats.errors import Error as NatsError
 from nats.js import api
 from nats.js.errors import NotFoundError
 
+from airflow_nats_ordered.core.connection.api import jetstream
 from airflow_nats_ordered.core.errors import NatsOrderedError
 from airflow_nats_ordered.core.group.leases import LeaseLost
 from airflow_nats_ordered.core.stream.message import Message
@@ -51,7 +52,7 @@ class DeadLetters:
         """Create ``<STREAM>_DLQ`` unless it exists; NatsOrderedError saying why if it cannot
         be created."""
         stream = self.ctx.stream
-        js = self.ctx.nc.jetstream()
+        js = jetstream(self.ctx.nc)
         name = f"{stream.name}_DLQ"
         subjects = f"{stream.prefix}.dlq.>"
         try:
@@ -100,7 +101,7 @@ class DeadLetters:
         delay = 0.0
         while True:
             try:
-                await ctx.nc.jetstream().publish(subject, m.data, headers=headers)
+                await jetstream(ctx.nc).publish(subject, m.data, headers=headers)
                 break
             except (NatsError, TimeoutError) as exc:
                 cause: Exception = exc

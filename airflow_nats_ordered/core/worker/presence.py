@@ -28,6 +28,7 @@ from nats.aio.client import Client as NATS
 from nats.errors import Error as NatsError
 from nats.js.errors import NotFoundError
 
+from airflow_nats_ordered.core.connection.api import jetstream
 from airflow_nats_ordered.core.errors import NatsOrderedError, exc_text
 from airflow_nats_ordered.core.group.config import GroupConfig
 from airflow_nats_ordered.core.worker.context import MemberContext
@@ -64,7 +65,7 @@ class GroupPresence:
     async def record(self) -> None:
         """Remember the buckets' creation times (call once they exist). Best effort: a
         bucket whose time could not be read is later checked only for existence."""
-        js = self.nc.jetstream()
+        js = jetstream(self.nc)
         for bucket in self.buckets:
             try:
                 self._created[bucket] = (await js.stream_info(f"KV_{bucket}")).created
@@ -74,7 +75,7 @@ class GroupPresence:
     async def check(self) -> GroupDeletedError | None:
         """The error to stop with if the group was deleted since :meth:`record`, else None
         (also when the server could not tell)."""
-        js = self.nc.jetstream()
+        js = jetstream(self.nc)
         gone: list[str] = []
         renewed: list[str] = []
         for bucket in self.buckets:
