@@ -33,8 +33,10 @@ needed (:attr:`RolePermissions.reasons`), which :meth:`RolePermissions.to_conf` 
 comments and ``docs/security.md`` explains.
 
 ``api_prefix`` is the JetStream API prefix (``$JS.API``, or ``$JS.<domain>.API`` for a
-JetStream domain: it replaces ``$JS.API`` in every API subject; ``$KV.``, ``$JS.ACK.`` and
-``$JS.FC.`` subjects keep their names); ``inbox_prefix`` the client's inbox prefix
+JetStream domain: it replaces ``$JS.API`` in every API subject; ``$JS.ACK.`` and
+``$JS.FC.`` subjects keep their names, and KV writes go to ``<api_prefix>.$KV.<bucket>.>``
+under any prefix but the default, as the client sends them: see
+:mod:`~..connection.api`); ``inbox_prefix`` the client's inbox prefix
 (``_INBOX``), under which every request's reply arrives. Both must match the connection's
 settings. ``subject_prefix`` is the stream's, when it was provisioned with one.
 
@@ -51,6 +53,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_nats_ordered.core.admin.dlq import dead_letter_stream
+from airflow_nats_ordered.core.connection.api import DEFAULT_API_PREFIX
 from airflow_nats_ordered.core.errors import ConfigError
 from airflow_nats_ordered.core.group.config import GroupConfig
 from airflow_nats_ordered.core.publish.runs import ledger_bucket
@@ -203,6 +206,13 @@ def _conf_list(
     return lines
 
 
+def _kv_write(api: str, subject: str) -> str:
+    """Where a client with JetStream API prefix ``api`` sends KV writes (see
+    :func:`~..connection.api.kv_subject`): ``$KV...`` itself, or under any other prefix
+    ``<api>.$KV...`` (which the domain's server maps back)."""
+    return subject if api == DEFAULT_API_PREFIX else f"{api}.{subject}"
+
+
 class _Grant:
     """Collects subjects (in order, once) with the reason each is needed."""
 
@@ -284,7 +294,10 @@ class _Grant:
 
     def kv_write(self, bucket: str, what: str) -> None:
         self.kv_read(bucket)
-        self.p(f"$KV.{bucket}.>", f"write {what} in {bucket} (put, compare-and-set, delete)")
+        self.p(
+            _kv_write(self.api, f"$KV.{bucket}.>"),
+            f"write {what} in {bucket} (put, compare-and-set, delete)",
+        )
 
     def kv_create(self, bucket: str, *, update: bool = False) -> None:
         kv = f"KV_{bucket}"
@@ -449,7 +462,8 @@ def _operator(g: _Grant, stream: str, group: str | None, prefix: str) -> None:
     api = g.api
     if group is None:
         g.p(f"{api}.>", "administer every stream, bucket and consumer of the account")
-        g.p("$KV.>", "write the keys of every group's buckets")
+        if api == DEFAULT_API_PREFIX:  # under another prefix, f"{api}.>" has the writes
+            g.p("$KV.>", "write the keys of every group's buckets")
         g.p("$JS.FC.>", "flow-control answers of the watches of every bucket")
         g.p(f"{prefix}.p.*", f"replay dead letters into the partitions of {stream}")
         return

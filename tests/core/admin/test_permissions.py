@@ -123,9 +123,16 @@ def test_the_api_and_inbox_prefixes_are_substituted(role: str) -> None:
     plain = _all(role)
     moved = _all(role, api_prefix=api, inbox_prefix="_INBOX_billing")
     assert moved.subscribe_allow == ("_INBOX_billing.>",)
+    # KV writes go through the prefix too (connection.api.kv_subject), other subjects keep
+    # their names; the operator's whole-API grant already holds its KV writes
     assert moved.publish_allow == tuple(
-        api + s.removeprefix("$JS.API") if s.startswith("$JS.API") else s
+        api + s.removeprefix("$JS.API")
+        if s.startswith("$JS.API")
+        else f"{api}.{s}"
+        if s.startswith("$KV.") and s != "$KV.>"
+        else s
         for s in plain.publish_allow
+        if s != "$KV.>"
     )
 
 
