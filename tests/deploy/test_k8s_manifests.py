@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import inspect
 import itertools
 import os
 import re
@@ -38,6 +39,7 @@ import yaml
 from authfixtures import creds_text, make_pki, new_nkey, user_jwt
 from locations import ROOT
 from metrics_scrape import get, sample, scrape, wait_for
+from nats.js import JetStreamContext
 
 from airflow_nats_ordered.cli import build_parser
 from airflow_nats_ordered.cli.common import connection_options
@@ -53,9 +55,11 @@ COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 K8S_VERSION = "1.34.0"
 #: a pod name as a Deployment's ReplicaSet makes one (what $(POD_NAME) expands to)
 POD_NAME = "nats-ordered-worker-6c9f8d7b5-x2x7q"
-#: nats-py's JetStream request timeout (JetStreamContext's default): each lease release
-#: after the handlers stopped is one such request at most
-JS_REQUEST_TIMEOUT = 5.0
+#: nats-py's JetStream request timeout (JetStreamContext's default, which the worker keeps):
+#: what one lease release waits at most for the server's answer
+JS_REQUEST_TIMEOUT: float = (
+    inspect.signature(JetStreamContext.__init__).parameters["timeout"].default
+)
 #: the kinds Kubernetes' own schemas cover; others are checked by hand below
 CRD_KINDS = {"ScaledObject"}
 
@@ -385,7 +389,7 @@ def test_the_probes_and_the_scrape_annotation_hit_the_metrics_port(renders):
         assert live["periodSeconds"] * live["failureThreshold"] > WorkerConfig("S", "g").lease_ttl
 
 
-def test_the_pdb_selects_the_pods_and_lets_one_go_at_a_time(renders):
+def test_the_pdb_and_the_spread_select_the_pods(renders):
     for name, objs in renders.items():
         dep, pdb = _one(objs, "Deployment"), _one(objs, "PodDisruptionBudget")
         assert dep is not None and pdb is not None
@@ -394,6 +398,9 @@ def test_the_pdb_selects_the_pods_and_lets_one_go_at_a_time(renders):
         assert want and want.items() <= labels.items(), name
         assert want == dep["spec"]["selector"]["matchLabels"], name
         assert pdb["spec"] == {"maxUnavailable": 1, "selector": {"matchLabels": want}}, name
+        for spread in dep["spec"]["template"]["spec"]["topologySpreadConstraints"]:
+            sel = spread["labelSelector"]["matchLabels"]
+            assert sel.items() <= labels.items(), f"{name}: the spread constraint selects no pod"
 
 
 def _provision_command() -> list[str]:
@@ -411,14 +418,20 @@ def test_members_never_outnumber_the_partitions(renders):
             assert 1 <= dep["spec"]["replicas"] <= partitions, name
             continue
         assert "replicas" not in dep["spec"], f"{name}: kubectl apply would fight KEDA"
+        # KEDA scales on the lag of the group the members run
+        _, labels = _keda_query({name: objs})
+        argv = _argv(objs)
+        assert labels == {"stream": _flag(argv, "--stream"), "group": _flag(argv, "--group")}
         assert 1 <= so["spec"]["minReplicaCount"] <= so["spec"]["maxReplicaCount"] <= partitions
 
 
 def test_the_grace_period_covers_the_members_own_sigterm_bound(renders):
     """SIGTERM: the worker waits up to WorkerConfig.stop_timeout for handlers to finish,
-    then releases its partition leases, the leader lease and its heartbeat: three rounds of
-    JetStream requests at most (each retried once). The grace period must cover that, and
-    the `nats-ordered worker` CLI gives no flag to lengthen stop_timeout."""
+    then releases its partition leases, the leader lease and its heartbeat (KV requests that
+    take milliseconds while the server answers; each gives up after nats-py's JetStream
+    timeout when it does not, and then waiting gains nothing: the leases expire after the
+    TTL). The grace period must cover stop_timeout and three such timeouts, and the
+    `nats-ordered worker` CLI gives no flag to lengthen stop_timeout."""
     assert "--stop-timeout" not in _worker_flags()
     bound = WorkerConfig("S", "g").stop_timeout + 3 * JS_REQUEST_TIMEOUT
     for name, objs in renders.items():
