@@ -341,6 +341,11 @@ def test_the_secrets_are_files_the_worker_reads_and_never_in_args_or_env(
             assert e["name"] not in {"NATS_PASSWORD", "NATS_TOKEN", "NATS_URL"}, name
         argv = _argv(objs)
         mounts = _secret_mounts(objs)
+        pod = _one(objs, "Deployment")["spec"]["template"]["spec"]  # type: ignore[index]
+        for v in pod["volumes"]:
+            if "secret" in v:  # readable by the pod's group (fsGroup), nobody else
+                assert v["secret"]["defaultMode"] == 0o440, f"{name}: {v}"
+                assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsGroup"]
         for m in c["volumeMounts"]:
             if m["mountPath"] in mounts:
                 assert m.get("readOnly") is True, f"{name}: {m}"
