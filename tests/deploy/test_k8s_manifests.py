@@ -87,12 +87,23 @@ def kubectl() -> str:
     return path
 
 
-def _kustomize(kubectl: str, directory: Path) -> list[dict[str, Any]]:
-    done = subprocess.run(
-        [kubectl, "kustomize", str(directory)], capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, f"kubectl kustomize {directory}: {done.stderr}"
-    return [d for d in yaml.safe_load_all(done.stdout) if d]
+def _kustomize(kubectl: str, dirs: dict[str, Path]) -> dict[str, list[dict[str, Any]]]:
+    """`kubectl kustomize` of each directory (all at once), parsed."""
+    procs = {
+        name: subprocess.Popen(
+            [kubectl, "kustomize", str(d)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name, d in dirs.items()
+    }
+    out = {}
+    for name, proc in procs.items():
+        stdout, stderr = proc.communicate(timeout=120)
+        assert proc.returncode == 0, f"kubectl kustomize {dirs[name]}: {stderr}"
+        out[name] = [d for d in yaml.safe_load_all(stdout) if d]
+    return out
 
 
 def _documented_builds() -> list[str]:
@@ -104,7 +115,7 @@ def _documented_builds() -> list[str]:
 @pytest.fixture(scope="module")
 def renders(kubectl: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict]]:
     """{name: rendered objects} of every documented build and every component combination."""
-    out = {path: _kustomize(kubectl, ROOT / path) for path in _documented_builds()}
+    dirs = {path: ROOT / path for path in _documented_builds()}
     top = tmp_path_factory.mktemp("kustomize")
     for combo in COMBOS:
         d = top / ("-".join(combo) or "plain")
@@ -116,8 +127,8 @@ def renders(kubectl: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
             "components": [os.path.relpath(K8S / "components" / c, d) for c in combo],
         }
         (d / "kustomization.yaml").write_text(yaml.safe_dump(spec))
-        out["components: " + (", ".join(combo) or "none")] = _kustomize(kubectl, d)
-    return out
+        dirs["components: " + (", ".join(combo) or "none")] = d
+    return _kustomize(kubectl, dirs)
 
 
 def _components(name: str) -> set[str]:
