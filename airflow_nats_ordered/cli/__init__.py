@@ -86,6 +86,7 @@ from airflow_nats_ordered.cli.common import (
     Command,
     add_connection_flags,
     connection_options,
+    denial_in_cli_terms,
     print_err,
 )
 from airflow_nats_ordered.core.errors import NatsOrderedError
@@ -205,9 +206,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     _setup_logging(args.verbose)
     cmd: Command = args._command
+    options = None
     try:
-        options = connection_options(args)
-        return asyncio.run(cmd.run(args, options))
+        try:
+            options = connection_options(args)
+            return asyncio.run(cmd.run(args, options))
+        except Exception as exc:
+            denied = None if options is None else denial_in_cli_terms(exc, args, options)
+            if denied is None:
+                raise
+            print_err(f"error: {denied}")  # a refused permission: configuration (exit 2)
+            return EXIT_USAGE
     except NatsOrderedError as exc:
         print_err(f"error: {exc}")
         return EXIT_USAGE

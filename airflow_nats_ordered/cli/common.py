@@ -32,7 +32,7 @@ from nats.aio.client import Client as NATS
 from airflow_nats_ordered.cli.airflow_connection import airflow_connection_options
 from airflow_nats_ordered.core.connection.connect import connect
 from airflow_nats_ordered.core.connection.options import ConnectionOptions
-from airflow_nats_ordered.core.errors import ConfigError
+from airflow_nats_ordered.core.errors import ConfigError, PermissionDenied, denial_in
 from airflow_nats_ordered.core.stream.partitioned import STREAM_NAME_RULE, check_stream_name
 
 #: Exit codes of every command (listed in ``nats-ordered --help`` by :data:`EXIT_CODES_HELP`).
@@ -400,6 +400,67 @@ def _refuse_url_credentials(server: str) -> None:
         "command line (ps shows it to every user of the host): pass --server "
         f"{scheme}://{host} and put them in {where}; NATS_URL may carry them too"
     )
+
+
+#: the role (of ``nats-ordered permissions``) a command acts in; every other: operator
+COMMAND_ROLES: Mapping[str, str] = {
+    "publish": "publisher",
+    "worker": "worker",
+    "pool": "worker",
+    "global-read": "reader",
+}
+
+
+def _credentials_in_cli_terms(args: argparse.Namespace, options: ConnectionOptions) -> str:
+    """Who the command connected as, named by the flag (and variable) that gave it."""
+    conn_id = getattr(args, "conn_id", None)
+    if conn_id:
+        return (
+            f"the user of Airflow connection {conn_id!r} given by --conn-id (its Login, or "
+            "its extra creds_secret / creds_file / nkey_seed_secret / nkey_seed_file)"
+        )
+    method = options.auth_method
+    if method == "user/password":
+        return f"the user given by --user {options.user} (NATS_USER)"
+    if method == "creds":
+        return f"the user given by --creds {options.creds_file} (NATS_CREDS)"
+    if method == "nkey":
+        return f"the user given by --nkey {options.nkey_seed_file or ''} (NATS_NKEY)".replace(
+            "--nkey  ", "--nkey "
+        )
+    if method == "token":
+        return "the user given by NATS_TOKEN"
+    return "the server's default user (no --user, --creds, --nkey or NATS_TOKEN given)"
+
+
+def denial_in_cli_terms(
+    exc: BaseException, args: argparse.Namespace, options: ConnectionOptions
+) -> str | None:
+    """A :class:`PermissionDenied` behind ``exc`` in the CLI's terms: the refused
+    permission, the flag that gave the user, the role the command acts in and the command
+    that prints that role's permissions. None if no permission was refused."""
+    denied: PermissionDenied | None = denial_in(exc)
+    if denied is None:
+        return None
+    role = COMMAND_ROLES.get(getattr(args, "command", "") or "", "operator")
+    stream = getattr(args, "stream", None) or "STREAM"
+    cmd = f"nats-ordered permissions --role {role} --stream {stream}"
+    group = getattr(args, "group", None)
+    if group and role != "publisher":
+        cmd += f" --group {group}"
+    return denied.message_for(
+        _credentials_in_cli_terms(args, options),
+        f"the {role} role needs it: run `{cmd}` and grant that user what it prints (or "
+        "connect as a user that has it)",
+    )
+
+
+def error_in_cli_terms(
+    exc: BaseException, args: argparse.Namespace, options: ConnectionOptions
+) -> str:
+    """``exc``'s message, a refused permission in the CLI's terms (see
+    :func:`denial_in_cli_terms`)."""
+    return denial_in_cli_terms(exc, args, options) or str(exc)
 
 
 @contextlib.asynccontextmanager

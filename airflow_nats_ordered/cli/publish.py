@@ -495,6 +495,8 @@ async def _publish(
         )
     if input_error is not None:
         raise input_error from None  # printed as "error: ...", exit 2
+    if pub.denied is not None:
+        raise pub.denied  # a refused permission: printed with the flag and role, exit 2
     if signals.stop.is_set():
         return signals.exit_code
     return EXIT_INCOMPLETE if summary.failed or refusals.total else EXIT_OK

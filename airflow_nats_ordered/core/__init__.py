@@ -133,6 +133,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "KeylessRecordError",
         "BatchFailed",
         "OrderConflict",
+        "PermissionDenied",
     ),
     "airflow_nats_ordered.core.connection.options": ("ConnectionOptions",),
     "airflow_nats_ordered.core.connection.connect": ("connect",),
