@@ -224,15 +224,23 @@ def _credentials_field(options: ConnectionOptions) -> str:
     """The field of a ``nats`` connection that gave its user (no secret)."""
     method = options.auth_method
     if method == "user/password":
-        return f"Login {options.user!r} (with its Password)"
+        return f"its Login {options.user!r}"
     if method == "creds":
         inside = _secret_dir is not None and str(options.creds_file).startswith(_secret_dir)
-        return "extra 'creds_secret'" if inside else f"extra 'creds_file' {options.creds_file!r}"
+        return (
+            "its extra 'creds_secret'"
+            if inside
+            else f"its extra 'creds_file' {options.creds_file!r}"
+        )
     if method == "nkey":
-        return "extra 'nkey_seed_file'" if options.nkey_seed_file else "extra 'nkey_seed_secret'"
+        return (
+            "its extra 'nkey_seed_file'"
+            if options.nkey_seed_file
+            else "its extra 'nkey_seed_secret'"
+        )
     if method == "token":
-        return "extra 'token'"
-    return "no credentials (neither Login nor extra creds_secret, creds_file, token or nkey)"
+        return "its extra 'token'"
+    return "no credentials: neither its Login nor an extra creds_secret, creds_file, token or nkey"
 
 
 def denial_in_airflow_terms(

@@ -220,13 +220,14 @@ class Worker:
         if self.watch.error is not None or self.ctx.stopping:
             return
         self.watch.error = error
+        if not self._tasks:  # while joining: start() raises it
+            return
         log.error(
             "member %s: %s; the member stops: it cannot do its work without that permission",
             self.member,
             error,
         )
-        if self._tasks:  # joined (while joining, start() raises it)
-            self._crash_once()
+        self._crash_once()
 
     async def _start(self) -> None:
         ctx = self.ctx
