@@ -35,7 +35,8 @@ Exit codes (:data:`.common.EXIT_CODES_HELP`, shown by ``--help``): 0 success, in
 worker or pool that left gracefully on SIGTERM/SIGINT; 1 not everything done (records refused
 or not stored, not drained in time, a group with live members, pool members that did not
 leave gracefully); 2 usage, configuration, input or
-connection errors; 3 runtime failures (a worker stopped on an error, a blocked partition,
+connection errors, and permissions the server refused (the message names the flag that gave
+the user and the role the command needs: ``nats-ordered permissions --role ...``); 3 runtime failures (a worker stopped on an error, a blocked partition,
 an unexpected error); 130/143 interrupted by SIGINT/SIGTERM (publish, after flushing what
 was accepted; worker and pool, on a second signal without the graceful leave).
 

@@ -58,7 +58,8 @@ EXIT_CODES_HELP = """exit codes:
        unfinished) for --no-members-timeout (status --wait-drained), live
        members (group delete), members that did not leave gracefully after the
        signal (pool)
-  2    usage, configuration, input or connection error (the message says what to fix)
+  2    usage, configuration, input or connection error, or a permission the server
+       refused (the message says what to fix: the flag, the role)
   3    runtime failure: a worker stopped on an error, a partition blocked on a poison
        message (status --wait-drained), or an unexpected error
   130  interrupted by SIGINT (Ctrl-C), 143 by SIGTERM: publish after flushing what was
