@@ -34,11 +34,12 @@ from ``$NATS_PASSWORD``, a token from ``$NATS_TOKEN``, seeds from files.
 Exit codes (:data:`.common.EXIT_CODES_HELP`, shown by ``--help``): 0 success, including a
 worker or pool that left gracefully on SIGTERM/SIGINT; 1 not everything done (records refused
 or not stored, not drained in time, a group with live members, pool members that did not
-leave gracefully); 2 usage, configuration, input or
-connection errors, and permissions the server refused (the message names the flag that gave
-the user and the role the command needs: ``nats-ordered permissions --role ...``); 3 runtime failures (a worker stopped on an error, a blocked partition,
-an unexpected error); 130/143 interrupted by SIGINT/SIGTERM (publish, after flushing what
-was accepted; worker and pool, on a second signal without the graceful leave).
+leave gracefully); 2 usage, configuration, input or connection errors, and permissions
+the server refused (the message names the flag that gave the user and the role the command
+needs: ``nats-ordered permissions --role ...``); 3 runtime failures (a worker stopped on an
+error, a blocked partition, an unexpected error); 130/143 interrupted by SIGINT/SIGTERM
+(publish, after flushing what was accepted; worker and pool, on a second signal without the
+graceful leave).
 
 Adding a command: a module ``cli/x.py`` with ``configure(parser)``, ``async def run(args,
 options) -> int`` and ``COMMAND = Command("x", ...)``, listed in :data:`COMMANDS`.

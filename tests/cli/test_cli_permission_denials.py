@@ -6,16 +6,21 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from permission_accounts import PASSWORD, S, accounts_config, options
+from permission_accounts import PASSWORD, S, accounts_config, options, reload
 
 from airflow_nats_ordered import cli
 from airflow_nats_ordered.core.connection.connect import connect
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
 from airflow_nats_ordered.embedded.servers import NatsServer
+
+CLI = [sys.executable, "-m", "airflow_nats_ordered.cli"]
 
 
 @pytest.fixture(scope="module")
@@ -92,3 +97,39 @@ def test_worker_as_a_publisher_names_the_worker_role_and_its_group(
     assert "permission denied: publish to $JS.API.STREAM.INFO.KV_nor_ORDERS_G_" in line
     assert "--user pub_a" in line
     assert f"run `nats-ordered permissions --role worker --stream {S} --group G`" in line
+
+
+def test_worker_that_loses_a_permission_stops_naming_it(server: NatsServer) -> None:
+    """A joined ``nats-ordered worker`` whose user loses the right to write its leases stops
+    once, exit 3, with the refusal in the CLI's terms (not a warning a second for ever)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NATS_")}
+    env["NATS_PASSWORD"] = PASSWORD
+    argv = [
+        *CLI, "worker", "--stream", S, "--group", "G", "--handler", "builtins:print",
+        "--lease-ttl", "3", "-s", server.url, "--user", "revocable_a",
+    ]  # fmt: skip
+    proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    try:
+        assert proc.stderr is not None
+        deadline = time.monotonic() + 60
+        for line in proc.stderr:  # until it joined
+            lines.append(line)
+            if "joined group G" in line or time.monotonic() > deadline:
+                break
+        assert any("joined group G" in x for x in lines), "".join(lines)
+        reload(server, accounts_config(revoked=True))
+        rc = proc.wait(timeout=60)
+        lines += proc.stderr.readlines()
+    finally:
+        reload(server, accounts_config())
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    err = "".join(lines)
+    assert rc == 3, err
+    final = [x for x in lines if x.startswith("error: member")]
+    assert final, err
+    assert f"stopped: permission denied: publish to $KV.nor_{S}_G_leases." in final[-1]
+    assert "--user revocable_a" in final[-1]
+    assert f"--role worker --stream {S} --group G" in final[-1]

@@ -40,6 +40,7 @@ from airflow_nats_ordered.core.errors import PermissionDenied
 
 __all__ = [
     "Violation",
+    "covers",
     "denied",
     "expect",
     "install",
@@ -115,7 +116,7 @@ class _Denials:
         for v in reversed(self.seen):
             if v.operation == operation and (
                 v.subject.lower() == low
-                or (operation == "subscribe" and _matches(v.subject.lower(), low))
+                or (operation == "subscribe" and covers(v.subject.lower(), low))
             ):
                 return v
         return None
@@ -136,7 +137,7 @@ def _state(nc: Client) -> _Denials:
     return state
 
 
-def _matches(pattern: str, subject: str) -> bool:
+def covers(pattern: str, subject: str) -> bool:
     """Whether NATS subscription ``pattern`` (``*``, ``>``) covers ``subject``."""
     p, s = pattern.split("."), subject.split(".")
     for i, token in enumerate(p):

@@ -299,10 +299,10 @@ class OrderedPublisher:
         """The server refused a publish to a partition, or the replies' inbox: those
         partitions fail their records at once (a resend would be refused the same way)."""
         subject = error.subject.lower()
-        inbox = f"{self._inbox}.".lower()
+        replies = f"{self._inbox}.0.x".lower()  # a reply of a lane's batch
         for lane in self._lanes:
             if (error.operation == "publish" and lane.subject.lower() == subject) or (
-                error.operation == "subscribe" and inbox.startswith(subject.rstrip(">*"))
+                error.operation == "subscribe" and denials.covers(subject, replies)
             ):
                 lane.deny(error)
 
