@@ -81,6 +81,12 @@ _SINK_OPTIONS = (
     AUTH_OPTION,
     CARRIED_OVER_OPTION,
 )
+#: an auth method -> what gives its user (for error messages)
+_VARIABLE_OF = {
+    "creds": "creds file given by NATS_CREDS",
+    "nkey": "nkey seed given by NATS_NKEY",
+    "token": "token given by NATS_TOKEN",
+}
 #: options Spark itself may pass along with ours
 _SPARK_OPTIONS = ("path", "checkpointlocation", "queryname")
 
@@ -247,18 +253,15 @@ class SinkOptions:
             return None
         conn = self.resolved
         method = conn.auth_method if conn is not None else "none"
-        user = {
-            "user/password": f"the user given by option user (or NATS_USER) {conn.user!r}"
-            if conn is not None
-            else "",
-            "creds": "the user of the creds file given by NATS_CREDS",
-            "nkey": "the user of the nkey given by NATS_NKEY",
-            "token": "the user of the token given by NATS_TOKEN",
-        }.get(
-            method,
-            "the server's default user (no option user, NATS_USER, NATS_CREDS, "
-            "NATS_NKEY or NATS_TOKEN given)",
-        )
+        if conn is not None and method == "user/password":
+            user = f"the user given by option user (or NATS_USER) {conn.user!r}"
+        elif method in _VARIABLE_OF:
+            user = f"the user of the {_VARIABLE_OF[method]}"
+        else:
+            user = (
+                "the server's default user (no option user, NATS_USER, NATS_CREDS, "
+                "NATS_NKEY or NATS_TOKEN given)"
+            )
         return denied.in_terms(
             user,
             "the sink writes as the publisher role: run `nats-ordered permissions --role "

@@ -111,12 +111,14 @@ class _Denials:
                 return reply
         return self.expected.get(lowered, lowered)
 
-    def find(self, operation: str, subject: str) -> Violation | None:
+    def find(self, operation: str, subject: str, exact: bool = False) -> Violation | None:
+        """The latest refusal of ``operation`` on ``subject`` (for a subscription, unless
+        ``exact``: of one whose pattern covers ``subject``, a message it would receive)."""
         low = subject.lower()
         for v in reversed(self.seen):
             if v.operation == operation and (
                 v.subject.lower() == low
-                or (operation == "subscribe" and covers(v.subject.lower(), low))
+                or (operation == "subscribe" and not exact and covers(v.subject.lower(), low))
             ):
                 return v
         return None
@@ -125,7 +127,7 @@ class _Denials:
         reply = self.reply_subject()
         if reply is None:
             return None
-        v = self.find("subscribe", reply)
+        v = self.find("subscribe", reply, exact=True)
         return None if v is None else v.error(self.inbox_prefix())
 
 

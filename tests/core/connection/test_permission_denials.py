@@ -10,6 +10,7 @@ once instead of timing out or retrying for ever.
 from __future__ import annotations
 
 import asyncio
+import pickle
 import time
 from collections.abc import Iterator
 
@@ -17,6 +18,7 @@ import pytest
 from permission_accounts import G, H, S, accounts_config, options, reload
 
 from airflow_nats_ordered.core.connection.connect import connect
+from airflow_nats_ordered.core.connection.denials import covers
 from airflow_nats_ordered.core.errors import PermissionDenied, denial_in
 from airflow_nats_ordered.core.group.config import GroupConfig
 from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
@@ -287,3 +289,27 @@ def test_refused_reply_inbox_is_named(provisioned: NatsServer) -> None:
             await nc.close()
 
     asyncio.run(main())
+
+
+def test_the_error_keeps_its_parts_pickled_and_reworded() -> None:
+    """What an interface (or a Spark task's error, pickled to the driver) reads of it."""
+    e = PermissionDenied("subscribe", "_INBOX.ab.*", grant="_INBOX.>")
+    assert e.permission == "subscribe to _INBOX.ab.* (allow _INBOX.>)"
+    worded = e.in_terms("the user given by --creds c.creds (NATS_CREDS)", "run it")
+    assert str(worded) == (
+        "permission denied: subscribe to _INBOX.ab.* (allow _INBOX.>) for the user given by "
+        "--creds c.creds (NATS_CREDS); run it"
+    )
+    back = pickle.loads(pickle.dumps(worded))
+    assert (back.operation, back.subject, back.grant, str(back)) == (
+        "subscribe",
+        "_INBOX.ab.*",
+        "_INBOX.>",
+        str(worded),
+    )
+    wrapped = RuntimeError("wrapper")
+    wrapped.__cause__ = PublishError.__new__(PublishError)
+    wrapped.__cause__.__cause__ = e
+    assert denial_in(wrapped) is e and denial_in(RuntimeError("x")) is None
+    assert covers("_inbox.ab.*", "_inbox.ab.7") and not covers("_inbox.ab.*", "_inbox.ab.7.x")
+    assert covers("_inbox.t.>", "_inbox.t.0.x") and not covers("_inbox.t.>", "_inbox.t")
