@@ -22,6 +22,7 @@ Usage (``nats-ordered COMMAND --help`` for every flag)::
     nats-ordered global-read --stream LEDGER --group audit --handler mypkg.handlers:apply \\
         [--order-by sequence|time|event-time [--watermarks]]
     nats-ordered global-producers --stream LEDGER [--close PRODUCER] [--json]
+    nats-ordered permissions --role worker --stream ORDERS --group billing  # never connects
 
 Every command takes the connection flags (``--server``, ``--creds``, ``--nkey``, ``--user``,
 ``--tls-ca``/``--tls-cert``/``--tls-key``, ``--connect-timeout``) on top of the ``nats`` CLI
@@ -72,6 +73,7 @@ from airflow_nats_ordered.cli import (
     global_read,
     group,
     info,
+    permissions,
     pool,
     provision,
     publish,
@@ -91,6 +93,7 @@ from airflow_nats_ordered.cli.common import (
     denial_in_cli_terms,
     print_err,
 )
+from airflow_nats_ordered.core.connection.options import ConnectionOptions
 from airflow_nats_ordered.core.errors import NatsOrderedError
 
 __all__ = [
@@ -111,6 +114,7 @@ COMMANDS: list[Command] = [
     dead_letters.COMMAND,
     global_read.COMMAND,
     global_producers.COMMAND,
+    permissions.COMMAND,
 ]
 
 
@@ -150,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
             formatter_class=_HelpFormatter,
         )
         cmd.configure(p)
-        if cmd.connection_flags:
+        if cmd.connection_flags and cmd.connects:
             add_connection_flags(p)
         p.set_defaults(_command=cmd)
     return parser
@@ -211,7 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = None
     try:
         try:
-            options = connection_options(args)
+            options = connection_options(args) if cmd.connects else ConnectionOptions()
             return asyncio.run(cmd.run(args, options))
         except Exception as exc:
             denied = None if options is None else denial_in_cli_terms(exc, args, options)

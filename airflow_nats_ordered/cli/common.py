@@ -497,3 +497,6 @@ class Command:
     #: False for a command whose ``configure`` adds the connection flags itself (to each of
     #: its own subcommands: argparse reads a parser's flags only before its subcommand)
     connection_flags: bool = True
+    #: False for a command that never connects (``permissions``): no connection flags, and
+    #: no connection settings read from the flags or the environment
+    connects: bool = True

@@ -21,7 +21,8 @@ A role is one principal of a deployment (a NATS user), doing one job on one stre
     whole JetStream API (``$JS.API.>``, ``$KV.>``): the account is then the boundary.
 ``watcher``
     the Airflow triggerer: the drain sensor's reads of group ``G``'s lag and commits
-    (read only), and the ``nats://`` message-queue watcher's durable consumer on ``S``.
+    (read only), the ``nats://`` message-queue watcher's durable consumer on ``S`` and the
+    group's dead-letter watcher's on ``<S>_DLQ``.
 
 :func:`permissions_for` derives each set from the names the code uses (the stream wing's
 bucket names, :class:`~..group.config.GroupConfig`, the dead-letter stream, the run
@@ -32,8 +33,14 @@ needed (:attr:`RolePermissions.reasons`), which :meth:`RolePermissions.to_conf` 
 comments and ``docs/security.md`` explains.
 
 ``api_prefix`` is the JetStream API prefix (``$JS.API``, or ``$JS.<domain>.API`` for a
-JetStream domain); ``inbox_prefix`` the client's inbox prefix (``_INBOX``), under which
-every request's reply arrives. Both must match the connection's settings.
+JetStream domain: it replaces ``$JS.API`` in every API subject; ``$KV.``, ``$JS.ACK.`` and
+``$JS.FC.`` subjects keep their names); ``inbox_prefix`` the client's inbox prefix
+(``_INBOX``), under which every request's reply arrives. Both must match the connection's
+settings. ``subject_prefix`` is the stream's, when it was provisioned with one.
+
+The sets are narrowed to the calls the code makes, not to what a role might conceivably
+do; a few lines serve paths a test run may not take (a bucket that allows direct gets,
+replicas raised, strays, a rebalance by load): each says so in its reason.
 """
 
 from __future__ import annotations
@@ -61,20 +68,50 @@ _TOKEN = r"[A-Za-z0-9_-]+"
 _PREFIX = re.compile(rf"^{_TOKEN}(\.{_TOKEN})*$")
 _GROUP = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _DOMAIN = re.compile(rf"^{_TOKEN}$")
-#: a subject prefix such as ``$JS.API`` or ``$JS.hub.API`` or ``_INBOX``: plain tokens,
-#: the first may start with ``$``
-_SUBJECT_PREFIX = re.compile(r"^\$?[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
+#: an API or inbox prefix such as ``$JS.API``, ``$JS.hub.API`` or ``_INBOX_billing``: plain
+#: tokens (the first may start with ``$``), no wildcards
+_SUBJECT_PREFIX = re.compile(rf"^\$?{_TOKEN}(\.{_TOKEN})*$")
+_USER = re.compile(r"^[A-Za-z0-9_.@-]+$")
 
 
-def js_api_prefix(domain: str | None) -> str:
+def check_subject_prefix(value: str, name: str = "subject prefix") -> str:
+    """``value`` if it is a stream's subject prefix (dot-separated tokens), else
+    ConfigError naming ``name`` (the interface's word for it: ``--subject-prefix``)."""
+    if not isinstance(value, str) or not _PREFIX.fullmatch(value):
+        raise ConfigError(
+            f"{name} {value!r} is not valid: dot-separated tokens of letters, digits, "
+            "'_' or '-' (no wildcards or blanks)"
+        )
+    return value
+
+
+def check_prefix(value: str, name: str) -> str:
+    """``value`` if it is a JetStream API prefix or an inbox prefix (``$JS.API``,
+    ``$JS.hub.API``, ``_INBOX``), else ConfigError naming ``name``."""
+    if not isinstance(value, str) or not _SUBJECT_PREFIX.fullmatch(value):
+        raise ConfigError(
+            f"{name} {value!r} is not valid: dot-separated tokens of letters, digits, "
+            "'_' or '-' (the first may start with '$'), no wildcards or blanks"
+        )
+    return value
+
+
+def js_api_prefix(domain: str | None, name: str = "JetStream domain") -> str:
     """The JetStream API prefix of ``domain``: ``$JS.<domain>.API``, or ``$JS.API``."""
     if domain is None or domain == "":
         return "$JS.API"
-    if not _DOMAIN.fullmatch(domain):
+    if not isinstance(domain, str) or not _DOMAIN.fullmatch(domain):
         raise ConfigError(
-            f"JetStream domain {domain!r} is not valid: one token of letters, digits, '_' or '-'"
+            f"{name} {domain!r} is not valid: one token of letters, digits, '_' or '-'"
         )
     return f"$JS.{domain}.API"
+
+
+def check_user(value: str, name: str = "user name") -> str:
+    """``value`` if it may name a user entry of the server config, else ConfigError."""
+    if not isinstance(value, str) or not _USER.fullmatch(value):
+        raise ConfigError(f"{name} {value!r} is not valid: letters, digits, '_', '-', '.' or '@'")
+    return value
 
 
 @dataclass(frozen=True)
@@ -129,10 +166,7 @@ class RolePermissions:
         ]
         if user is None:
             return "\n".join([head, *body]) + "\n"
-        if not re.fullmatch(r"[A-Za-z0-9_.@-]+", user):
-            raise ConfigError(
-                f"user name {user!r} is not valid: letters, digits, '_', '-', '.' or '@'"
-            )
+        check_user(user)
         variable = re.sub(r"[^A-Za-z0-9_]", "_", user).upper() + "_PASSWORD"
         return (
             "\n".join(
@@ -170,7 +204,7 @@ def _conf_list(
 
 
 class _Grant:
-    """Collects subjects (in order, once) with their reasons."""
+    """Collects subjects (in order, once) with the reason each is needed."""
 
     def __init__(self, api: str, inbox: str) -> None:
         self.api = api
@@ -184,40 +218,38 @@ class _Grant:
     def s(self, subject: str, why: str) -> None:
         self.sub.setdefault(subject, why)
 
-    # the building blocks -------------------------------------------------------------
+    # streams ---------------------------------------------------------------------------
 
     def replies(self) -> None:
         self.s(
-            f"{self.inbox}.>", "replies to every request (JetStream API, KV writes, publish acks)"
+            f"{self.inbox}.>",
+            "the replies to every request: JetStream API answers, publish and KV write acks, "
+            "pulled records",
         )
 
-    def stream_info(self, stream: str, what: str) -> None:
+    def info(self, stream: str, what: str) -> None:
         self.p(f"{self.api}.STREAM.INFO.{stream}", f"read {what}'s configuration and state")
 
-    def stream_reads(self, stream: str, what: str) -> None:
-        self.stream_info(stream, what)
-        self.p(
-            f"{self.api}.DIRECT.GET.{stream}",
-            f"direct gets of {what}'s records by sequence (positions, lag counts)",
-        )
+    def msg_get(self, stream: str, what: str, why: str) -> None:
+        self.p(f"{self.api}.STREAM.MSG.GET.{stream}", f"get a record of {what}: {why}")
+
+    def direct_last(self, stream: str, what: str, why: str) -> None:
         self.p(
             f"{self.api}.DIRECT.GET.{stream}.>",
-            f"direct gets of {what}'s last record per subject",
-        )
-        self.p(
-            f"{self.api}.STREAM.MSG.GET.{stream}",
-            f"read one record of {what} by sequence or subject",
+            f"direct get of a subject's last record in {what}: {why}",
         )
 
-    def consumers(self, stream: str, what: str) -> None:
-        """Ephemeral consumers the core makes: created, pulled, deleted."""
+    def direct_count(self, stream: str, what: str) -> None:
+        self.p(
+            f"{self.api}.DIRECT.GET.{stream}",
+            f"batch direct get on {what}: the server counts the records after a position (lag)",
+        )
+
+    def readers(self, stream: str, what: str) -> None:
+        """The unnamed, filtered pull consumers a partition reader makes, pulls, deletes."""
         self.p(
             f"{self.api}.CONSUMER.CREATE.{stream}",
-            f"create the unnamed consumers that read {what}",
-        )
-        self.p(
-            f"{self.api}.CONSUMER.CREATE.{stream}.>",
-            f"create the named, filtered consumers that read {what}",
+            f"create the unnamed consumer that reads a partition of {what}",
         )
         self.p(
             f"{self.api}.CONSUMER.MSG.NEXT.{stream}.*",
@@ -225,36 +257,52 @@ class _Grant:
         )
         self.p(
             f"{self.api}.CONSUMER.DELETE.{stream}.*",
-            f"delete those consumers of {what} when done",
+            f"delete those consumers of {what} when the partition is let go",
         )
 
-    def kv_reads(self, bucket: str) -> None:
-        kv = f"KV_{bucket}"
-        self.stream_reads(kv, f"bucket {bucket}")
-        self.consumers(kv, f"bucket {bucket} (keys, watches)")
-        self.p(f"$JS.FC.{kv}.>", f"flow-control answers of the watches of bucket {bucket}")
+    # KV buckets ------------------------------------------------------------------------
 
-    def kv_writes(self, bucket: str) -> None:
-        self.kv_reads(bucket)
-        self.p(f"$KV.{bucket}.>", f"put, update (compare-and-set) and delete keys of {bucket}")
-
-    def kv_create(self, bucket: str) -> None:
+    def kv_read(self, bucket: str) -> None:
         kv = f"KV_{bucket}"
-        self.p(f"{self.api}.STREAM.CREATE.{kv}", f"create bucket {bucket} when missing")
+        self.info(kv, f"bucket {bucket}")
+        self.msg_get(kv, f"bucket {bucket}", "a key's latest value")
+        self.direct_last(
+            kv,
+            f"bucket {bucket}",
+            "a key's latest value, when the bucket allows direct gets (as one made by "
+            "`nats kv add` does)",
+        )
+
+    def kv_watch(self, bucket: str) -> None:
+        kv = f"KV_{bucket}"
         self.p(
-            f"{self.api}.STREAM.UPDATE.{kv}",
-            f"raise bucket {bucket}'s replicas to the ones asked for",
+            f"{self.api}.CONSUMER.CREATE.{kv}",
+            f"watch bucket {bucket} (an ordered consumer of its changes)",
         )
+        self.p(f"{self.api}.CONSUMER.INFO.{kv}.*", f"the watch of {bucket}: its pending count")
+        self.p(f"$JS.FC.{kv}.>", f"flow-control answers of the watch of {bucket}")
+
+    def kv_write(self, bucket: str, what: str) -> None:
+        self.kv_read(bucket)
+        self.p(f"$KV.{bucket}.>", f"write {what} in {bucket} (put, compare-and-set, delete)")
+
+    def kv_create(self, bucket: str, *, update: bool = False) -> None:
+        kv = f"KV_{bucket}"
+        self.p(f"{self.api}.STREAM.CREATE.{kv}", f"create bucket {bucket} when it is missing")
+        if update:
+            self.p(
+                f"{self.api}.STREAM.UPDATE.{kv}",
+                f"raise bucket {bucket}'s replicas when more are asked for",
+            )
 
     def done(self, role: str, stream: str, group: str | None) -> RolePermissions:
-        reasons = {**self.sub, **self.pub}
         return RolePermissions(
             role=role,
             stream=stream,
             group=group,
             publish_allow=tuple(self.pub),
             subscribe_allow=tuple(self.sub),
-            reasons=reasons,
+            reasons={**self.sub, **self.pub},
         )
 
 
@@ -265,16 +313,18 @@ def permissions_for(
     *,
     api_prefix: str = "$JS.API",
     inbox_prefix: str = "_INBOX",
-    prefix: str | None = None,
+    subject_prefix: str | None = None,
 ) -> RolePermissions:
     """The exact publish and subscribe allow lists of ``role`` on ``stream`` (and ``group``).
 
-    ``prefix`` is the stream's subject prefix (default: the stream name in lower case, as
-    ``provision`` makes it). ``group`` is required by ``worker`` and ``reader``; the
-    ``watcher`` without a group may only watch messages (no drain sensor); the
-    ``operator`` without a group administers every group of the stream (the account's
-    whole JetStream API). Raises :class:`~..errors.ConfigError` on an unknown role, a
-    missing or invalid group, an invalid stream name, prefix or API/inbox prefix.
+    ``group`` is required by ``worker`` and ``reader``; a ``watcher`` without one may only
+    watch messages (no drain sensor, no dead-letter watcher); an ``operator`` without one
+    administers every group of the stream, which NATS can only grant as the account's whole
+    JetStream API. ``subject_prefix`` is the stream's (default: the stream name in lower
+    case, as ``provision`` makes it). ``api_prefix`` is ``$JS.API`` or, for a JetStream
+    domain, ``$JS.<domain>.API`` (:func:`js_api_prefix`); ``inbox_prefix`` the clients'
+    inbox prefix. Raises :class:`~..errors.ConfigError` naming what is wrong: an unknown
+    role, a missing or invalid group, an invalid stream name or prefix.
     """
     if role not in ROLES:
         raise ConfigError(f"unknown role {role!r}: use one of {', '.join(ROLES)}")
@@ -284,20 +334,11 @@ def permissions_for(
         raise ConfigError(f"stream name {stream!r} is not valid: use {STREAM_NAME_RULE}") from None
     if group is None and role in GROUP_ROLES:
         raise ConfigError(f"role {role} needs a consumer group: give the group it works for")
-    if group is not None and not _GROUP.fullmatch(group):
+    if group is not None and (not isinstance(group, str) or not _GROUP.fullmatch(group)):
         raise ConfigError(f"group name {group!r} is not valid: 1-64 letters, digits, '_' or '-'")
-    pre = stream.lower() if prefix is None else prefix
-    if not _PREFIX.fullmatch(pre):
-        raise ConfigError(
-            f"subject prefix {pre!r} is not valid: dot-separated tokens of letters, "
-            "digits, '_' or '-'"
-        )
-    for name, value in (("api_prefix", api_prefix), ("inbox_prefix", inbox_prefix)):
-        if not _SUBJECT_PREFIX.fullmatch(value):
-            raise ConfigError(
-                f"{name} {value!r} is not valid: dot-separated tokens of letters, digits, "
-                "'_' or '-', no wildcards"
-            )
+    pre = check_subject_prefix(stream.lower() if subject_prefix is None else subject_prefix)
+    check_prefix(api_prefix, "api_prefix")
+    check_prefix(inbox_prefix, "inbox_prefix")
     g = _Grant(api_prefix, inbox_prefix)
     g.replies()
     build = {
@@ -312,98 +353,131 @@ def permissions_for(
 
 
 def _publisher(g: _Grant, stream: str, group: str | None, prefix: str) -> None:
-    g.stream_reads(stream, f"stream {stream}")
-    g.p(f"{prefix}.p.*", f"publish records to {stream}'s partitions (every layout epoch)")
-    for bucket in (ledger_bucket(stream), watermark_bucket(stream)):
-        g.kv_writes(bucket)
-        g.kv_create(bucket)
+    what = f"stream {stream}"
+    g.info(stream, what)
+    g.direct_last(stream, what, "each partition's last record, where a run resumes")
+    g.msg_get(stream, what, "each partition's last record, for global order's watermarks")
+    g.p(f"{prefix}.p.*", f"publish records to the partitions of {stream}, every layout epoch")
+    ledger, marks = ledger_bucket(stream), watermark_bucket(stream)
+    g.kv_write(ledger, "the runs' records")
+    g.kv_create(ledger)
+    g.kv_write(marks, "global order's sequencer claim, watermarks and producer marks")
+    g.kv_create(marks)
 
 
-def _group_state(g: _Grant, stream: str, group: str, *, write: bool) -> None:
+def _group_writes(g: _Grant, stream: str, group: str) -> None:
     cfg = GroupConfig(stream, group)
-    for bucket in (cfg.lease_bucket, cfg.state_bucket):
-        if write:
-            g.kv_writes(bucket)
-            g.kv_create(bucket)
-        else:
-            g.kv_reads(bucket)
+    g.kv_write(cfg.lease_bucket, f"group {group}'s leases, heartbeats and presence")
+    g.kv_create(cfg.lease_bucket, update=True)
+    g.kv_write(cfg.state_bucket, f"group {group}'s commits, fencing tokens and assignment")
+    g.kv_create(cfg.state_bucket, update=True)
 
 
 def _dead_letters_written(g: _Grant, stream: str, group: str, prefix: str) -> None:
     dlq = dead_letter_stream(stream)
-    g.stream_info(dlq, f"dead-letter stream {dlq}")
+    g.info(dlq, f"dead-letter stream {dlq}")
     g.p(f"{g.api}.STREAM.CREATE.{dlq}", f"create {dlq} on the first dead letter")
     g.p(f"{prefix}.dlq.{group}.*", f"write group {group}'s dead letters")
 
 
 def _worker(g: _Grant, stream: str, group: str | None, prefix: str) -> None:
     assert group is not None
-    g.stream_reads(stream, f"stream {stream}")
-    g.consumers(stream, f"stream {stream}")
-    _group_state(g, stream, group, write=True)
+    what = f"stream {stream}"
+    g.info(stream, what)
+    g.msg_get(stream, what, "the record at a committed position, to check continuity")
+    g.direct_last(stream, what, "an earlier layout's last records, to switch epochs")
+    g.readers(stream, what)
+    _group_writes(g, stream, group)
     _dead_letters_written(g, stream, group, prefix)
 
 
 def _reader(g: _Grant, stream: str, group: str | None, prefix: str) -> None:
     assert group is not None
-    g.stream_reads(stream, f"stream {stream}")
-    g.consumers(stream, f"stream {stream}")
-    g.kv_reads(watermark_bucket(stream))
-    _group_state(g, stream, group, write=True)
+    what = f"stream {stream}"
+    g.info(stream, what)
+    g.msg_get(stream, what, "each partition's last record, for the merge's bounds")
+    g.readers(stream, what)
+    g.kv_read(watermark_bucket(stream))
+    _group_writes(g, stream, group)
     _dead_letters_written(g, stream, group, prefix)
 
 
-def _watcher(g: _Grant, stream: str, group: str | None, prefix: str) -> None:
-    g.stream_reads(stream, f"stream {stream}")
-    # the nats:// watcher's durable consumer (airflow-watcher-<hash> or the one named)
-    g.p(
-        f"{g.api}.CONSUMER.CREATE.{stream}.>",
-        f"create the watcher's durable consumer on {stream}",
-    )
+def _durable(g: _Grant, stream: str, create: str, what: str) -> None:
+    """The ``nats://`` watcher's durable consumer on ``stream`` (``airflow-watcher-<hash>``,
+    ``airflow-dlq-<group>`` or the durable named): created under ``create``, bound, pulled
+    from, its messages acknowledged."""
+    g.p(create, f"create the watcher's durable consumer on {what}")
     g.p(
         f"{g.api}.CONSUMER.INFO.{stream}.*",
-        f"read the watcher's durable consumer on {stream} (its binding, its position)",
+        f"read the watcher's durable consumer on {what} (its binding, its position)",
     )
     g.p(
         f"{g.api}.CONSUMER.MSG.NEXT.{stream}.*",
-        f"pull messages from the watcher's consumer on {stream}",
+        f"pull messages from the watcher's durable consumer on {what}",
     )
-    g.p(f"$JS.ACK.{stream}.>", "acknowledge (ack, nak, term) the messages handed to Airflow")
-    if group is not None:
-        _group_state(g, stream, group, write=False)
-        dlq = dead_letter_stream(stream)
-        g.stream_info(dlq, f"dead-letter stream {dlq}")
+    g.p(
+        f"$JS.ACK.{stream}.>",
+        f"acknowledge (ack, nak, term, in progress) the messages of {what} handed to Airflow",
+    )
+
+
+def _watcher(g: _Grant, stream: str, group: str | None, prefix: str) -> None:
+    what = f"stream {stream}"
+    g.p(f"{g.api}.INFO", "the Airflow connection's test: the account's JetStream limits")
+    g.info(stream, what)
+    _durable(g, stream, f"{g.api}.CONSUMER.CREATE.{stream}.>", what)
+    if group is None:
+        return
+    g.msg_get(stream, what, "the first and last stray record (the drain reports strays)")
+    g.direct_last(stream, what, "the last record on each subject (strays)")
+    g.direct_count(stream, what)
+    cfg = GroupConfig(stream, group)
+    g.kv_read(cfg.lease_bucket)
+    g.kv_read(cfg.state_bucket)
+    g.kv_watch(cfg.state_bucket)
+    dlq = dead_letter_stream(stream)
+    g.info(dlq, f"dead-letter stream {dlq}")
+    _durable(
+        g,
+        dlq,
+        f"{g.api}.CONSUMER.CREATE.{dlq}.*.{prefix}.dlq.{group}.*",
+        f"group {group}'s dead letters in {dlq}",
+    )
 
 
 def _operator(g: _Grant, stream: str, group: str | None, prefix: str) -> None:
     api = g.api
     if group is None:
         g.p(f"{api}.>", "administer every stream, bucket and consumer of the account")
-        g.p("$KV.>", "write and delete the keys of every group's buckets")
+        g.p("$KV.>", "write the keys of every group's buckets")
         g.p("$JS.FC.>", "flow-control answers of the watches of every bucket")
-        g.p(f"{prefix}.>", f"replay dead letters into {stream}'s partitions")
+        g.p(f"{prefix}.p.*", f"replay dead letters into the partitions of {stream}")
         return
-    g.p(f"{api}.INFO", "read the account's JetStream limits and usage")
-    g.p(f"{api}.STREAM.NAMES", "find streams whose subjects overlap when provisioning")
-    g.p(f"{api}.STREAM.LIST", "list the account's streams to find the stream's groups")
+    what = f"stream {stream}"
+    g.p(f"{api}.STREAM.NAMES", "find streams whose subjects overlap, when provisioning")
+    g.p(f"{api}.STREAM.LIST", "list the account's streams, to find the stream's groups")
+    g.info(stream, what)
+    g.p(f"{api}.STREAM.CREATE.{stream}", f"create {what} (provision)")
+    g.p(f"{api}.STREAM.UPDATE.{stream}", f"update {what} (provision again, repartition)")
+    g.p(f"{api}.STREAM.PURGE.{stream}", f"purge the strays of {what}")
+    g.msg_get(stream, what, "the records a reset lands on, strays")
+    g.direct_last(stream, what, "the last record on each subject (strays)")
+    g.direct_count(stream, what)
+    g.readers(stream, what + " (a rebalance by load counts each partition's rate)")
     dlq = dead_letter_stream(stream)
-    for name, what in ((stream, f"stream {stream}"), (dlq, f"dead-letter stream {dlq}")):
-        g.stream_reads(name, what)
-        g.consumers(name, what)
-        for op, why in (
-            ("CREATE", "create"),
-            ("UPDATE", "update (provision again, repartition)"),
-            ("PURGE", "purge strays or dead letters of"),
-            ("DELETE", "delete"),
-        ):
-            g.p(f"{api}.STREAM.{op}.{name}", f"{why} {what}")
-        g.p(f"{api}.CONSUMER.INFO.{name}.*", f"read consumers of {what}")
-    for bucket in (ledger_bucket(stream), watermark_bucket(stream), lock_bucket(stream)):
-        g.kv_writes(bucket)
-        g.kv_create(bucket)
+    g.info(dlq, f"dead-letter stream {dlq}")
+    g.msg_get(dlq, f"dead-letter stream {dlq}", "read, show and replay dead letters")
+    g.p(f"{api}.STREAM.PURGE.{dlq}", f"purge group {group}'s dead letters from {dlq}")
+    g.p(f"{api}.STREAM.DELETE.{dlq}", f"delete {dlq} once the last group's letters are gone")
+    g.kv_read(ledger_bucket(stream))
+    g.kv_read(watermark_bucket(stream))
+    lock = lock_bucket(stream)
+    g.kv_write(lock, "the repartition lock")
+    g.kv_create(lock)
     cfg = GroupConfig(stream, group)
+    g.kv_read(cfg.lease_bucket)
+    g.kv_write(cfg.state_bucket, f"group {group}'s reset positions and rebalance requests")
+    g.kv_watch(cfg.state_bucket)
     for bucket in (cfg.lease_bucket, cfg.state_bucket):
-        g.kv_writes(bucket)
-        g.kv_create(bucket)
         g.p(f"{api}.STREAM.DELETE.KV_{bucket}", f"delete group {group}'s bucket {bucket}")
-    g.p(f"{prefix}.p.*", f"replay dead letters into {stream}'s partitions")
+    g.p(f"{prefix}.p.*", f"replay dead letters into the partitions of {stream}")
