@@ -21,8 +21,9 @@ S = "ORDERS"
 G = "G"  # the group of both accounts
 H = "H"  # another group of account A, which A's worker of G may not touch
 PASSWORD = "pw-denials"
-#: user -> (role, group) in account A (``admin_a`` may do anything); in B, ``admin_b`` and
-#: ``worker_b`` (the worker of G)
+#: user -> (role, group) in account A (``admin_a`` may do anything, ``noinbox_a`` publish what
+#: the operator may but subscribe to no inbox); in B, ``admin_b`` and ``worker_b`` (the
+#: worker of G)
 ROLES_A: dict[str, tuple[str, str | None]] = {
     "pub_a": ("publisher", None),
     "worker_a": ("worker", G),
@@ -59,6 +60,9 @@ def accounts_config(revoked: bool = False) -> str:
     for name, (role, group) in ROLES_A.items():
         drop = REVOKED if revoked and name == "revocable_a" else None
         users_a.append(_role_user(name, role, group, drop))
+    # the operator's publishes, but no inbox to receive any answer on
+    operator = permissions_for("operator", S, G)
+    users_a.append(_user("noinbox_a", list(operator.publish_allow), ["nothing.here"]))
     users_b = [_user("admin_b"), _role_user("worker_b", "worker", G)]
     return (
         "accounts {\n"

@@ -449,11 +449,13 @@ def denial_in_cli_terms(
     group = getattr(args, "group", None)
     if group and role != "publisher":
         cmd += f" --group {group}"
-    return denied.message_for(
-        _credentials_in_cli_terms(args, options),
+    fix = (
         f"the {role} role needs it: run `{cmd}` and grant that user what it prints (or "
-        "connect as a user that has it)",
+        "connect as a user that has it)"
     )
+    if denied.reply_inbox:
+        fix += "; or connect with an inbox prefix that user may subscribe to"
+    return denied.message_for(_credentials_in_cli_terms(args, options), fix)
 
 
 def error_in_cli_terms(

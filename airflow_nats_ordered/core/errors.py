@@ -78,6 +78,12 @@ class PermissionDenied(NatsOrderedError):
         text = f"{self.operation} to {self.subject}"
         return text if self.grant == self.subject else f"{text} (allow {self.grant})"
 
+    @property
+    def reply_inbox(self) -> bool:
+        """Whether the refused subscription is the client's reply inbox (every request's
+        answers arrive there): the user needs its inbox prefix, or another prefix."""
+        return self.operation == "subscribe" and self.grant != self.subject
+
     def message_for(self, user: str | None = None, fix: str | None = None) -> str:
         """The refusal, naming ``user`` (how the interface gave the credentials; default
         :attr:`user`) and ``fix`` (what to do, in its terms; default: :attr:`hint`)."""

@@ -251,12 +251,16 @@ def denial_in_airflow_terms(
     denied = denial_in(exc)
     if denied is None:
         return None
-    return denied.in_terms(
-        f"the user of Airflow connection {conn_id!r} ({_credentials_field(options)})",
+    fix = (
         "grant that user the permissions of the role this task acts in (`nats-ordered "
         "permissions --role publisher|worker|reader|operator|watcher --stream STREAM "
         "[--group GROUP]` prints each role's), or set the connection's credentials to a "
-        "user that has them",
+        "user that has them"
+    )
+    if denied.reply_inbox:
+        fix += "; or give the connection an inbox prefix that user may subscribe to"
+    return denied.in_terms(
+        f"the user of Airflow connection {conn_id!r} ({_credentials_field(options)})", fix
     )
 
 

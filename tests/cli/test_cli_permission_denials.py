@@ -133,3 +133,16 @@ def test_worker_that_loses_a_permission_stops_naming_it(server: NatsServer) -> N
     assert f"stopped: permission denied: publish to $KV.nor_{S}_G_leases." in final[-1]
     assert "--user revocable_a" in final[-1]
     assert f"--role worker --stream {S} --group G" in final[-1]
+
+
+def test_a_refused_reply_inbox_names_the_inbox_to_allow(
+    server: NatsServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every request's answer comes on the client's inbox: refused, the command fails at
+    once naming the inbox prefix to allow (not "the server did not answer in time")."""
+    rc, err = _run(capsys, "info", "--stream", S, "-s", server.url, "--user", "noinbox_a")
+    assert rc == 2, err
+    line = next(x for x in err.splitlines() if x.startswith("error: "))
+    assert line.startswith("error: permission denied: subscribe to _INBOX."), line
+    assert "(allow _INBOX.>) for the user given by --user noinbox_a" in line
+    assert "or connect with an inbox prefix that user may subscribe to" in line
