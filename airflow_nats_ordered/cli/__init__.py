@@ -35,10 +35,12 @@ from ``$NATS_PASSWORD``, a token from ``$NATS_TOKEN``, seeds from files.
 Exit codes (:data:`.common.EXIT_CODES_HELP`, shown by ``--help``): 0 success, including a
 worker or pool that left gracefully on SIGTERM/SIGINT; 1 not everything done (records refused
 or not stored, not drained in time, a group with live members, pool members that did not
-leave gracefully); 2 usage, configuration, input or
-connection errors; 3 runtime failures (a worker stopped on an error, a blocked partition,
-an unexpected error); 130/143 interrupted by SIGINT/SIGTERM (publish, after flushing what
-was accepted; worker and pool, on a second signal without the graceful leave).
+leave gracefully); 2 usage, configuration, input or connection errors, and permissions
+the server refused (the message names the flag that gave the user and the role the command
+needs: ``nats-ordered permissions --role ...``); 3 runtime failures (a worker stopped on an
+error, a blocked partition, an unexpected error); 130/143 interrupted by SIGINT/SIGTERM
+(publish, after flushing what was accepted; worker and pool, on a second signal without the
+graceful leave).
 
 Adding a command: a module ``cli/x.py`` with ``configure(parser)``, ``async def run(args,
 options) -> int`` and ``COMMAND = Command("x", ...)``, listed in :data:`COMMANDS`.
@@ -88,6 +90,7 @@ from airflow_nats_ordered.cli.common import (
     Command,
     add_connection_flags,
     connection_options,
+    denial_in_cli_terms,
     print_err,
 )
 from airflow_nats_ordered.core.connection.options import ConnectionOptions
@@ -209,9 +212,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     _setup_logging(args.verbose)
     cmd: Command = args._command
+    options = None
     try:
-        options = connection_options(args) if cmd.connects else ConnectionOptions()
-        return asyncio.run(cmd.run(args, options))
+        try:
+            options = connection_options(args) if cmd.connects else ConnectionOptions()
+            return asyncio.run(cmd.run(args, options))
+        except Exception as exc:
+            denied = None if options is None else denial_in_cli_terms(exc, args, options)
+            if denied is None:
+                raise
+            print_err(f"error: {denied}")  # a refused permission: configuration (exit 2)
+            return EXIT_USAGE
     except NatsOrderedError as exc:
         print_err(f"error: {exc}")
         return EXIT_USAGE

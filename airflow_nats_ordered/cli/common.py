@@ -33,7 +33,7 @@ from airflow_nats_ordered.cli.airflow_connection import airflow_connection_optio
 from airflow_nats_ordered.core.connection.connect import connect
 from airflow_nats_ordered.core.connection.fields import _domain_name, _subject_prefix
 from airflow_nats_ordered.core.connection.options import ConnectionOptions
-from airflow_nats_ordered.core.errors import ConfigError
+from airflow_nats_ordered.core.errors import ConfigError, PermissionDenied, denial_in
 from airflow_nats_ordered.core.stream.partitioned import STREAM_NAME_RULE, check_stream_name
 
 #: Exit codes of every command (listed in ``nats-ordered --help`` by :data:`EXIT_CODES_HELP`).
@@ -59,7 +59,8 @@ EXIT_CODES_HELP = """exit codes:
        unfinished) for --no-members-timeout (status --wait-drained), live
        members (group delete), members that did not leave gracefully after the
        signal (pool)
-  2    usage, configuration, input or connection error (the message says what to fix)
+  2    usage, configuration, input or connection error, or a permission the server
+       refused (the message says what to fix: the flag, the role)
   3    runtime failure: a worker stopped on an error, a partition blocked on a poison
        message (status --wait-drained), or an unexpected error
   130  interrupted by SIGINT (Ctrl-C), 143 by SIGTERM: publish after flushing what was
@@ -467,6 +468,73 @@ def _inbox_refused(nc: NATS, options: ConnectionOptions) -> ConfigError | None:
         "NATS_INBOX_PREFIX; with --conn-id, the connection's extra inbox_prefix) with a "
         "prefix whose subjects PREFIX.> the user may subscribe to"
     )
+
+
+#: the role (of ``nats-ordered permissions``) a command acts in; every other: operator
+COMMAND_ROLES: Mapping[str, str] = {
+    "publish": "publisher",
+    "worker": "worker",
+    "pool": "worker",
+    "global-read": "reader",
+}
+
+
+def _credentials_in_cli_terms(args: argparse.Namespace, options: ConnectionOptions) -> str:
+    """Who the command connected as, named by the flag (and variable) that gave it."""
+    conn_id = getattr(args, "conn_id", None)
+    if conn_id:
+        return (
+            f"the user of Airflow connection {conn_id!r} given by --conn-id (its Login, or "
+            "its extra creds_secret / creds_file / nkey_seed_secret / nkey_seed_file)"
+        )
+    method = options.auth_method
+    if method == "user/password":
+        return f"the user given by --user {options.user} (NATS_USER)"
+    if method == "creds":
+        return f"the user given by --creds {options.creds_file} (NATS_CREDS)"
+    if method == "nkey":
+        return f"the user given by --nkey {options.nkey_seed_file or ''} (NATS_NKEY)".replace(
+            "--nkey  ", "--nkey "
+        )
+    if method == "token":
+        return "the user given by NATS_TOKEN"
+    return "the server's default user (no --user, --creds, --nkey or NATS_TOKEN given)"
+
+
+def denial_in_cli_terms(
+    exc: BaseException, args: argparse.Namespace, options: ConnectionOptions
+) -> str | None:
+    """A :class:`PermissionDenied` behind ``exc`` in the CLI's terms: the refused
+    permission, the flag that gave the user, the role the command acts in and the command
+    that prints that role's permissions. None if no permission was refused."""
+    denied: PermissionDenied | None = denial_in(exc)
+    if denied is None:
+        return None
+    role = COMMAND_ROLES.get(getattr(args, "command", "") or "", "operator")
+    stream = getattr(args, "stream", None) or "STREAM"
+    cmd = f"nats-ordered permissions --role {role} --stream {stream}"
+    group = getattr(args, "group", None)
+    if group and role != "publisher":
+        cmd += f" --group {group}"
+    fix = (
+        f"the {role} role needs it: run `{cmd}` and grant that user what it prints (or "
+        "connect as a user that has it)"
+    )
+    if denied.reply_inbox:
+        fix += (
+            "; or pass --inbox-prefix PREFIX (NATS_INBOX_PREFIX; with --conn-id, the "
+            "connection's extra inbox_prefix) with a prefix whose PREFIX.> that user may "
+            "subscribe to"
+        )
+    return denied.message_for(_credentials_in_cli_terms(args, options), fix)
+
+
+def error_in_cli_terms(
+    exc: BaseException, args: argparse.Namespace, options: ConnectionOptions
+) -> str:
+    """``exc``'s message, a refused permission in the CLI's terms (see
+    :func:`denial_in_cli_terms`)."""
+    return denial_in_cli_terms(exc, args, options) or str(exc)
 
 
 @contextlib.asynccontextmanager

@@ -24,6 +24,7 @@ from airflow_nats_ordered.cli.common import (
     EXIT_OK,
     Command,
     connected,
+    denial_in_cli_terms,
     group_name,
     positive_float,
     positive_int,
@@ -235,7 +236,9 @@ async def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
             await done
     st = reader.stats
     if reader.error is not None:
-        error = in_cli_terms(reader.error, args.order_by)
+        error = denial_in_cli_terms(reader.error, args, options) or in_cli_terms(
+            reader.error, args.order_by
+        )
         print_err(
             f"error: global-order reader {reader.member_id} stopped after global sequence "
             f"{reader.position}: {error}"

@@ -487,7 +487,8 @@ async def _publish(
         # the id alone, for a script to pass back as --producer-id (the error's text says
         # it in words)
         report["republish_with"] = pub.producer_id
-    _print_publish(report, summary, refusals, as_json=args.json)
+    # a refused permission is said once, below, with the flag and the role
+    _print_publish(report, summary, refusals, as_json=args.json, failure=pub.denied is None)
     if args.producer_id is None and args.file == "-":
         print_err(
             f"note: stdin was published as producer id {pub.producer_id}; to publish the same "
@@ -495,6 +496,8 @@ async def _publish(
         )
     if input_error is not None:
         raise input_error from None  # printed as "error: ...", exit 2
+    if pub.denied is not None:
+        raise pub.denied  # a refused permission: printed with the flag and role, exit 2
     if signals.stop.is_set():
         return signals.exit_code
     return EXIT_INCOMPLETE if summary.failed or refusals.total else EXIT_OK
@@ -549,7 +552,12 @@ def _publish_report(
 
 
 def _print_publish(
-    report: dict[str, Any], summary: PublishSummary, refusals: Refusals, *, as_json: bool
+    report: dict[str, Any],
+    summary: PublishSummary,
+    refusals: Refusals,
+    *,
+    as_json: bool,
+    failure: bool = True,
 ) -> None:
     reasons = ", ".join(f"{r}: {n}" for r, n in sorted(refusals.counts.items()))
     rate = report["rate"]
@@ -572,7 +580,7 @@ def _print_publish(
         print_err(f"refused {ex['where']}{key}: {ex['reason']}: {ex['message']}")
     if refusals.total > len(refusals.examples):
         print_err(f"... and {refusals.total - len(refusals.examples)} more refused records")
-    if summary.failed:
+    if summary.failed and failure:
         first = report["first_failure"] or "unknown"
         print_err(f"error: {PublishError(summary, first)}")
 

@@ -29,6 +29,7 @@ from airflow_nats_ordered.cli.common import (
     EXIT_SIGTERM,
     Command,
     connected,
+    error_in_cli_terms,
     format_size,
     group_name,
     positive_float,
@@ -38,7 +39,7 @@ from airflow_nats_ordered.cli.common import (
     stream_name,
 )
 from airflow_nats_ordered.core.connection.options import ConnectionOptions
-from airflow_nats_ordered.core.errors import ConfigError, NatsOrderedError
+from airflow_nats_ordered.core.errors import ConfigError, NatsOrderedError, PermissionDenied
 from airflow_nats_ordered.core.worker.config import WorkerConfig
 from airflow_nats_ordered.core.worker.presence import GroupDeletedError
 from airflow_nats_ordered.core.worker.worker import Worker
@@ -284,11 +285,12 @@ async def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
     except (NatsOrderedError, NatsError, TimeoutError) as exc:
         if not joined:
             raise  # before joining: a usage, configuration or connection error (exit 2)
-        print_err(f"error: member {cfg.member_id}: {exc}")
+        print_err(f"error: member {cfg.member_id}: {error_in_cli_terms(exc, args, options)}")
         return EXIT_FAILED
     if crashed:
-        if isinstance(worker.error, GroupDeletedError):
-            print_err(f"error: member {cfg.member_id} stopped: {worker.error}")
+        if isinstance(worker.error, GroupDeletedError | PermissionDenied):
+            text = error_in_cli_terms(worker.error, args, options)
+            print_err(f"error: member {cfg.member_id} stopped: {text}")
             return EXIT_FAILED
         print_err(
             f"error: member {cfg.member_id} stopped on an error (logged above) and left the "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class NatsOrderedError(Exception):
     """Base class of every error this package raises on purpose."""
@@ -17,6 +19,81 @@ class ConnectError(NatsOrderedError):
 
 class AuthError(ConnectError):
     """The server rejected the credentials (user/password, token, creds, nkey) or TLS."""
+
+
+class PermissionDenied(NatsOrderedError):
+    """The NATS server refused an operation: the user this client connected as may not
+    ``operation`` (``"publish"`` or ``"subscribe"``) to ``subject``. The server drops what
+    it refuses and tells only the client's error callback, so without this error the
+    operation would just time out (see :mod:`~.connection.denials`).
+
+    ``subject`` is the subject the server named (``grant``: the subject to allow, which
+    for a reply inbox is the whole inbox prefix, e.g. ``_INBOX.>``). ``str(exc)`` names
+    the permission in the core's terms; an adapter words who connected and how to fix it
+    in its own with ``exc.message_for("the user given by --creds", "run ...")``, or
+    :meth:`in_terms` for an error to raise in them.
+    """
+
+    def __init__(
+        self,
+        operation: str,
+        subject: str,
+        hint: str | None = None,
+        *,
+        grant: str | None = None,
+        user: str | None = None,
+    ) -> None:
+        if operation not in ("publish", "subscribe"):
+            raise ValueError(f"operation must be 'publish' or 'subscribe', got {operation!r}")
+        #: ``"publish"`` or ``"subscribe"``
+        self.operation = operation
+        #: the subject the server refused
+        self.subject = subject
+        #: the subject (or wildcard) to allow so that the operation passes
+        self.grant = grant or subject
+        #: who was refused: how the interface in use gave the credentials
+        self.user = user or "the NATS user this client connected as"
+        #: what to do about it, in the core's terms (or the interface's)
+        self.hint = hint or (
+            "allow it for that user (`nats-ordered permissions --role ROLE --stream STREAM` "
+            "prints what each role needs) or connect as a user that has it"
+        )
+        super().__init__(self.message_for(self.user, self.hint))
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled whole (a Spark task's error)
+        return (
+            _permission_denied,
+            (self.operation, self.subject, self.hint, self.grant, self.user),
+        )
+
+    def in_terms(self, user: str, fix: str) -> PermissionDenied:
+        """The same refusal worded for an interface: ``user`` says how the credentials were
+        given (a flag, a connection field), ``fix`` what to do there."""
+        return PermissionDenied(self.operation, self.subject, fix, grant=self.grant, user=user)
+
+    @property
+    def permission(self) -> str:
+        """The missing permission, e.g. ``publish to $KV.b.k`` (with the grant when it is
+        wider than the subject: ``subscribe to _INBOX.x.* (allow _INBOX.>)``)."""
+        text = f"{self.operation} to {self.subject}"
+        return text if self.grant == self.subject else f"{text} (allow {self.grant})"
+
+    @property
+    def reply_inbox(self) -> bool:
+        """Whether the refused subscription is the client's reply inbox (every request's
+        answers arrive there): the user needs its inbox prefix, or another prefix."""
+        return self.operation == "subscribe" and self.grant != self.subject
+
+    def message_for(self, user: str | None = None, fix: str | None = None) -> str:
+        """The refusal, naming ``user`` (how the interface gave the credentials; default
+        :attr:`user`) and ``fix`` (what to do, in its terms; default: :attr:`hint`)."""
+        return f"permission denied: {self.permission} for {user or self.user}; {fix or self.hint}"
+
+
+def _permission_denied(
+    operation: str, subject: str, hint: str, grant: str, user: str
+) -> PermissionDenied:
+    return PermissionDenied(operation, subject, hint, grant=grant, user=user)
 
 
 class StreamNotFoundError(NatsOrderedError):
@@ -129,6 +206,29 @@ class OrderConflict(NatsOrderedError):
     (e.g. the sink already applied another message under its sequence, because the
     servers' stored state went back). The worker neither retries nor dead-letters it: it
     stops the partition with a blocked marker saying why, until an operator resets it."""
+
+
+def denial_in(exc: BaseException | None) -> PermissionDenied | None:
+    """The :class:`PermissionDenied` behind ``exc``: ``exc`` itself, or found along its
+    causes and contexts (and inside exception groups), so an error that wraps a denial
+    (a :class:`~.publish.summary.PublishError`, an operator's failure) can still be
+    reported as the missing permission. None if there is none."""
+    seen: set[int] = set()
+    todo: list[BaseException] = [exc] if exc is not None else []
+    while todo:
+        e = todo.pop(0)
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, PermissionDenied):
+            return e
+        todo.extend(x for x in (e.__cause__, e.__context__) if x is not None)
+        if isinstance(e, BaseExceptionGroup):
+            todo.extend(e.exceptions)
+        found = getattr(e, "denied", None)
+        if isinstance(found, PermissionDenied):
+            todo.append(found)
+    return None
 
 
 def exc_text(exc: BaseException) -> str:

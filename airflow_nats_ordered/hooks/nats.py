@@ -33,7 +33,9 @@ are refused, unread, with the rename to make: Airflow shows values under them in
 and puts a stored value back for the ``***`` the UI sends on Save only under names it
 hides. Every secret value read is registered with the masker, so a log line that repeats
 it shows ``***``.
-Errors name the connection and the field to fix, never a secret.
+Errors name the connection and the field to fix, never a secret; an operation the server
+refused for want of a permission raises :class:`~..core.errors.PermissionDenied` naming the
+permission, the connection and the field that gave its user.
 """
 
 from __future__ import annotations
@@ -55,7 +57,13 @@ from airflow.sdk import BaseHook
 from airflow_nats_ordered.core.connection.api import jetstream
 from airflow_nats_ordered.core.connection.connect import connect
 from airflow_nats_ordered.core.connection.options import ConnectionOptions
-from airflow_nats_ordered.core.errors import ConfigError, ConnectError, NatsOrderedError
+from airflow_nats_ordered.core.errors import (
+    ConfigError,
+    ConnectError,
+    NatsOrderedError,
+    PermissionDenied,
+    denial_in,
+)
 from airflow_nats_ordered.hooks.connection_secrets import (
     RENAMED_SECRET_EXTRAS,
     amask_secrets,
@@ -223,6 +231,53 @@ def options_from_connection(
         raise ConfigError(f"{where}, {form}: {text}") from None
 
 
+def _credentials_field(options: ConnectionOptions) -> str:
+    """The field of a ``nats`` connection that gave its user (no secret)."""
+    method = options.auth_method
+    if method == "user/password":
+        return f"its Login {options.user!r}"
+    if method == "creds":
+        inside = _secret_dir is not None and str(options.creds_file).startswith(_secret_dir)
+        return (
+            "its extra 'creds_secret'"
+            if inside
+            else f"its extra 'creds_file' {options.creds_file!r}"
+        )
+    if method == "nkey":
+        return (
+            "its extra 'nkey_seed_file'"
+            if options.nkey_seed_file
+            else "its extra 'nkey_seed_secret'"
+        )
+    if method == "token":
+        return "its extra 'token'"
+    return "no credentials: neither its Login nor an extra creds_secret, creds_file, token or nkey"
+
+
+def denial_in_airflow_terms(
+    exc: BaseException, conn_id: str, options: ConnectionOptions
+) -> PermissionDenied | None:
+    """A :class:`PermissionDenied` behind ``exc`` worded for Airflow: the connection id
+    and the field that gave the refused user. None if no permission was refused."""
+    denied = denial_in(exc)
+    if denied is None:
+        return None
+    fix = (
+        "grant that user the permissions of the role this task acts in (`nats-ordered "
+        "permissions --role publisher|worker|reader|operator|watcher --stream STREAM "
+        "[--group GROUP]` prints each role's), or set the connection's credentials to a "
+        "user that has them"
+    )
+    if denied.reply_inbox:
+        fix += (
+            "; or set the connection's Inbox prefix field (extra inbox_prefix) to a "
+            "prefix whose PREFIX.> that user may subscribe to"
+        )
+    return denied.in_terms(
+        f"the user of Airflow connection {conn_id!r} ({_credentials_field(options)})", fix
+    )
+
+
 class NatsHook(BaseHook):
     """Connects to NATS JetStream with an Airflow connection of type ``nats``.
 
@@ -300,9 +355,16 @@ class NatsHook(BaseHook):
     @contextlib.asynccontextmanager
     async def aconnect(self, **nats_kwargs: Any) -> AsyncIterator[Any]:
         """A connected nats-py client, bound to the running loop, closed on exit."""
-        nc = await connect(await self.aget_options(), **nats_kwargs)
+        options = await self.aget_options()
+        nc = await connect(options, **nats_kwargs)
         try:
             yield nc
+        except Exception as exc:
+            # a refused permission names this connection and its credentials field
+            denied = denial_in_airflow_terms(exc, self.nats_conn_id, options)
+            if denied is None or denied is exc:
+                raise
+            raise denied from exc
         finally:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(nc.drain(), 5)

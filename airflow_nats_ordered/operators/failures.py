@@ -25,6 +25,7 @@ from airflow_nats_ordered.core.admin.drain_errors import PartitionBlockedError, 
 from airflow_nats_ordered.core.errors import (
     AuthError,
     ConfigError,
+    PermissionDenied,
     RecordError,
     StreamConflictError,
     StreamNotFoundError,
@@ -39,6 +40,7 @@ UNFIXABLE: tuple[type[BaseException], ...] = (
     ConfigError,  # a malformed argument, setting, connection extra or input file
     RecordError,  # a record refused before sending (no key, too large, bad msg-id)
     AuthError,  # the server refused the credentials or the client certificate
+    PermissionDenied,  # the connection's user lacks a permission the task needs
     StreamNotFoundError,  # the stream does not exist: provision it first
     StreamConflictError,  # partition count, prefix or storage differ from the stream's
     StrayMessagesError,  # messages on subjects no worker reads: waiting cannot drain them

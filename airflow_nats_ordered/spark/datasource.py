@@ -91,6 +91,11 @@ def _on_nats(options: SinkOptions, fn: Callable[[NATS], Awaitable[T]]) -> T:
         nc = await connect(options.connection_options())
         try:
             return await fn(nc)
+        except Exception as exc:
+            denied = options.denial_in_spark_terms(exc)  # names the option that gave the user
+            if denied is None:
+                raise
+            raise denied from exc
         finally:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(nc.drain(), 5)

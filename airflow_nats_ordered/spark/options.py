@@ -19,7 +19,7 @@ from typing import Any
 
 from airflow_nats_ordered.core.connection.environment import check_files_here, resolve
 from airflow_nats_ordered.core.connection.options import ConnectionOptions
-from airflow_nats_ordered.core.errors import ConfigError
+from airflow_nats_ordered.core.errors import ConfigError, PermissionDenied, denial_in
 
 #: the Spark option (lower case) -> ConnectionOptions field, for non-secret settings
 CONNECTION_OPTIONS: Mapping[str, str] = {
@@ -87,6 +87,12 @@ _SINK_OPTIONS = (
     AUTH_OPTION,
     CARRIED_OVER_OPTION,
 )
+#: an auth method -> what gives its user (for error messages)
+_VARIABLE_OF = {
+    "creds": "creds file given by NATS_CREDS",
+    "nkey": "nkey seed given by NATS_NKEY",
+    "token": "token given by NATS_TOKEN",
+}
 #: options Spark itself may pass along with ours
 _SPARK_OPTIONS = ("path", "checkpointlocation", "queryname")
 
@@ -253,6 +259,30 @@ class SinkOptions:
             )
         object.__setattr__(sink, "resolved", resolved)
         return sink
+
+    def denial_in_spark_terms(self, exc: BaseException) -> PermissionDenied | None:
+        """A :class:`PermissionDenied` behind ``exc`` worded for the sink: the option (or
+        variable) that gave the refused user, and the publisher role it writes as."""
+        denied = denial_in(exc)
+        if denied is None:
+            return None
+        conn = self.resolved
+        method = conn.auth_method if conn is not None else "none"
+        if conn is not None and method == "user/password":
+            user = f"the user given by option user (or NATS_USER) {conn.user!r}"
+        elif method in _VARIABLE_OF:
+            user = f"the user of the {_VARIABLE_OF[method]}"
+        else:
+            user = (
+                "the server's default user (no option user, NATS_USER, NATS_CREDS, "
+                "NATS_NKEY or NATS_TOKEN given)"
+            )
+        return denied.in_terms(
+            user,
+            "the sink writes as the publisher role: run `nats-ordered permissions --role "
+            f"publisher --stream {self.stream}` and grant that user what it prints (or set "
+            "option user / the NATS_* variables to a user that has it)",
+        )
 
     def connection_options(self) -> ConnectionOptions:
         """The connection :meth:`from_spark` resolved on the driver, the same in every task

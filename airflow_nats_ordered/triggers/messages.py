@@ -100,12 +100,13 @@ from nats.js import api
 from nats.js.errors import BadRequestError, NotFoundError, ServiceUnavailableError
 
 from airflow_nats_ordered.core.admin.dlq import DEAD_LETTER_SUFFIX
+from airflow_nats_ordered.core.connection import denials
 from airflow_nats_ordered.core.connection.api import jetstream
-from airflow_nats_ordered.core.errors import AuthError, ConfigError, ConnectError
+from airflow_nats_ordered.core.errors import AuthError, ConfigError, ConnectError, PermissionDenied
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec
 from airflow_nats_ordered.core.worker.dead_letters import dead_letter_subject
 from airflow_nats_ordered.hooks.arguments import refuse_unknown_arguments
-from airflow_nats_ordered.hooks.nats import NatsHook, _in_airflow_terms
+from airflow_nats_ordered.hooks.nats import NatsHook, _in_airflow_terms, denial_in_airflow_terms
 
 log = logging.getLogger(__name__)
 
@@ -531,6 +532,9 @@ class NatsMessageProducer(SharedStreamProducer):
             except Exception as exc:
                 reason = _wait_reason(t, exc)
                 if reason is None:
+                    denied = await self._denied(exc)
+                    if denied is not None:
+                        raise denied from exc
                     raise
                 kind, text = reason
                 if kind not in reasons:
@@ -550,6 +554,14 @@ class NatsMessageProducer(SharedStreamProducer):
                 time.monotonic() - since,
             )
         return js
+
+    async def _denied(self, exc: BaseException) -> PermissionDenied | None:
+        """A refused permission behind ``exc``, worded for the trigger's connection."""
+        hook = NatsHook(self.t.nats_conn_id)
+        try:
+            return denial_in_airflow_terms(exc, self.t.nats_conn_id, await hook.aget_options())
+        except Exception:  # the connection could not be read again: the core's wording
+            return None
 
     async def _disconnect(self) -> None:
         stack, self._stack, self._nc = self._stack, contextlib.AsyncExitStack(), None
@@ -573,6 +585,11 @@ class NatsMessageProducer(SharedStreamProducer):
         )
         while True:
             await self._room.wait()
+            # a refused pull or acknowledgement: fail, naming it, instead of fetching nothing
+            # (or redelivering what Airflow stored) for ever
+            refused = denials.latest(self._nc) if self._nc is not None else None
+            if refused is not None:
+                raise (await self._denied(refused)) or refused
             want = min(t.batch, t.max_in_flight - len(self._outstanding))
             try:
                 msgs = await sub.fetch(want, timeout=t.fetch_timeout)

@@ -28,6 +28,7 @@ import nats
 import nats.errors
 from nats.aio.client import Client
 
+from airflow_nats_ordered.core.connection import denials
 from airflow_nats_ordered.core.connection.api import remember_api_prefix
 from airflow_nats_ordered.core.connection.credentials import _check_creds_file
 from airflow_nats_ordered.core.connection.fields import (
@@ -298,6 +299,7 @@ async def connect(options: ConnectionOptions, **extra_nats_kwargs: Any) -> Clien
     user_closed_cb: Callback | None = extra_nats_kwargs.pop("closed_cb", None)
 
     nc = Client()
+    denials.install(nc)  # a refused request fails with PermissionDenied, not a timeout
     first_connect = True
     failures: list[_Failure] = []
     closing: list[asyncio.Task[None]] = []  # keeps close tasks referenced until done
@@ -320,6 +322,10 @@ async def connect(options: ConnectionOptions, **extra_nats_kwargs: Any) -> Clien
                 or len(failures) >= len(options.servers)
             ):
                 raise _AbortFirstConnect
+            return
+        if denials.record(nc, exc) is not None:  # logged there, naming the permission
+            if user_error_cb is not None:
+                await user_error_cb(exc)
             return
         level = logging.WARNING
         if nc.is_reconnecting or isinstance(exc, _CONNECTION_ERRORS):

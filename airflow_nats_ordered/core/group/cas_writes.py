@@ -6,7 +6,9 @@ same revision), but returns as soon as the write is on the wire; the server's an
 given to the write's callback exactly once: the new revision, or the error (an
 :class:`APIError`, err_code 10071 when the compare-and-set failed;
 :class:`~nats.errors.NoRespondersError`; :class:`TimeoutError` when no answer came within
-the write's timeout, after which a late answer is dropped).
+the write's timeout, after which a late answer is dropped;
+:class:`~..errors.PermissionDenied` instead when the server refused the write or its
+answers' inbox, see :mod:`~..connection.denials`).
 
 Why not ``KeyValue.update`` in a task: on a busy event loop (a synchronous handler works
 through a time slice per partition) the task would run, and nats-py's flusher task would
@@ -32,6 +34,7 @@ from nats.aio.transport import TcpTransport
 from nats.errors import NoRespondersError
 from nats.js.errors import APIError
 
+from airflow_nats_ordered.core.connection import denials
 from airflow_nats_ordered.core.stream.reader import _route
 
 log = logging.getLogger(__name__)
@@ -125,7 +128,8 @@ class CasWrites:
         ``last_revision``; ``answer`` gets the new revision (or why there is none)."""
         prefix = self._prefix or await self._open()
         token = str(next(self._ids))
-        timer = asyncio.get_running_loop().call_later(timeout, self._timed_out, token)
+        denials.expect(self.nc, subject)  # a refusal names it as written
+        timer = asyncio.get_running_loop().call_later(timeout, self._timed_out, token, subject)
         self._waiting[token] = (answer, timer)
         reply = prefix + token
         header = b"NATS/1.0\r\n%s: %d\r\n\r\n" % (_EXPECTED, last_revision)
@@ -152,10 +156,13 @@ class CasWrites:
             raise
         flush_now(self.nc)
 
-    def _timed_out(self, token: str) -> None:
+    def _timed_out(self, token: str, subject: str) -> None:
         waiting = self._waiting.pop(token, None)
         if waiting is not None:
-            task = asyncio.ensure_future(waiting[0](TimeoutError()))
+            # no answer: the server may have refused the write (or the answers' inbox)
+            inbox = self._prefix + token if self._prefix else None
+            refused = denials.denied(self.nc, publish=subject, subscribe=inbox)
+            task = asyncio.ensure_future(waiting[0](refused or TimeoutError()))
             _LATE.add(task)
             task.add_done_callback(_LATE.discard)
 

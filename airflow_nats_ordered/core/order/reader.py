@@ -57,6 +57,7 @@ from nats.aio.client import Client as NATS
 from nats.errors import Error as NatsError
 from nats.js.errors import NotFoundError
 
+from airflow_nats_ordered.core.connection import denials
 from airflow_nats_ordered.core.errors import ConfigError, NatsOrderedError
 from airflow_nats_ordered.core.group.commits import Fenced
 from airflow_nats_ordered.core.group.config import GroupConfig, default_member_id
@@ -427,6 +428,8 @@ class GlobalOrderReader:
         fetchers = (strategy.fetch(p) for p in range(len(self._readers)))
         self._fetchers = [asyncio.ensure_future(f) for f in fetchers]
         self._heartbeat = asyncio.ensure_future(self._beat())
+        # a refused permission stops the reader, naming it (a retry is refused the same way)
+        unwatch = denials.watch(self.nc, self._fail)
         try:
             await strategy.release()
             if self._progress.unwritten or self.error is not None:
@@ -436,6 +439,7 @@ class GlobalOrderReader:
             self.error = self.error or exc
             log.error("%s", exc)
         finally:
+            unwatch()
             for t in self._fetchers:
                 t.cancel()
             await asyncio.gather(*self._fetchers, return_exceptions=True)

@@ -42,6 +42,8 @@ from typing import Any, Protocol
 from nats.aio.client import Client as NATS
 from nats.errors import Error as NatsError
 
+from airflow_nats_ordered.core.connection import denials
+from airflow_nats_ordered.core.errors import PermissionDenied
 from airflow_nats_ordered.core.publish import wire
 from airflow_nats_ordered.core.publish.config import _MAX_BACKOFF, PublisherConfig
 from airflow_nats_ordered.core.publish.summary import PartitionSummary
@@ -171,6 +173,9 @@ class _Lane:
         self.sender_error: str | None = None  # the sender's write failed: resend
         # the error of a message the server refused ("type":"err"); its final ack follows
         self._batch_error: dict[str, Any] | None = None
+        #: the server refused this lane's publishes or replies (the NATS user lacks the
+        #: permission): its records fail at once, never resent
+        self.denied: PermissionDenied | None = None
 
     # -- accepting -----------------------------------------------------------------------
     def accept(self, rec: _Rec) -> None:
@@ -237,7 +242,16 @@ class _Lane:
             self.error,
         )
 
+    def deny(self, error: PermissionDenied) -> None:
+        """The server refused a publish of this partition or the replies' inbox: fail
+        what is queued and in flight now (a resend would be refused too)."""
+        if self.denied is None:
+            self.denied = error
+        self.wake.set()
+
     async def _step(self) -> bool:
+        if self.denied is not None and (self.queue or self.inflight or self.batch_id):
+            raise _Fatal(str(self.denied))
         self._drain_replies()
         if self.sender_error is not None:
             reason, self.sender_error = self.sender_error, None
@@ -301,6 +315,7 @@ class _Lane:
                 self.wake.clear()
                 if (
                     self.replies
+                    or self.denied is not None
                     or self.sender_error is not None
                     or self.broken
                     or self.batch_id is None
@@ -443,6 +458,8 @@ class _Lane:
         deadline = time.monotonic() + self.cfg.ack_timeout
         current = self.batch_id
         while self.batch_id == current and current is not None:
+            if self.denied is not None:
+                raise _Fatal(str(self.denied))
             if self.replies:
                 bid, data = self.replies.popleft()
                 if self._handle(bid, data) and not final:
@@ -538,6 +555,11 @@ class _Lane:
         self._attempt = 0
 
     async def _recover(self, reason: str) -> None:
+        refused = denials.denied(self.pub.nc, publish=self.subject, subscribe=self.inbox + ".x")
+        if refused is not None or self.denied is not None:
+            self.denied = self.denied or refused
+            self._fail(str(self.denied))
+            return
         if self.pub.nc.is_closed:
             self._fail(f"{reason}; the NATS connection is closed")
             return

@@ -70,6 +70,7 @@ from nats.aio.client import Client as NATS
 from nats.errors import Error as NatsError
 from nats.nuid import NUID
 
+from airflow_nats_ordered.core.connection import denials
 from airflow_nats_ordered.core.connection.api import inbox_prefix, jetstream
 from airflow_nats_ordered.core.errors import (
     ConfigError,
@@ -77,6 +78,7 @@ from airflow_nats_ordered.core.errors import (
     InvalidMsgIdError,
     KeylessRecordError,
     PartitionMismatchError,
+    PermissionDenied,
     RecordError,
     RecordTooLargeError,
 )
@@ -176,6 +178,7 @@ class OrderedPublisher:
         self._removed_before = 0
         self._t0 = 0.0
         self._sub: Any = None
+        self._unwatch: Any = None
         self._run_tag = NUID().next().decode()
         # batch ids and the reply inbox are in every message's reply subject, which the
         # server parses per message: 12 random base62 characters (71 bits) keep them unique
@@ -276,6 +279,8 @@ class OrderedPublisher:
                 self._idle_point,
                 self.config.watermark_interval,
             )  # one global-order publisher at a time: SequencerBusy while another is
+        self._unwatch = denials.watch(self.nc, self._denied)
+        denials.expect(self.nc, f"{self._inbox}.>", *(lane.subject for lane in self._lanes))
         self._sub = await self.nc.subscribe(
             f"{self._inbox}.>",
             cb=self._on_reply,
@@ -290,6 +295,23 @@ class OrderedPublisher:
             self._watermarks.start()
         self._t0 = time.monotonic()
         self._started = True
+
+    def _denied(self, error: PermissionDenied) -> None:
+        """The server refused a publish to a partition, or the replies' inbox: those
+        partitions fail their records at once (a resend would be refused the same way)."""
+        subject = error.subject.lower()
+        replies = f"{self._inbox}.0.x".lower()  # a reply of a lane's batch
+        for lane in self._lanes:
+            if (error.operation == "publish" and lane.subject.lower() == subject) or (
+                error.operation == "subscribe" and denials.covers(subject, replies)
+            ):
+                lane.deny(error)
+
+    @property
+    def denied(self) -> PermissionDenied | None:
+        """Why partitions failed, if the server refused a permission this publisher needs
+        (the first such refusal); None otherwise."""
+        return next((lane.denied for lane in self._lanes if lane.denied is not None), None)
 
     def _idle_point(self) -> tuple[int, list[int]]:
         """The next global sequence and the partitions whose lane is idle (nothing queued,
@@ -534,7 +556,7 @@ class OrderedPublisher:
             summary = await self._flush()
         if summary.failed or summary.unexpected_duplicates:
             errors = [lane.error for lane in self._lanes if lane.error]
-            raise PublishError(summary, errors[0] if errors else None)
+            raise PublishError(summary, errors[0] if errors else None) from self.denied
         return summary
 
     async def _flush(self) -> PublishSummary:
@@ -608,6 +630,8 @@ class OrderedPublisher:
                 raise
         finally:
             self._closing = True
+            if self._unwatch is not None:
+                self._unwatch()
             if self._watermarks is not None:
                 await self._watermarks.close()
             for lane in self._lanes:

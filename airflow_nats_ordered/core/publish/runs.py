@@ -417,6 +417,8 @@ async def publish_run(
     record it will not store) ends: the run is recorded ``partial`` with the refusal as its
     error, and publishing the same input as the same run again completes it (across a
     repartition, the ledger passes over what the old layout stored: :mod:`.run_layouts`).
+    A publish the server refused for want of a permission raises
+    :class:`~..errors.PermissionDenied` once the run is recorded ``partial``.
     """
     if not producer_id or not producer_id.strip():
         raise ConfigError("producer_id must name the run (e.g. '<dag>.<task>.<logical date>')")
@@ -525,6 +527,8 @@ async def _attempt(
     elif unmarked:
         rec.error = unmarked_error(unmarked)
     await ledger.record(rec)
+    if pub.denied is not None:  # recorded partial; no retry passes without the permission
+        raise pub.denied
     return RunResult(rec, skipped=False, summary=summary)
 
 

@@ -28,6 +28,7 @@ from nats.errors import Error as NatsError
 from nats.js import api
 from nats.js.errors import NotFoundError
 
+from airflow_nats_ordered.core.connection import denials
 from airflow_nats_ordered.core.connection.api import api_subject, jetstream
 from airflow_nats_ordered.core.stream.message import HDR_MSG_ID
 
@@ -267,6 +268,7 @@ class PartitionReader:
         self.sub: Any = None
         self.consumer = ""
         self.inbox = ""
+        self._next = ""  # the subject pull requests go to (set with the consumer)
         self._buf: deque[tuple[int, Any, int]] = deque()  # (stream seq, message, size)
         self._buf_bytes = 0
         # pull requests in flight, oldest first (the server serves them in order):
@@ -390,6 +392,9 @@ class PartitionReader:
         )
         self.consumer = info.name or ""
         self.inbox = self.nc.new_inbox()
+        js_api = getattr(self.js, "_prefix", "$JS.API")
+        self._next = f"{js_api}.CONSUMER.MSG.NEXT.{self.stream}.{self.consumer}"
+        denials.expect(self.nc, self.inbox, self._next)  # a refusal names them as written
         self.sub = await self.nc.subscribe(self.inbox, cb=self._on_msg)
         routes = _route(self.nc)
         if routes is not None:
@@ -436,7 +441,13 @@ class PartitionReader:
 
     async def fetch(self, timeout: float) -> list[tuple[int, Any]]:
         """Up to ``batch`` (stream seq, message) pairs in order; [] after ``timeout``.
-        What a previous call returned counts as released (handled) from now on."""
+        What a previous call returned counts as released (handled) from now on. Raises
+        :class:`~..errors.PermissionDenied` once the server refused the reader's pull
+        requests or its inbox (the NATS user lacks a permission: retrying cannot help)."""
+        if self.consumer:
+            refused = denials.denied(self.nc, publish=self._next, subscribe=self.inbox)
+            if refused is not None:
+                raise refused
         now = time.monotonic()
         if self._handed:
             # the handler ran since the last call: deliveries and heartbeats that arrived

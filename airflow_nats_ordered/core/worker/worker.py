@@ -36,6 +36,11 @@ processing's in :mod:`.delivery`)
   stopped (committed and released at once) and claimed by their new owner.
 * **Graceful stop.** :meth:`Worker.stop` finishes the message in hand, commits, releases
   every lease and leaves the group, so hand-over does not wait for a TTL.
+* **A refused permission stops the member, once.** When the server refuses one of its
+  publishes or subscriptions (the NATS user lacks a permission of the worker role), the
+  member logs one error naming the permission, stops as on a crash and sets
+  :attr:`Worker.error` to a :class:`~..errors.PermissionDenied`; it never retries what the
+  server will refuse again. Refused while joining, :meth:`Worker.start` raises it.
 * **A deleted group stops the member, once.** When its group's buckets are deleted (or
   deleted and created again) under it, the member logs one error, stops as on a crash and
   sets :attr:`Worker.error` to a :class:`GroupDeletedError`; it never retries against, or
@@ -52,7 +57,8 @@ from typing import Any
 
 from nats.aio.client import Client as NATS
 
-from airflow_nats_ordered.core.errors import NatsOrderedError
+from airflow_nats_ordered.core.connection import denials
+from airflow_nats_ordered.core.errors import NatsOrderedError, PermissionDenied
 from airflow_nats_ordered.core.group.store import GroupStore
 from airflow_nats_ordered.core.stream.message import (
     AppliedPosition,
@@ -136,6 +142,7 @@ class Worker:
         #: the background loops: the heartbeat, the leader's, the reconcile and the epoch loop
         self._tasks: list[asyncio.Task[None]] = []
         self._crash: asyncio.Task[None] | None = None
+        self._unwatch: Callable[[], None] | None = None
         self.stopped = asyncio.Event()
 
     # -- what callers read -------------------------------------------------------------------
@@ -197,6 +204,32 @@ class Worker:
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
+        self._unwatch = denials.watch(self.nc, self._denied)
+        try:
+            await self._start()
+        except BaseException:
+            self._unwatch()
+            raise
+        if isinstance(self.watch.error, PermissionDenied):  # refused while joining
+            self._crash_once()
+            raise self.watch.error
+
+    def _denied(self, error: PermissionDenied) -> None:
+        """The server refused one of the member's operations: stop once, saying which
+        permission is missing (a retry would be refused the same way)."""
+        if self.watch.error is not None or self.ctx.stopping:
+            return
+        self.watch.error = error
+        if not self._tasks:  # while joining: start() raises it
+            return
+        log.error(
+            "member %s: %s; the member stops: it cannot do its work without that permission",
+            self.member,
+            error,
+        )
+        self._crash_once()
+
+    async def _start(self) -> None:
         ctx = self.ctx
         ctx.store = await GroupStore.open(self.nc, self.cfg.group_config)
         assert ctx.store.stream is not None  # (open() describes the stream)
@@ -235,6 +268,8 @@ class Worker:
         try:
             await self._leave()
         finally:
+            if self._unwatch is not None:
+                self._unwatch()
             self.heartbeat.closing = True
             for t in self._tasks:
                 t.cancel()

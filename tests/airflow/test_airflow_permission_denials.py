@@ -1,0 +1,88 @@
+"""A refused permission, as an Airflow user sees it: the refused subject, the connection id
+and the field of the connection that gave the user; a task fails at once (no retry can
+grant a permission)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+
+import pytest
+from airflow.sdk.exceptions import AirflowFailException
+from permission_accounts import PASSWORD, S, accounts_config, options
+
+from airflow_nats_ordered.core.connection.connect import connect
+from airflow_nats_ordered.core.errors import PermissionDenied
+from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
+from airflow_nats_ordered.embedded.servers import NatsServer
+from airflow_nats_ordered.hooks.nats import NatsHook
+from airflow_nats_ordered.operators.streams import NatsProvisionStreamOperator
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
+    with NatsServer(tmp_path_factory.mktemp("af-denials"), extra_config=accounts_config()) as srv:
+
+        async def setup() -> None:
+            nc = await connect(options(srv, "admin_a"))
+            try:
+                await provision(nc, StreamSpec(S, partitions=4))
+            finally:
+                await nc.close()
+
+        asyncio.run(setup())
+        yield srv
+
+
+@pytest.fixture
+def worker_conn(server: NatsServer, monkeypatch: pytest.MonkeyPatch) -> str:
+    """An Airflow connection whose Login is the worker of group G (nothing more)."""
+    fields = {
+        "conn_type": "nats",
+        "host": "127.0.0.1",
+        "port": server.port,
+        "login": "worker_a",
+        "password": PASSWORD,
+    }
+    monkeypatch.setenv("AIRFLOW_CONN_NATS_WORKER_ONLY", json.dumps(fields))
+    return "nats_worker_only"
+
+
+def _check(message: str, subject: str) -> None:
+    assert message.startswith(f"permission denied: publish to {subject}"), message
+    assert "for the user of Airflow connection 'nats_worker_only' (its Login 'worker_a')" in message
+    assert "nats-ordered permissions --role" in message
+    assert PASSWORD not in message
+
+
+def test_hook_names_the_connection_and_its_login(worker_conn: str) -> None:
+    async def delete(nc) -> None:  # noqa: ANN001 - a nats-py client
+        await nc.jetstream().delete_stream(S)
+
+    with pytest.raises(PermissionDenied) as info:
+        NatsHook(worker_conn).run(delete)
+    _check(str(info.value), f"$JS.API.STREAM.DELETE.{S}")
+
+
+def test_hook_in_a_trigger_names_the_connection(worker_conn: str) -> None:
+    async def main() -> None:
+        async with NatsHook(worker_conn).aconnect() as nc:
+            await nc.jetstream().purge_stream(S)
+
+    with pytest.raises(PermissionDenied) as info:
+        asyncio.run(main())
+    _check(str(info.value), f"$JS.API.STREAM.PURGE.{S}")
+
+
+def test_operator_fails_at_once_naming_the_connection(worker_conn: str) -> None:
+    op = NatsProvisionStreamOperator(
+        task_id="provision",
+        nats_conn_id=worker_conn,
+        stream=S,
+        partitions=4,
+        max_age=3600,
+    )
+    with pytest.raises(AirflowFailException) as info:  # not retried: no retry grants it
+        op.execute({})
+    _check(str(info.value), f"$JS.API.STREAM.UPDATE.{S}")
