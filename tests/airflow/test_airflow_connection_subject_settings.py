@@ -76,7 +76,7 @@ authorization {
     ("extra", "expected"),
     [
         ({"inbox_prefix": "_AFINBOX"}, None),
-        ({}, "set Inbox prefix (extra 'inbox_prefix')"),
+        ({}, "set the connection's Inbox prefix field (extra inbox_prefix)"),
         (
             {"inbox_prefix": "_AFINBOX", "js_domain": "nowhere"},
             "JetStream is not available to this account in JetStream domain 'nowhere' "

@@ -10,6 +10,7 @@ once instead of timing out or retrying for ever.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import pickle
 import time
 from collections.abc import Iterator
@@ -279,7 +280,9 @@ def test_refused_reply_inbox_is_named(provisioned: NatsServer) -> None:
 
     async def main() -> None:
         # pub_a may subscribe to _INBOX.> only: a reply inbox elsewhere is refused
-        nc = await connect(options(provisioned, "pub_a"), inbox_prefix="_MYBOX")
+        nc = await connect(
+            dataclasses.replace(options(provisioned, "pub_a"), inbox_prefix="_MYBOX")
+        )
         try:
             found = await _fails_fast(nc.jetstream().stream_info(S), "subscribe", "_MYBOX.")
             assert found.grant == "_MYBOX.>"
