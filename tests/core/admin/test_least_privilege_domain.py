@@ -48,6 +48,16 @@ GROUP = "g"
 ROLES = {"d_operator": "operator", "d_publisher": "publisher", "d_worker": "worker"}
 ROLES["d_watcher"] = "watcher"
 
+#: what the leaf node's remote user on the hub needs (docs/security.md): to be sent the
+#: domain's API requests, acknowledgements and flow-control answers, and to send the
+#: replies and deliveries back to the clients' inboxes
+LEAF_PERMISSIONS = json.dumps(
+    {
+        "publish": {"allow": ["_INBOX.>"]},
+        "subscribe": {"allow": ["$JS.leaf.API.>", "$JS.ACK.>", "$JS.FC.>", "orders.>"]},
+    }
+)
+
 
 @dataclass
 class Domain:
@@ -100,7 +110,9 @@ def domain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Domain]:
         + json.dumps(secrets.token_hex(8))
         + " } ] }\n  TEAM_A {\n    users = [\n"
         + "\n".join(entries)
-        + "\n      { user: leaf, password: $LEAF_PASSWORD }\n    ]\n  }\n}\n"
+        + "\n      { user: leaf, password: $LEAF_PASSWORD, permissions: "
+        + LEAF_PERMISSIONS
+        + " }\n    ]\n  }\n}\n"
         + "system_account: SYS\n"
         + _js(root / "hub", "hub")
         + f'leafnodes {{ listen: "127.0.0.1:{leaf_port}" }}\n'
@@ -120,7 +132,7 @@ def domain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Domain]:
         dom = Domain(hub, leaf, passwords, [])
 
         async def wait_linked() -> None:
-            nc = await nats.connect(hub.url, user="leaf", password=passwords["leaf"])
+            nc = await nats.connect(hub.url, user="d_watcher", password=passwords["d_watcher"])
             try:
                 async with asyncio.timeout(WAIT):
                     while True:
