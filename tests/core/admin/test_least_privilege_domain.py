@@ -4,7 +4,10 @@ users have exactly those sets, against the JetStream of a leaf node in domain ``
 
 The hub has an account ``TEAM_A`` holding one user per role (each entry is the
 ``to_conf(user)`` block itself) and the leaf node's remote user; the leaf node connects to
-the hub as that user and runs JetStream in domain ``leaf`` for it. Over the hub, with
+the hub as that user and runs JetStream in domain ``leaf`` for it. The remote user has only
+what docs/security.md says it needs (``LEAF_PERMISSIONS``): a subscribe permission it lacks
+is not logged as a violation, the hub just forwards nothing (records, API requests), so the
+job itself is the proof. Over the hub, with
 ``js_domain="leaf"``: the operator provisions, the publisher publishes a run (its ledger in
 KV: writes through ``$JS.leaf.API.$KV...``), a worker processes every record and commits,
 the watcher's drain check sees the group drained and its ``nats://`` watcher reads and acks
