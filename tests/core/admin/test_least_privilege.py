@@ -100,20 +100,23 @@ class Deployment:
         self.url = server.url.replace("nats://", "tls://")
         self.errors: list[str] = []
 
-    def options(self, user: str) -> ConnectionOptions:
+    def options(self, user: str, **settings: Any) -> ConnectionOptions:
         return ConnectionOptions(
             servers=(self.url,),
             user=user,
             password=self.passwords[user],
             tls_ca_file=self.ca,
             name=user,
+            **settings,
         )
 
-    async def connect(self, user: str, **kwargs: Any) -> Any:
+    async def connect(self, user: str, **settings: Any) -> Any:
+        """A client of ``user``; ``settings`` are ConnectionOptions fields (inbox_prefix)."""
+
         async def on_error(exc: Exception) -> None:
             self.errors.append(f"{user}: {exc}")
 
-        return await connect(self.options(user), error_cb=on_error, **kwargs)
+        return await connect(self.options(user, **settings), error_cb=on_error)
 
     def mark(self) -> tuple[int, int]:
         """Where the server log and the error_cb record stand now."""
