@@ -423,7 +423,7 @@ def test_the_airflow_watcher_drains_and_watches_with_its_permissions(
             want = n + 1 if trig.stream == STREAM else 1
             try:
                 stream = producer.open_stream()
-                got = []
+                got: list[Any] = []
                 async with asyncio.timeout(WAIT):
                     while len(got) < want:
                         got.append(await anext(stream))

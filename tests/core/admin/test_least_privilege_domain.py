@@ -224,7 +224,7 @@ def test_each_role_runs_its_job_in_the_leafs_domain_with_exactly_its_permissions
         )
         try:
             stream = producer.open_stream()
-            got = []
+            got: list[Any] = []
             async with asyncio.timeout(WAIT):
                 while len(got) < n:
                     got.append(await anext(stream))
