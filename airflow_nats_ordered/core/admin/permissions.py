@@ -256,7 +256,8 @@ class _Grant:
         )
 
     def readers(self, stream: str, what: str) -> None:
-        """The unnamed, filtered pull consumers a partition reader makes, pulls, deletes."""
+        """The unnamed, filtered pull consumers a partition reader makes and pulls (never
+        deletes: each ends by its inactive threshold once its reader stops)."""
         self.p(
             f"{self.api}.CONSUMER.CREATE.{stream}",
             f"create the unnamed consumer that reads a partition of {what}",
@@ -264,10 +265,6 @@ class _Grant:
         self.p(
             f"{self.api}.CONSUMER.MSG.NEXT.{stream}.*",
             f"pull records from those consumers of {what}",
-        )
-        self.p(
-            f"{self.api}.CONSUMER.DELETE.{stream}.*",
-            f"delete those consumers of {what} when the partition is let go",
         )
 
     # KV buckets ------------------------------------------------------------------------
@@ -477,7 +474,11 @@ def _operator(g: _Grant, stream: str, group: str | None, prefix: str) -> None:
     g.msg_get(stream, what, "the records a reset lands on, strays")
     g.direct_last(stream, what, "the last record on each subject (strays)")
     g.direct_count(stream, what)
-    g.readers(stream, what + " (a rebalance by load counts each partition's rate)")
+    g.p(
+        f"{api}.CONSUMER.CREATE.{stream}",
+        f"a rebalance by load counts each partition's rate of {what} with an unnamed consumer",
+    )
+    g.p(f"{api}.CONSUMER.DELETE.{stream}.*", "delete those counting consumers at once")
     dlq = dead_letter_stream(stream)
     g.info(dlq, f"dead-letter stream {dlq}")
     g.msg_get(dlq, f"dead-letter stream {dlq}", "read, show and replay dead letters")

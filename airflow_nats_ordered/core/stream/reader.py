@@ -184,25 +184,6 @@ def _route(nc: NATS) -> dict[int, Route] | None:
     return table
 
 
-#: consumer deletions in flight (a reference keeps each task alive until it ends)
-_DELETING: set[asyncio.Task[None]] = set()
-
-
-def _discard(nc: NATS, stream: str, consumer: str) -> asyncio.Task[None]:
-    """Delete a reader's consumer in the background, giving up after a second."""
-
-    async def delete() -> None:
-        with contextlib.suppress(Exception):
-            await nc.request(
-                api_subject(nc, f"CONSUMER.DELETE.{stream}.{consumer}"), b"", timeout=1.0
-            )
-
-    task = asyncio.ensure_future(delete())
-    _DELETING.add(task)
-    task.add_done_callback(_DELETING.discard)
-    return task
-
-
 class PartitionReader:
     """Reads one partition from a start sequence with an ack-none pull consumer, keeping at
     most two pull requests in flight: pipelined, and bounded twice. At most ``2 * batch``
@@ -239,6 +220,9 @@ class PartitionReader:
     OPEN_TIMEOUT = 1.0
     OPEN_TIMEOUT_MAX = 8.0
     ELECTION = 10.0
+    #: seconds without a pull request after which the server removes a consumer: how a
+    #: stopped reader's consumer ends (it is never deleted by the reader)
+    INACTIVE_THRESHOLD = 30.0
 
     def __init__(
         self,
@@ -385,7 +369,7 @@ class PartitionReader:
                 opt_start_seq=self.next_seq,
                 ack_policy=api.AckPolicy.NONE,
                 filter_subject=self.subject,
-                inactive_threshold=30.0,
+                inactive_threshold=self.INACTIVE_THRESHOLD,
                 mem_storage=True,
                 num_replicas=1,
             ),
@@ -502,8 +486,8 @@ class PartitionReader:
         return out
 
     async def close(self, wait: bool = True) -> None:
-        """Stop reading: unsubscribe and delete the consumer (waiting at most a second for
-        the server's answer, or not at all with ``wait=False``)."""
+        """Stop reading: unsubscribe and forget the consumer, which the server removes
+        after its inactive threshold (``wait`` is kept for callers; nothing is awaited)."""
         if self.sub is not None:
             routes = getattr(self.nc, "_nor_routes", None)
             if routes is not None:
@@ -511,16 +495,13 @@ class PartitionReader:
             with contextlib.suppress(Exception):
                 await self.sub.unsubscribe()
             self.sub = None
-        if self.consumer:
-            # bounded, and not awaited at all when re-creating: the consumer may have died
-            # with its server (nats-py's 5 s timeout per call held a failover back), and an
-            # ack-none consumer left behind ends by itself after inactive_threshold; its
-            # deliveries go to an inbox nobody reads any more
-            deleting = _discard(self.nc, self.stream, self.consumer)
-            self.consumer = ""
-            if wait:
-                with contextlib.suppress(Exception):
-                    await asyncio.shield(deleting)
+        # the consumer is not deleted: the server removes it INACTIVE_THRESHOLD seconds
+        # after its last pull request ends (at most EXPIRES from now), and its few
+        # deliveries meanwhile go to an inbox nobody reads. A delete would need
+        # CONSUMER.DELETE.<stream>.*, which lets a worker delete any consumer of the
+        # stream (other groups', the Airflow watcher's durable): workers and readers are
+        # not granted it (docs/security.md)
+        self.consumer = ""
         self._buf.clear()
         self._buf_bytes = 0
         self._requests.clear()

@@ -82,6 +82,10 @@ def _grants(stream: str, global_stream: str) -> list[Grant]:
         Grant("TEAM_B", "cli_operator", "operator", CLI_STREAM, "g"),
         Grant("TEAM_B", "cli_publisher", "publisher", CLI_STREAM, None),
         Grant("TEAM_B", "cli_worker", "worker", CLI_STREAM, "g"),
+        Grant("TEAM_B", "z_operator", "operator", TIDY, "g"),
+        Grant("TEAM_B", "z_worker", "worker", TIDY, "g"),
+        Grant("TEAM_B", "z_other", "worker", TIDY, "other"),
+        Grant("TEAM_B", "z_watcher", "watcher", TIDY, "g"),
     ]
     return out
 
@@ -96,20 +100,23 @@ class Deployment:
         self.url = server.url.replace("nats://", "tls://")
         self.errors: list[str] = []
 
-    def options(self, user: str) -> ConnectionOptions:
+    def options(self, user: str, **settings: Any) -> ConnectionOptions:
         return ConnectionOptions(
             servers=(self.url,),
             user=user,
             password=self.passwords[user],
             tls_ca_file=self.ca,
             name=user,
+            **settings,
         )
 
-    async def connect(self, user: str, **kwargs: Any) -> Any:
+    async def connect(self, user: str, **settings: Any) -> Any:
+        """A client of ``user``; ``settings`` are ConnectionOptions fields (inbox_prefix)."""
+
         async def on_error(exc: Exception) -> None:
             self.errors.append(f"{user}: {exc}")
 
-        return await connect(self.options(user), error_cb=on_error, **kwargs)
+        return await connect(self.options(user, **settings), error_cb=on_error)
 
     def mark(self) -> tuple[int, int]:
         """Where the server log and the error_cb record stand now."""
@@ -142,6 +149,7 @@ GSTREAM = "LEDGER"
 INBOXED = "INBOXED"
 CLI_STREAM = "CLIOPS"
 EXACT = "EXACT"
+TIDY = "TIDY"
 
 
 @pytest.fixture(scope="module")
@@ -415,7 +423,7 @@ def test_the_airflow_watcher_drains_and_watches_with_its_permissions(
             want = n + 1 if trig.stream == STREAM else 1
             try:
                 stream = producer.open_stream()
-                got = []
+                got: list[Any] = []
                 async with asyncio.timeout(WAIT):
                     while len(got) < want:
                         got.append(await anext(stream))
@@ -562,3 +570,75 @@ def test_a_grant_is_not_more_than_it_says(deployment: Deployment) -> None:
     ):
         assert f'user:{user}" - Publish Violation - Subject "{subject}"' in found, found
         assert f'{user}: nats: permissions violation for publish to "{subject.lower()}"' in found
+
+
+def test_a_worker_deletes_no_consumer_and_a_stopped_reader_s_consumer_ends_by_itself(
+    deployment: Deployment,
+) -> None:
+    """ "A worker cannot delete anything": a worker of group ``g`` is refused the delete of
+    group ``other``'s partition consumer and of the watcher's durable (both stay); a
+    partition reader, stopped, sends no delete (its user may not) and its consumer is gone
+    within its inactive threshold (1 s here, 30 s in production; a generous deadline)."""
+    from nats.js import api
+
+    from airflow_nats_ordered.core.admin.rebalance import partition_rates
+    from airflow_nats_ordered.core.connection.api import jetstream
+    from airflow_nats_ordered.core.stream.reader import PartitionReader
+
+    class QuickReader(PartitionReader):
+        INACTIVE_THRESHOLD = 1.0
+        EXPIRES = 2.0
+
+    dep = deployment
+    mark = dep.mark()
+
+    async def go() -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        op = await dep.connect("z_operator")
+        await provision(op, StreamSpec(TIDY, partitions=2))
+        js = jetstream(op)
+
+        async def consumers() -> int:
+            return (await js.stream_info(TIDY)).state.consumer_count
+
+        watcher = await dep.connect("z_watcher")
+        await jetstream(watcher).add_consumer(
+            TIDY,
+            config=api.ConsumerConfig(name="tidy-watch", durable_name="tidy-watch", ack_wait=5.0),
+        )
+        other = await dep.connect("z_other")
+        reader = QuickReader(other, TIDY, "tidy.p.0", 1, 10, lambda: 1 << 20)
+        assert await reader.fetch(0.2) == []
+        out["before"] = await consumers()
+        out["consumer"] = reader.consumer
+        worker = await dep.connect("z_worker")
+        for name in (reader.consumer, "tidy-watch"):
+            await worker.publish(f"$JS.API.CONSUMER.DELETE.{TIDY}.{name}", b"")
+        await worker.flush()
+        await _until(lambda: len(dep.violations_since(mark)) >= 4, "the refusals", 10)
+        out["refused"] = dep.violations_since(mark)
+        out["after_refusals"] = await consumers()
+        await reader.close()
+        deadline = time.monotonic() + 30.0
+        while (count := await consumers()) > 1:
+            assert time.monotonic() < deadline, f"{count} consumers left"
+            await asyncio.sleep(0.2)
+        out["after_stop"] = count
+        # the operator's rebalance by load still makes and deletes its counting consumers
+        out["rates"] = await partition_rates(op, TIDY)
+        out["after_rates"] = await consumers()
+        for nc in (op, watcher, other, worker):
+            await nc.close()
+        return out
+
+    out = asyncio.run(go())
+    assert out["before"] == out["after_refusals"] == 2  # the durable and the reader's
+    assert out["after_stop"] == out["after_rates"] == 1  # the durable stays
+    assert set(out["rates"]) == {0, 1}
+    violations = dep.violations_since(mark)
+    assert violations == out["refused"], violations  # the reader's stop sent no delete
+    found = "\n".join(violations)
+    for name in (out["consumer"], "tidy-watch"):
+        subject = f"$JS.API.CONSUMER.DELETE.{TIDY}.{name}"
+        assert f'user:z_worker" - Publish Violation - Subject "{subject}"' in found, found
+    assert all("z_worker" in v for v in violations), violations

@@ -48,6 +48,21 @@ def test_no_role_but_the_operator_gets_a_broad_wildcard(role: str) -> None:
     assert perms.subscribe_allow == ("_INBOX.>",)
 
 
+@pytest.mark.parametrize("api", ["$JS.API", "$JS.leaf.API"])
+@pytest.mark.parametrize("group", [G, None])
+@pytest.mark.parametrize("role", ["publisher", "worker", "reader", "watcher"])
+def test_no_role_but_the_operator_may_delete_anything(
+    role: str, group: str | None, api: str
+) -> None:
+    """ "A worker cannot delete anything" (issue 31): no consumer, stream, bucket or key
+    delete request; a partition reader's consumers end by their inactive threshold."""
+    if group is None and role in ("worker", "reader"):
+        return
+    perms = _all(role, group, api_prefix=api)
+    deletes = [s for s in perms.publish_allow if ".DELETE." in s or s.endswith(".DELETE")]
+    assert deletes == [], deletes
+
+
 def test_a_worker_touches_its_group_only_and_never_publishes_into_the_stream() -> None:
     pub = _pub(_all("worker"))
     assert f"$KV.{LEASES}.>" in pub and f"$KV.{STATE}.>" in pub

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -347,10 +348,22 @@ def test_a_claim_whose_lease_lapses_during_on_assign_never_processes(
         assert v == list(range(len(v)))
 
 
-def test_a_partition_cancelled_again_during_its_clean_up_is_claimed_again(nats_server, unique_name):
+def test_a_partition_cancelled_again_during_its_clean_up_is_claimed_again(
+    nats_server, unique_name, monkeypatch
+):
     """A partition task interrupted a second time while cleaning up (its server calls hang)
     must still leave `owned`; otherwise this member would never claim it again."""
     rec = Recorder()
+    close = PartitionReader.close
+
+    async def close_with_a_server_call(self, wait=True):
+        # the reader's own clean-up makes no server call (its consumer ends by itself): one
+        # that hangs while the server is paused stands for any clean-up call that does
+        await close(self, wait)
+        with contextlib.suppress(Exception):
+            await self.nc.request(f"$JS.API.STREAM.INFO.{self.stream}", b"", timeout=1.0)
+
+    monkeypatch.setattr(PartitionReader, "close", close_with_a_server_call)
 
     async def go():
         nc = await _setup(nats_server.url, unique_name, 200, partitions=1)
@@ -358,7 +371,7 @@ def test_a_partition_cancelled_again_during_its_clean_up_is_claimed_again(nats_s
         await w.start()
         await _until(lambda: rec.count >= 200)
         task = w.owned[0].task
-        nats_server.pause()  # the reader's clean-up (deleting its consumer) now hangs
+        nats_server.pause()  # the clean-up's server call now hangs
         try:
             task.cancel()
             await asyncio.sleep(0.3)
