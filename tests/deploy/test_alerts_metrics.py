@@ -100,6 +100,16 @@ def publisher(shared_nats_server, pool) -> Iterator[tuple[subprocess.Popen[str],
         proc.stdin.write(json.dumps({"k": "k1", "i": 100}) + "\n")
         proc.stdin.write(json.dumps({"i": 101}) + "\n")  # no key: refused
         proc.stdin.flush()
+
+        def serving() -> bool:
+            if proc.poll() is not None:  # it should run until its stdin closes
+                raise AssertionError(f"publish exited {proc.returncode}: {proc.communicate()[1]}")
+            try:
+                return bool(scrape(port))
+            except OSError:
+                return False
+
+        wait_for(serving, 60, "the publisher's metrics endpoint")
         yield proc, port
     finally:
         if proc.poll() is None:
@@ -111,10 +121,7 @@ def test_a_running_publisher_exports_what_it_acked_refused_and_failed(publisher)
     proc, port = publisher
 
     def counted():
-        try:
-            s = scrape(port)
-        except OSError:
-            return None
+        s = scrape(port)
         done = sample(s, "nats_ordered_publisher_acked_total") == 1
         return (
             s
