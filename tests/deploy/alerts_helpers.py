@@ -25,7 +25,7 @@ PROMETHEUS_DIR = ROOT / "deploy" / "prometheus"
 RULES = PROMETHEUS_DIR / "nats-ordered-alerts.yml"
 RULES_TEST = PROMETHEUS_DIR / "nats-ordered-alerts.test.yml"
 DASHBOARD = ROOT / "deploy" / "grafana" / "nats-ordered-pool.json"
-APT_LINE = "apt-get install -y prometheus"
+APT_LINE = "apt-get install -y --no-install-recommends prometheus"
 
 
 def tool(name: str) -> str:
