@@ -441,9 +441,14 @@ async def _publish(
     input_name: str,
     input_format: str,
 ) -> int:
-    await pub.start()
     refusals = Refusals()
-    metrics = _serve_metrics(args, pub, refusals)
+    metrics = _serve_metrics(args, pub, refusals)  # first: a port in use is a usage error
+    try:
+        await pub.start()
+    except BaseException:
+        if metrics is not None:
+            metrics.close()
+        raise
     feeder = _Feeder(records, asyncio.get_running_loop())
 
     def abort(code: int) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -211,3 +212,28 @@ def test_a_real_worker_exports_an_unfinished_layout_switch_until_the_repartition
         raise AssertionError(f"{exc}; worker: {log.read_text()[-3000:]}") from None
     finally:
         assert stop(worker) == 0, log.read_text()[-3000:]
+
+
+def test_publish_metrics_port_in_use_is_a_usage_error_naming_the_flag(
+    shared_nats_server, unique_name, tmp_path, capsys
+):
+    from airflow_nats_ordered.cli import main
+
+    url = shared_nats_server.url
+    assert main(["provision", "--stream", unique_name, "--partitions", "1", "--server", url]) == 0
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"k": "a"}\n')
+    capsys.readouterr()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code = main(
+            ["publish", "--stream", unique_name, str(rows), "--key-field", "k"]
+            + ["--metrics-port", str(port), "--server", url]
+        )
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"--metrics-port {port}: cannot listen on 127.0.0.1:{port}" in err
+    out = run_cli("info", "--stream", unique_name, "--json", "--server", url)
+    assert json.loads(out.stdout)["messages"] == 0, out.stdout  # nothing was published
