@@ -38,6 +38,7 @@ from airflow_nats_ordered.core.publish.runs import Refusals, publish_record
 from airflow_nats_ordered.core.publish.summary import PublishError, PublishSummary
 from airflow_nats_ordered.inputs.files import FORMATS, content_digest, open_records
 from airflow_nats_ordered.inputs.records import InputError, InputRecord
+from airflow_nats_ordered.members.metrics import MetricsServer, serve_publisher
 
 #: The flag that publishes keyless records (named in refusals, in this interface's terms).
 _KEYLESS = "--allow-keyless"
@@ -148,6 +149,20 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--json", action="store_true", help="print the summary as a JSON object on stdout"
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="while publishing, serve Prometheus counters (records acknowledged, failed, "
+        "refused by reason) on http://ADDR:PORT/metrics: for a long-running publisher such "
+        "as one reading stdin (default: not served)",
+    )
+    p.add_argument(
+        "--metrics-addr",
+        default="127.0.0.1",
+        metavar="ADDR",
+        help="address the metrics endpoint listens on (default 127.0.0.1, this host only)",
     )
 
 
@@ -426,8 +441,14 @@ async def _publish(
     input_name: str,
     input_format: str,
 ) -> int:
-    await pub.start()
     refusals = Refusals()
+    metrics = _serve_metrics(args, pub, refusals)  # first: a port in use is a usage error
+    try:
+        await pub.start()
+    except BaseException:
+        if metrics is not None:
+            metrics.close()
+        raise
     feeder = _Feeder(records, asyncio.get_running_loop())
 
     def abort(code: int) -> None:
@@ -476,6 +497,8 @@ async def _publish(
     finally:
         signals.uninstall()
         await progress.stop()
+        if metrics is not None:
+            metrics.close()
     assert summary is not None
     elapsed = time.monotonic() - t0
     report = _publish_report(summary, refusals, read, elapsed, input_name, input_format)
@@ -501,6 +524,27 @@ async def _publish(
     if signals.stop.is_set():
         return signals.exit_code
     return EXIT_INCOMPLETE if summary.failed or refusals.total else EXIT_OK
+
+
+def _serve_metrics(
+    args: argparse.Namespace, pub: OrderedPublisher, refusals: Refusals
+) -> MetricsServer | None:
+    """``--metrics-port``: the publisher's counters while it runs; a port in use is a usage
+    error (nothing was published yet)."""
+    if getattr(args, "metrics_port", None) is None:
+        return None
+    try:
+        return serve_publisher(
+            args.stream,
+            lambda: (pub.acked, pub.failed, dict(refusals.counts)),
+            args.metrics_port,
+            args.metrics_addr,
+        )
+    except OSError as exc:
+        raise ConfigError(
+            f"--metrics-port {args.metrics_port}: cannot listen on {args.metrics_addr}:"
+            f"{args.metrics_port} ({exc.strerror}); pick a free port"
+        ) from None
 
 
 def _publish_report(

@@ -9,8 +9,9 @@ A member (:class:`MemberMetrics`) exports, labelled ``stream``, ``group`` (and `
 
 * the group view, read from NATS at scrape time: per partition ``owner`` (1 for the live
   lease holder's id, ``owner=""`` 0 when unowned), ``committed``, ``last``, ``lag``,
-  ``blocked``; the group's total lag, live members and assignment generation. The lags
-  are :mod:`..core.group.lag`'s, exactly what ``status`` and ``group list`` show;
+  ``blocked``; the group's total lag, live members, layout epoch and whether a layout
+  switch it waits on is unfinished. The lags are :mod:`..core.group.lag`'s, exactly what
+  ``status`` and ``group list`` show;
 * its own counters (every key of ``Worker.stats``: processed, retries, dead-lettered,
   fenced, leases lost, ...), owned partitions and the NATS round-trip time.
 
@@ -24,6 +25,10 @@ A pool (:class:`PoolMetrics`) serves one endpoint for all its members: it reads 
 member's own endpoint on localhost and merges them (the group view, identical from every
 member, once), adds its supervisor's figures (members up, restarts), and is healthy only
 when every member runs and is healthy.
+
+A publisher (:class:`PublisherMetrics`, ``nats-ordered publish --metrics-port``) exports,
+labelled ``stream``, the records it had acknowledged, those it refused before sending (by
+``reason``: no key, too large, ...) and those sent but not confirmed stored (``failed``).
 """
 
 from __future__ import annotations
@@ -343,6 +348,13 @@ def group_metrics(lag: GroupLag, snap: GroupState, stream: str, group: str) -> I
             "messages on subjects of the stream that are not partitions (never consumed)",
             lag.strays.messages if lag.strays else 0,
         ),
+        ("epoch", "the layout epoch (repartition) the group processes", lag.epoch),
+        (
+            "switch_unfinished",
+            "1 while a layout switch the group has not passed has no recorded switch point "
+            "(a repartition running or interrupted: the group waits on it)",
+            lag.switch_unfinished,
+        ),
     ]
     for name, text, value in totals:
         g = GaugeMetricFamily(f"{PREFIX}_group_{name}", text, labels=["stream", "group"])
@@ -456,3 +468,59 @@ def serve_pool(
     registry = CollectorRegistry(auto_describe=False)
     registry.register(metrics)
     return MetricsServer(registry, metrics.health, port, addr)
+
+
+# ------------------------------------------------------------------------------- a publisher
+
+
+#: the reasons a publisher refuses a record for (``core.publish.runs``' words)
+REFUSAL_REASONS = ("no key", "bad key", "too large", "bad msg-id", "no msg-id", "refused")
+
+
+class PublisherMetrics(Collector):
+    """A running publisher's counters, read at scrape time from ``counts``: a callable
+    returning ``(acked, failed, refused by reason)`` (plain reads, safe from the server's
+    thread)."""
+
+    def __init__(
+        self, stream: str, counts: Callable[[], tuple[int, int, Mapping[str, int]]]
+    ) -> None:
+        self.stream = stream
+        self.counts = counts
+
+    def collect(self) -> Iterable[Metric]:
+        acked, failed, refused = self.counts()
+        a = CounterMetricFamily(
+            f"{PREFIX}_publisher_acked",
+            "records the server acknowledged as stored",
+            labels=["stream"],
+        )
+        a.add_metric([self.stream], acked)
+        f = CounterMetricFamily(
+            f"{PREFIX}_publisher_failed",
+            "records sent but not confirmed stored (the server refused them or never answered)",
+            labels=["stream"],
+        )
+        f.add_metric([self.stream], failed)
+        r = CounterMetricFamily(
+            f"{PREFIX}_publisher_refused",
+            "records refused before sending, by reason (no key, too large, ...)",
+            labels=["stream", "reason"],
+        )
+        # every known reason from the start, at 0: a series born at 1 would hide the first
+        # refusal from increase() (and from the alert on it)
+        for reason in sorted({*REFUSAL_REASONS, *refused}):
+            r.add_metric([self.stream, reason], refused.get(reason, 0))
+        yield from (a, f, r)
+
+
+def serve_publisher(
+    stream: str,
+    counts: Callable[[], tuple[int, int, Mapping[str, int]]],
+    port: int,
+    addr: str = "127.0.0.1",
+) -> MetricsServer:
+    """Serve a publisher's counters on ``addr:port`` (``/healthz``: 200 while it runs)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(PublisherMetrics(stream, counts))
+    return MetricsServer(registry, lambda: Health(True, (), {"stream": stream}), port, addr)
