@@ -16,7 +16,12 @@ each violation becomes a :class:`~..errors.PermissionDenied` naming the subject:
   refused on a client: what the parts that write or read without ``request`` (the
   publisher's lanes, the commit writes, the partition reader) ask when an answer is late.
 * :func:`watch` calls back on every violation of a client: a running member stops with
-  the error instead of retrying what can never pass.
+  the error instead of retrying what can never pass, once :func:`concerns` says the
+  refusal is of its own subjects (a connection may be shared: another part's refused
+  subscription, such as an application's ``>``, is not the member's).
+* :func:`forget` (``connect()``'s disconnected callback) drops what was refused: a new
+  connection starts afresh (the server may have been given the permission meanwhile; what
+  it still refuses, it refuses again when the client subscribes anew).
 
 nats-py lowercases the server's error text; the subject is given back its case from the
 request, subscription or :func:`expect`-ed subject it names (lowercase only if none).
@@ -29,20 +34,24 @@ import contextlib
 import logging
 import re
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import nats.errors
 from nats.aio.client import Client
 
+from airflow_nats_ordered.core.connection.api import api_prefix as _api_prefix
+from airflow_nats_ordered.core.connection.api import inbox_prefix as _inbox_prefix
 from airflow_nats_ordered.core.errors import PermissionDenied
 
 __all__ = [
     "Violation",
+    "concerns",
     "covers",
     "denied",
     "expect",
+    "forget",
     "install",
     "latest",
     "record",
@@ -238,8 +247,10 @@ def expect(nc: Client, *subjects: str) -> None:
 def denied(
     nc: Client, *, publish: str | None = None, subscribe: str | None = None
 ) -> PermissionDenied | None:
-    """The error for a refused publish to ``publish``, or a refused subscription that
-    ``subscribe`` would arrive on, if the server sent one on ``nc``; else None."""
+    """The error for a refused publish to ``publish``, or the refused subscription
+    ``subscribe`` (the caller's own subscription subject, matched exactly: a refused wildcard
+    subscription of another part of the program, e.g. ``>``, is not the caller's), if the
+    server sent one on ``nc`` since it last connected; else None."""
     state: _Denials | None = getattr(nc, "_nor_denials", None)
     if state is None or not state.seen:
         return None
@@ -248,7 +259,7 @@ def denied(
         if v is not None:
             return PermissionDenied("publish", publish)
     if subscribe is not None:
-        v = state.find("subscribe", subscribe)
+        v = state.find("subscribe", subscribe, exact=True)
         if v is not None:
             return v.error(state.inbox_prefix())
     return None
@@ -267,6 +278,40 @@ def violations(nc: Client) -> list[Violation]:
     """The violations ``nc`` received (the latest, at most 64), oldest first."""
     state: _Denials | None = getattr(nc, "_nor_denials", None)
     return list(state.seen) if state is not None else []
+
+
+def forget(nc: Client) -> None:
+    """Drop the violations ``nc`` received: its connection is gone, and with it every
+    subscription the server refused (a reconnect subscribes anew, and the server refuses
+    again what it still refuses). Without this, a reply inbox refused once would fail every
+    request for the client's lifetime, even after the user was given the permission."""
+    state: _Denials | None = getattr(nc, "_nor_denials", None)
+    if state is not None:
+        state.seen.clear()
+
+
+def concerns(
+    nc: Client,
+    error: PermissionDenied,
+    *,
+    names: Iterable[str] = (),
+    prefixes: Iterable[str] = (),
+) -> bool:
+    """Whether refusal ``error`` on ``nc`` is of a part that uses the JetStream objects
+    ``names`` (streams, ``KV_<bucket>`` streams, buckets: a refused JetStream API, KV,
+    acknowledgement or flow-control subject naming one of them), publishes under
+    ``prefixes`` (e.g. a group's dead-letter subjects), or receives on the client's reply
+    inboxes (a refused subscription under its inbox prefix). A connection may be shared:
+    what another part of the program was refused (an application's ``>`` subscription, a
+    publish to another stream) is not that part's, and must not stop it."""
+    subject = error.subject.lower()
+    if error.operation == "subscribe":
+        return covers(f"{_inbox_prefix(nc)}.>".lower(), subject)
+    tokens = set(subject.split("."))
+    lowered = {n.lower() for n in names}
+    if subject.startswith(("$js.", "$kv.", _api_prefix(nc).lower() + ".")) and tokens & lowered:
+        return True
+    return any(subject.startswith(p.lower() + ".") for p in prefixes)
 
 
 def watch(nc: Client, callback: Callable[[PermissionDenied], None]) -> Callable[[], None]:
