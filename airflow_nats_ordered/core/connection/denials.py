@@ -92,6 +92,9 @@ class _Denials:
     def __init__(self, nc: Client) -> None:
         self.nc = nc
         self.seen: deque[Violation] = deque(maxlen=_KEEP)
+        #: violations received in all (``seen`` keeps the latest): a request asks only about
+        #: those after it started, so one refused earlier is not blamed for its timeout
+        self.total = 0
         #: lowercase subject -> the subject as the client wrote it
         self.expected: dict[str, str] = {}
         #: pending requests: task -> the lowercase subject it published to
@@ -120,11 +123,15 @@ class _Denials:
                 return reply
         return self.expected.get(lowered, lowered)
 
-    def find(self, operation: str, subject: str, exact: bool = False) -> Violation | None:
+    def find(
+        self, operation: str, subject: str, exact: bool = False, since: int = 0
+    ) -> Violation | None:
         """The latest refusal of ``operation`` on ``subject`` (for a subscription, unless
-        ``exact``: of one whose pattern covers ``subject``, a message it would receive)."""
+        ``exact``: of one whose pattern covers ``subject``, a message it would receive),
+        among those received after the first ``since``."""
         low = subject.lower()
-        for v in reversed(self.seen):
+        recent = list(self.seen)[max(0, since - (self.total - len(self.seen))) :]
+        for v in reversed(recent):
             if v.operation == operation and (
                 v.subject.lower() == low
                 or (operation == "subscribe" and not exact and covers(v.subject.lower(), low))
@@ -132,11 +139,11 @@ class _Denials:
                 return v
         return None
 
-    def reply_denied(self) -> PermissionDenied | None:
+    def reply_denied(self, since: int = 0) -> PermissionDenied | None:
         reply = self.reply_subject()
         if reply is None:
             return None
-        v = self.find("subscribe", reply, exact=True)
+        v = self.find("subscribe", reply, exact=True, since=since)
         return None if v is None else v.error(self.inbox_prefix())
 
 
@@ -178,6 +185,7 @@ def install(nc: Client) -> None:
         if refused is not None:
             raise refused
         task = asyncio.current_task()
+        since = state.total
         if task is not None:
             state.pending[task] = subject.lower()
             state.expected.setdefault(subject.lower(), subject)
@@ -191,8 +199,14 @@ def install(nc: Client) -> None:
                 raise  # cancelled by someone else too: that cancellation wins
             raise error from None
         except nats.errors.TimeoutError:
-            published = state.find("publish", subject) is not None
-            error = PermissionDenied("publish", subject) if published else state.reply_denied()
+            # only a refusal received while this request waited explains its timeout (one
+            # of an earlier request may have been lifted since, by a config reload)
+            published = state.find("publish", subject, since=since) is not None
+            error = (
+                PermissionDenied("publish", subject)
+                if published
+                else state.reply_denied(since=since)
+            )
             if error is None:
                 raise
             raise error from None
@@ -218,6 +232,7 @@ def record(nc: Client, exc: BaseException) -> Violation | None:
     lowered = match[2].lower()
     v = Violation(operation, state.resolve(operation, lowered))
     state.seen.append(v)
+    state.total += 1
     error = v.error(state.inbox_prefix())
     log.warning("NATS refused a %s: %s", operation, error.permission)
     reply = state.reply_subject()

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import nats.errors
 import pytest
 
 from airflow_nats_ordered.core.admin.permissions import permissions_for
@@ -156,5 +159,53 @@ def test_a_reply_inbox_granted_after_a_reconnect_is_used(tmp_path: Path) -> None
                 assert info_ is not None
             finally:
                 await nc.close()
+
+        asyncio.run(main())
+
+
+def _lifting_config(granted: bool) -> str:
+    users = [
+        _user("admin"),
+        _user("lifted", ["svc.x"] if granted else ["svc.other"], ["_INBOX.>"]),
+    ]
+    return "authorization {\n  users = [\n" + "\n".join(users) + "\n  ]\n}\n"
+
+
+def test_a_timeout_after_a_lifted_refusal_is_a_timeout(tmp_path: Path) -> None:
+    """A request refused its publish fails with PermissionDenied; once a config reload
+    granted it, the same request timing out (a responder that does not answer) is a
+    timeout, not that earlier refusal again: a worker or task would stop for good."""
+    with NatsServer(tmp_path, extra_config=_lifting_config(False)) as srv:
+
+        async def main() -> None:
+            admin = await connect(_options(srv, "admin"))
+            nc = await connect(_options(srv, "lifted"))
+            got: list[bytes] = []
+
+            async def silent(msg) -> None:  # noqa: ANN001 - a responder that never answers
+                got.append(msg.data)
+
+            try:
+                await admin.subscribe("svc.x", cb=silent)
+                await admin.flush()
+                with pytest.raises(PermissionDenied):
+                    await asyncio.wait_for(nc.request("svc.x", b"", timeout=5), 30)
+                srv.extra_config = _lifting_config(True)
+                Path(srv.config_path).write_text(srv.render_config())
+                assert srv.pid is not None
+                os.kill(srv.pid, signal.SIGHUP)
+
+                async def granted() -> None:  # the reload applied: a publish gets through
+                    while not got:
+                        await nc.publish("svc.x", b"probe")
+                        await nc.flush()
+                        await asyncio.sleep(0.1)
+
+                await asyncio.wait_for(granted(), 30)
+                with pytest.raises(nats.errors.TimeoutError):
+                    await asyncio.wait_for(nc.request("svc.x", b"", timeout=0.5), 30)
+            finally:
+                await nc.close()
+                await admin.close()
 
         asyncio.run(main())
