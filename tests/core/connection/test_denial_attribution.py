@@ -209,3 +209,35 @@ def test_a_timeout_after_a_lifted_refusal_is_a_timeout(tmp_path: Path) -> None:
                 await admin.close()
 
         asyncio.run(main())
+
+
+def test_concerns_tells_a_member_s_own_refusals_from_others() -> None:
+    """Pure: under a JetStream domain too, a refusal naming the member's stream, its group's
+    buckets or dead letters, or its inbox is its own; another stream's, another group's,
+    or an application's wildcard subscription is not."""
+    from nats.aio.client import Client
+
+    from airflow_nats_ordered.core.connection.api import remember_api_prefix
+    from airflow_nats_ordered.core.group.config import GroupConfig
+
+    nc = Client()
+    remember_api_prefix(nc, "$JS.leaf.API")
+    names = GroupConfig("ORDERS", "G").jetstream_names()
+    prefixes = ("orders.dlq.G",)
+
+    def mine(operation: str, subject: str) -> bool:
+        error = PermissionDenied(operation, subject)
+        return denials.concerns(nc, error, names=names, prefixes=prefixes)
+
+    assert mine("publish", "$JS.leaf.API.CONSUMER.MSG.NEXT.ORDERS.abc")
+    assert mine("publish", "$JS.leaf.API.$KV.nor_ORDERS_G_leases.m1")
+    assert mine("publish", "$KV.nor_ORDERS_G_state.c.0")
+    assert mine("publish", "$JS.leaf.API.STREAM.INFO.KV_nor_ORDERS_G_state")
+    assert mine("publish", "orders.dlq.G.3")
+    assert mine("subscribe", "_INBOX.abc.*")
+    assert not mine("publish", "$JS.leaf.API.STREAM.INFO.OTHER")
+    assert not mine("publish", "$KV.nor_ORDERS_H_leases.m1")
+    assert not mine("publish", "orders.dlq.H.3")
+    assert not mine("publish", "orders.p.0")
+    assert not mine("subscribe", ">")
+    assert not mine("subscribe", "events.>")
