@@ -78,7 +78,7 @@ def configure(p: argparse.ArgumentParser) -> None:
         type=group_name,
         metavar="G",
         help="consumer group (needed by worker and reader; a watcher's drain sensor and an "
-        "operator's narrowest set need it too)",
+        "operator's narrowest set need it too; not with publisher)",
     )
     p.add_argument(
         "--subject-prefix",
@@ -135,6 +135,12 @@ async def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
         print_err(
             f"error: --role {args.role} needs --group G (the consumer group it "
             f"{'works for' if args.role == 'worker' else 'reads in'})"
+        )
+        return EXIT_USAGE
+    if args.role == "publisher" and args.group is not None:
+        print_err(
+            "error: --role publisher takes no --group: a publisher writes the stream and its "
+            "run ledger for every group (drop --group, or pick the role that acts in it)"
         )
         return EXIT_USAGE
     if args.perm_js_api_prefix is not None:

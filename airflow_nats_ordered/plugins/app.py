@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from importlib import resources
 from typing import Annotated, Any, Literal, TypeVar
@@ -60,13 +61,16 @@ from airflow_nats_ordered.core.admin.overview import (
 from airflow_nats_ordered.core.admin.rebalance import rebalance_group
 from airflow_nats_ordered.core.admin.reset import reset_group
 from airflow_nats_ordered.core.connection.connect import connect
+from airflow_nats_ordered.core.connection.options import ConnectionOptions
 from airflow_nats_ordered.core.errors import (
     ConfigError,
     ConnectError,
     NatsOrderedError,
+    PermissionDenied,
     StreamNotFoundError,
+    denial_in,
 )
-from airflow_nats_ordered.hooks.nats import NatsHook
+from airflow_nats_ordered.hooks.nats import NatsHook, _credentials_field
 from airflow_nats_ordered.plugins.dagrun import drain_sensors
 
 log = logging.getLogger(__name__)
@@ -96,7 +100,13 @@ async def _nats(connection_id: str) -> Any:
         options = NatsHook.options_of(connection_id, conn)
     except ConfigError as exc:
         raise HTTPException(400, str(exc)) from None
-    return await connect(options)
+    nc = await connect(options)
+    _OPTIONS[nc] = options
+    return nc
+
+
+#: a client of the view -> the options of the Airflow connection it was made from
+_OPTIONS: weakref.WeakKeyDictionary[Any, ConnectionOptions] = weakref.WeakKeyDictionary()
 
 
 @contextlib.asynccontextmanager
@@ -113,10 +123,30 @@ async def _connected(connection_id: str) -> AsyncIterator[Any]:
             await nc.close()
 
 
-def _as_http(exc: Exception) -> HTTPException:
-    """The core's error as an HTTP error in its words; anything else is raised again."""
+def _refused(denied: PermissionDenied, connection_id: str | None, nc: Any) -> HTTPException:
+    """A refused permission as 403, naming the Airflow connection and the field that gave
+    its user, and the role the view needs (the operator's of every stream of the account)."""
+    options = _OPTIONS.get(nc) if nc is not None else None
+    if connection_id is not None and options is not None:
+        denied = denied.in_terms(
+            f"the user of Airflow connection {connection_id!r} ({_credentials_field(options)})",
+            "the pipelines view reads and acts on every stream and group of the account, as "
+            "the operator role without a group: grant that user what `nats-ordered "
+            "permissions --role operator --stream STREAM` prints (no --group), or set the "
+            "connection's credentials to a user that has it (docs/security.md, 'The "
+            "pipelines view')",
+        )
+    return HTTPException(403, str(denied))
+
+
+def _as_http(exc: Exception, connection_id: str | None = None, nc: Any = None) -> HTTPException:
+    """The core's error as an HTTP error in its words (a refused permission: 403 naming
+    ``connection_id``'s user); anything else is raised again."""
     if isinstance(exc, HTTPException):
         return exc
+    denied = denial_in(exc)
+    if denied is not None:
+        return _refused(denied, connection_id, nc)
     if isinstance(exc, GroupNotFoundError | StreamNotFoundError | DeadLetterNotFoundError):
         return HTTPException(404, str(exc))
     if isinstance(exc, ConfigError):
@@ -132,7 +162,7 @@ async def _with_nats(connection_id: str, fn: Callable[[Any], Awaitable[T]]) -> T
         try:
             return await fn(nc)
         except Exception as exc:
-            raise _as_http(exc) from None
+            raise _as_http(exc, connection_id, nc) from None
 
 
 class Confirmed(BaseModel):
@@ -347,7 +377,7 @@ def create_app() -> FastAPI:
                                 nc, s["stream"], s["group"], s["marks"]
                             )
                         except Exception as exc:
-                            http = _as_http(exc)
+                            http = _as_http(exc, connection_id, nc)
                             s["error"] = f"{http.status_code}: {http.detail}"
             except HTTPException as exc:  # the connection itself: every sensor on it
                 for s in asked:

@@ -86,3 +86,22 @@ def test_operator_fails_at_once_naming_the_connection(worker_conn: str) -> None:
     with pytest.raises(AirflowFailException) as info:  # not retried: no retry grants it
         op.execute({})
     _check(str(info.value), f"$JS.API.STREAM.UPDATE.{S}")
+
+
+def test_pipelines_view_answers_403_naming_the_connection(worker_conn: str) -> None:
+    """The pipelines view (the api-server's plugin) reads every stream and group of the
+    account: as a user without those permissions it answers 403 naming the refused
+    permission, the Airflow connection and its Login (not a 409 in the core's terms)."""
+    from fastapi import HTTPException
+
+    from airflow_nats_ordered.core.admin.overview import stream_list
+    from airflow_nats_ordered.plugins.app import _with_nats
+
+    with pytest.raises(HTTPException) as info:
+        asyncio.run(_with_nats(worker_conn, stream_list))
+    assert info.value.status_code == 403, info.value
+    detail = str(info.value.detail)
+    assert detail.startswith("permission denied: publish to $JS.API.STREAM."), detail
+    assert "for the user of Airflow connection 'nats_worker_only' (its Login 'worker_a')" in detail
+    assert "--role operator --stream STREAM` prints (no --group)" in detail
+    assert PASSWORD not in detail

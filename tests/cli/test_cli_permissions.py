@@ -103,6 +103,10 @@ def test_the_broad_operator_is_said_on_stderr(capsys) -> None:
             ["--role", "publisher", "--stream", "S", "--server", "nats://x:1"],
             "unrecognized arguments: --server",
         ),
+        (  # the publisher acts for no group: a --group would head a block it does not shape
+            ["--role", "publisher", "--stream", "S", "--group", "G"],
+            "error: --role publisher takes no --group",
+        ),
     ],
 )
 def test_usage_errors_name_the_flag(capsys, argv: list[str], message: str) -> None:

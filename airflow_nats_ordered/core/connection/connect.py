@@ -339,6 +339,8 @@ async def connect(options: ConnectionOptions, **extra_nats_kwargs: Any) -> Clien
     async def disconnected_cb() -> None:
         if first_connect:
             return
+        if not nc.is_closed:  # reconnecting: what the old connection was refused is gone
+            denials.forget(nc)
         if nc.is_closed or options.max_reconnect_attempts == 0:
             _log.log(
                 logging.DEBUG if nc.is_closed else logging.WARNING,

@@ -16,7 +16,12 @@ each violation becomes a :class:`~..errors.PermissionDenied` naming the subject:
   refused on a client: what the parts that write or read without ``request`` (the
   publisher's lanes, the commit writes, the partition reader) ask when an answer is late.
 * :func:`watch` calls back on every violation of a client: a running member stops with
-  the error instead of retrying what can never pass.
+  the error instead of retrying what can never pass, once :func:`concerns` says the
+  refusal is of its own subjects (a connection may be shared: another part's refused
+  subscription, such as an application's ``>``, is not the member's).
+* :func:`forget` (``connect()``'s disconnected callback) drops what was refused: a new
+  connection starts afresh (the server may have been given the permission meanwhile; what
+  it still refuses, it refuses again when the client subscribes anew).
 
 nats-py lowercases the server's error text; the subject is given back its case from the
 request, subscription or :func:`expect`-ed subject it names (lowercase only if none).
@@ -29,20 +34,24 @@ import contextlib
 import logging
 import re
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import nats.errors
 from nats.aio.client import Client
 
+from airflow_nats_ordered.core.connection.api import api_prefix as _api_prefix
+from airflow_nats_ordered.core.connection.api import inbox_prefix as _inbox_prefix
 from airflow_nats_ordered.core.errors import PermissionDenied
 
 __all__ = [
     "Violation",
+    "concerns",
     "covers",
     "denied",
     "expect",
+    "forget",
     "install",
     "latest",
     "record",
@@ -83,6 +92,9 @@ class _Denials:
     def __init__(self, nc: Client) -> None:
         self.nc = nc
         self.seen: deque[Violation] = deque(maxlen=_KEEP)
+        #: violations received in all (``seen`` keeps the latest): a request asks only about
+        #: those after it started, so one refused earlier is not blamed for its timeout
+        self.total = 0
         #: lowercase subject -> the subject as the client wrote it
         self.expected: dict[str, str] = {}
         #: pending requests: task -> the lowercase subject it published to
@@ -111,11 +123,15 @@ class _Denials:
                 return reply
         return self.expected.get(lowered, lowered)
 
-    def find(self, operation: str, subject: str, exact: bool = False) -> Violation | None:
+    def find(
+        self, operation: str, subject: str, exact: bool = False, since: int = 0
+    ) -> Violation | None:
         """The latest refusal of ``operation`` on ``subject`` (for a subscription, unless
-        ``exact``: of one whose pattern covers ``subject``, a message it would receive)."""
+        ``exact``: of one whose pattern covers ``subject``, a message it would receive),
+        among those received after the first ``since``."""
         low = subject.lower()
-        for v in reversed(self.seen):
+        recent = list(self.seen)[max(0, since - (self.total - len(self.seen))) :]
+        for v in reversed(recent):
             if v.operation == operation and (
                 v.subject.lower() == low
                 or (operation == "subscribe" and not exact and covers(v.subject.lower(), low))
@@ -123,11 +139,11 @@ class _Denials:
                 return v
         return None
 
-    def reply_denied(self) -> PermissionDenied | None:
+    def reply_denied(self, since: int = 0) -> PermissionDenied | None:
         reply = self.reply_subject()
         if reply is None:
             return None
-        v = self.find("subscribe", reply, exact=True)
+        v = self.find("subscribe", reply, exact=True, since=since)
         return None if v is None else v.error(self.inbox_prefix())
 
 
@@ -169,6 +185,7 @@ def install(nc: Client) -> None:
         if refused is not None:
             raise refused
         task = asyncio.current_task()
+        since = state.total
         if task is not None:
             state.pending[task] = subject.lower()
             state.expected.setdefault(subject.lower(), subject)
@@ -182,8 +199,14 @@ def install(nc: Client) -> None:
                 raise  # cancelled by someone else too: that cancellation wins
             raise error from None
         except nats.errors.TimeoutError:
-            published = state.find("publish", subject) is not None
-            error = PermissionDenied("publish", subject) if published else state.reply_denied()
+            # only a refusal received while this request waited explains its timeout (one
+            # of an earlier request may have been lifted since, by a config reload)
+            published = state.find("publish", subject, since=since) is not None
+            error = (
+                PermissionDenied("publish", subject)
+                if published
+                else state.reply_denied(since=since)
+            )
             if error is None:
                 raise
             raise error from None
@@ -209,6 +232,7 @@ def record(nc: Client, exc: BaseException) -> Violation | None:
     lowered = match[2].lower()
     v = Violation(operation, state.resolve(operation, lowered))
     state.seen.append(v)
+    state.total += 1
     error = v.error(state.inbox_prefix())
     log.warning("NATS refused a %s: %s", operation, error.permission)
     reply = state.reply_subject()
@@ -238,8 +262,10 @@ def expect(nc: Client, *subjects: str) -> None:
 def denied(
     nc: Client, *, publish: str | None = None, subscribe: str | None = None
 ) -> PermissionDenied | None:
-    """The error for a refused publish to ``publish``, or a refused subscription that
-    ``subscribe`` would arrive on, if the server sent one on ``nc``; else None."""
+    """The error for a refused publish to ``publish``, or the refused subscription
+    ``subscribe`` (the caller's own subscription subject, matched exactly: a refused wildcard
+    subscription of another part of the program, e.g. ``>``, is not the caller's), if the
+    server sent one on ``nc`` since it last connected; else None."""
     state: _Denials | None = getattr(nc, "_nor_denials", None)
     if state is None or not state.seen:
         return None
@@ -248,7 +274,7 @@ def denied(
         if v is not None:
             return PermissionDenied("publish", publish)
     if subscribe is not None:
-        v = state.find("subscribe", subscribe)
+        v = state.find("subscribe", subscribe, exact=True)
         if v is not None:
             return v.error(state.inbox_prefix())
     return None
@@ -267,6 +293,40 @@ def violations(nc: Client) -> list[Violation]:
     """The violations ``nc`` received (the latest, at most 64), oldest first."""
     state: _Denials | None = getattr(nc, "_nor_denials", None)
     return list(state.seen) if state is not None else []
+
+
+def forget(nc: Client) -> None:
+    """Drop the violations ``nc`` received: its connection is gone, and with it every
+    subscription the server refused (a reconnect subscribes anew, and the server refuses
+    again what it still refuses). Without this, a reply inbox refused once would fail every
+    request for the client's lifetime, even after the user was given the permission."""
+    state: _Denials | None = getattr(nc, "_nor_denials", None)
+    if state is not None:
+        state.seen.clear()
+
+
+def concerns(
+    nc: Client,
+    error: PermissionDenied,
+    *,
+    names: Iterable[str] = (),
+    prefixes: Iterable[str] = (),
+) -> bool:
+    """Whether refusal ``error`` on ``nc`` is of a part that uses the JetStream objects
+    ``names`` (streams, ``KV_<bucket>`` streams, buckets: a refused JetStream API, KV,
+    acknowledgement or flow-control subject naming one of them), publishes under
+    ``prefixes`` (e.g. a group's dead-letter subjects), or receives on the client's reply
+    inboxes (a refused subscription under its inbox prefix). A connection may be shared:
+    what another part of the program was refused (an application's ``>`` subscription, a
+    publish to another stream) is not that part's, and must not stop it."""
+    subject = error.subject.lower()
+    if error.operation == "subscribe":
+        return covers(f"{_inbox_prefix(nc)}.>".lower(), subject)
+    tokens = set(subject.split("."))
+    lowered = {n.lower() for n in names}
+    if subject.startswith(("$js.", "$kv.", _api_prefix(nc).lower() + ".")) and tokens & lowered:
+        return True
+    return any(subject.startswith(p.lower() + ".") for p in prefixes)
 
 
 def watch(nc: Client, callback: Callable[[PermissionDenied], None]) -> Callable[[], None]:

@@ -160,7 +160,7 @@ class CasWrites:
         waiting = self._waiting.pop(token, None)
         if waiting is not None:
             # no answer: the server may have refused the write (or the answers' inbox)
-            inbox = self._prefix + token if self._prefix else None
+            inbox = self._prefix + "*" if self._prefix else None  # the answers' subscription
             refused = denials.denied(self.nc, publish=subject, subscribe=inbox)
             task = asyncio.ensure_future(waiting[0](refused or TimeoutError()))
             _LATE.add(task)

@@ -79,3 +79,16 @@ class GroupConfig:
     @property
     def state_bucket(self) -> str:
         return f"nor_{self.stream}_{self.group}_state"
+
+    def jetstream_names(self, *also: str) -> tuple[str, ...]:
+        """The JetStream objects a member of this group uses, as they appear in API, KV and
+        acknowledgement subjects: the stream, its dead-letter stream, the group's buckets
+        and their ``KV_`` streams (plus ``also``): what tells a refused permission of the
+        member's own from another's on a shared connection (``denials.concerns``)."""
+        buckets = (self.lease_bucket, self.state_bucket, *also)
+        return (
+            self.stream,
+            f"{self.stream}_DLQ",
+            *buckets,
+            *(f"KV_{b}" for b in buckets),
+        )

@@ -58,7 +58,7 @@ from nats.errors import Error as NatsError
 from nats.js.errors import NotFoundError
 
 from airflow_nats_ordered.core.connection import denials
-from airflow_nats_ordered.core.errors import ConfigError, NatsOrderedError
+from airflow_nats_ordered.core.errors import ConfigError, NatsOrderedError, PermissionDenied
 from airflow_nats_ordered.core.group.commits import Fenced
 from airflow_nats_ordered.core.group.config import GroupConfig, default_member_id
 from airflow_nats_ordered.core.group.global_position import (
@@ -81,6 +81,7 @@ from airflow_nats_ordered.core.order.strategy import (
 )
 from airflow_nats_ordered.core.order.window import LATE_POLICIES, WindowMerge
 from airflow_nats_ordered.core.order.window_reader import WindowStrategy
+from airflow_nats_ordered.core.stream.buckets import watermark_bucket
 from airflow_nats_ordered.core.stream.kv import bucket_keys
 from airflow_nats_ordered.core.stream.partitioned import PartitionedStream
 from airflow_nats_ordered.core.stream.reader import PartitionReader
@@ -429,7 +430,7 @@ class GlobalOrderReader:
         self._fetchers = [asyncio.ensure_future(f) for f in fetchers]
         self._heartbeat = asyncio.ensure_future(self._beat())
         # a refused permission stops the reader, naming it (a retry is refused the same way)
-        unwatch = denials.watch(self.nc, self._fail)
+        unwatch = denials.watch(self.nc, self._refused)
         try:
             await strategy.release()
             if self._progress.unwritten or self.error is not None:
@@ -446,6 +447,16 @@ class GlobalOrderReader:
             for r in self._readers:
                 await r.close()
             await self._leave()
+
+    def _refused(self, error: PermissionDenied) -> None:
+        """Stop on a refusal of one of the reader's own operations (its stream, its group's
+        buckets, the watermarks, its dead letters, its reply inboxes); a refusal of another
+        part of a program sharing the connection is not the reader's."""
+        cfg = self.group_config
+        names = cfg.jetstream_names(watermark_bucket(cfg.stream))
+        prefixes = (f"{self.stream.prefix}.dlq.{cfg.group}",)
+        if denials.concerns(self.nc, error, names=names, prefixes=prefixes):
+            self._fail(error)
 
     def _fail(self, exc: BaseException) -> None:
         if self.error is None:

@@ -555,7 +555,9 @@ class _Lane:
         self._attempt = 0
 
     async def _recover(self, reason: str) -> None:
-        refused = denials.denied(self.pub.nc, publish=self.subject, subscribe=self.inbox + ".x")
+        refused = denials.denied(
+            self.pub.nc, publish=self.subject, subscribe=f"{self.pub._inbox}.>"
+        )
         if refused is not None or self.denied is not None:
             self.denied = self.denied or refused
             self._fail(str(self.denied))

@@ -300,10 +300,12 @@ class OrderedPublisher:
         """The server refused a publish to a partition, or the replies' inbox: those
         partitions fail their records at once (a resend would be refused the same way)."""
         subject = error.subject.lower()
-        replies = f"{self._inbox}.0.x".lower()  # a reply of a lane's batch
+        # the replies' own subscription, exactly: a refused wildcard subscription of another
+        # part of the program on this connection (an application's ``>``) is not this one's
+        replies = f"{self._inbox}.>".lower()
         for lane in self._lanes:
             if (error.operation == "publish" and lane.subject.lower() == subject) or (
-                error.operation == "subscribe" and denials.covers(subject, replies)
+                error.operation == "subscribe" and subject == replies
             ):
                 lane.deny(error)
 

@@ -37,7 +37,8 @@ processing's in :mod:`.delivery`)
 * **Graceful stop.** :meth:`Worker.stop` finishes the message in hand, commits, releases
   every lease and leaves the group, so hand-over does not wait for a TTL.
 * **A refused permission stops the member, once.** When the server refuses one of its
-  publishes or subscriptions (the NATS user lacks a permission of the worker role), the
+  publishes or subscriptions (the NATS user lacks a permission of the worker role; a
+  refusal of another part of a program sharing the connection is not its own), the
   member logs one error naming the permission, stops as on a crash and sets
   :attr:`Worker.error` to a :class:`~..errors.PermissionDenied`; it never retries what the
   server will refuse again. Refused while joining, :meth:`Worker.start` raises it.
@@ -217,7 +218,7 @@ class Worker:
     def _denied(self, error: PermissionDenied) -> None:
         """The server refused one of the member's operations: stop once, saying which
         permission is missing (a retry would be refused the same way)."""
-        if self.watch.error is not None or self.ctx.stopping:
+        if self.watch.error is not None or self.ctx.stopping or not self._concerns(error):
             return
         self.watch.error = error
         if not self._tasks:  # while joining: start() raises it
@@ -228,6 +229,16 @@ class Worker:
             error,
         )
         self._crash_once()
+
+    def _concerns(self, error: PermissionDenied) -> bool:
+        """Whether ``error`` refused one of the member's own operations (its stream, its
+        group's buckets and dead letters, its reply inboxes), not another part's of a
+        program sharing the connection (an application's ``>`` subscription)."""
+        store = getattr(self.ctx, "store", None)
+        stream = getattr(store, "stream", None)
+        prefixes = (f"{stream.prefix}.dlq.{self.cfg.group}",) if stream is not None else ()
+        names = self.cfg.group_config.jetstream_names()
+        return denials.concerns(self.nc, error, names=names, prefixes=prefixes)
 
     async def _start(self) -> None:
         ctx = self.ctx
