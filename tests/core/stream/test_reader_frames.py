@@ -122,6 +122,7 @@ def test_frames_reach_the_same_targets_as_with_nats_py_s_parser() -> None:
             assert got == expected, stream
             assert bytes(fast._ps.buf) == bytes(slow._ps.buf) == b""
             assert fast.stats["in_msgs"] == slow.stats["in_msgs"]
+            assert fast.stats["in_bytes"] == slow.stats["in_bytes"]
 
     asyncio.run(main())
 
