@@ -13,7 +13,7 @@ a. Throughput: one 16-partition stream with a backlog of BENCH_WORKER_N 100-byte
      ack-pending-1  the per-message-ack design: one durable push consumer per partition,
                     ``ack_policy=explicit``, ``max_ack_pending=1``, ack after the no-op handler,
                     16 partitions at once; run on a subset (BENCH_ACK1_N) and compared by rate
-   Goal: worker >= 1.0 x raw-ordered (issue 19; it was 0.5 x).
+   Goal: worker and worker-batch >= 1.9 x raw-ordered (issue 33; issue 19's was 1.0 x).
 b. Failover, with worker PROCESSES started through the CLI (``--lease-ttl 2``) and the
    ``bench_handlers:Recorder`` handler logging every apply (wall time, member, partition,
    seq); a background publisher trickles ~BENCH_TRICKLE msg/s, round-robin over the

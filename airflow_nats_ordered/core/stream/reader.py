@@ -27,6 +27,7 @@ from nats.aio.client import Client as NATS
 from nats.errors import Error as NatsError
 from nats.js import api
 from nats.js.errors import NotFoundError
+from nats.protocol import parser as _nats_parser
 
 from airflow_nats_ordered.core.connection import denials
 from airflow_nats_ordered.core.connection.api import api_subject, jetstream
@@ -181,7 +182,135 @@ def _route(nc: NATS) -> dict[int, Route] | None:
 
     nc._process_msg = process_msg  # type: ignore[method-assign]
     nc._nor_routes = table  # type: ignore[attr-defined]
+    _install_parser(nc, table, process_msg, stats)
     return table
+
+
+def _hmsg(chunk: bytes, start: int, end: int) -> tuple[bytes, int, bytes, int, int] | None:
+    """An ``HMSG`` control line's arguments (between ``start`` and ``end``): subject, sid,
+    reply (b"" if none), header size, total size; None if it is not one nats-py reads."""
+    args = chunk[start:end].split()
+    try:
+        if len(args) == 5:
+            return args[0], int(args[1]), args[2], int(args[3]), int(args[4])
+        if len(args) == 4:
+            return args[0], int(args[1]), b"", int(args[2]), int(args[3])
+    except ValueError:
+        pass
+    return None
+
+
+def _msg_size(chunk: bytes, start: int, end: int) -> int | None:
+    """An ``MSG`` control line's payload size; None if it is not one nats-py reads."""
+    args = chunk[start:end].split()
+    if len(args) in (3, 4) and args[-1].isdigit():
+        return int(args[-1])
+    return None
+
+
+def _install_parser(
+    nc: NATS,
+    table: dict[int, Route],
+    process_msg: Callable[[int, bytes, bytes, bytes, bytes], Awaitable[None]],
+    stats: dict[str, int],
+) -> None:
+    """Replace the connection's protocol parser's ``parse`` with one that cuts the frames of
+    a read itself: a reader's data delivery (an ``HMSG`` to a routed inbox whose target has
+    a synchronous entry) goes to that entry at once, without nats-py's two regular
+    expressions, its argument dict, two copies and a coroutine per message; a routed
+    ``MSG``/``HMSG`` otherwise goes to the route's ``process_msg``; every other frame
+    (``PING``, ``INFO``, ``-ERR``, other subscriptions' messages) is handed to nats-py's own
+    ``parse``, one whole frame at a time, so what nats-py does with it is unchanged. A frame
+    not complete yet stays in the buffer for the next read, as nats-py leaves it. Nothing
+    is installed if the parser is not the one this was written against (nats-py's
+    ``Parser`` with its ``buf`` and ``state``); then every frame takes nats-py's path."""
+    ps = getattr(nc, "_ps", None)
+    orig = getattr(ps, "parse", None)
+    control = getattr(_nats_parser, "AWAITING_CONTROL_LINE", None)
+    if (
+        ps is None
+        or orig is None
+        or not inspect.iscoroutinefunction(orig)
+        or control is None
+        or not isinstance(getattr(ps, "buf", None), bytearray)
+        or getattr(ps, "state", None) is None
+    ):
+        return
+
+    async def parse(data: bytes = b"") -> None:
+        buf = ps.buf
+        if ps.state != control:
+            await orig(data)  # in the middle of a frame nats-py's parser began: its own
+            return
+        if data:
+            buf.extend(data)
+        chunk = bytes(buf)
+        n = len(chunk)
+        pos = 0
+        try:
+            while pos < n:
+                end = chunk.find(b"\r\n", pos)
+                if end < 0:
+                    break  # a control line not complete yet
+                frame_end = end + 2  # a line alone, or a frame this does not read
+                if chunk.startswith(b"HMSG ", pos):
+                    frame = _hmsg(chunk, pos + 5, end)
+                    if frame is not None:
+                        subject, sid, reply, hsize, total = frame
+                        frame_end = end + 4 + total
+                        if frame_end > n:
+                            break  # the payload not complete yet
+                        route = table.get(sid)
+                        if route is not None:
+                            start = end + 2
+                            hdr = chunk[start : start + hsize]
+                            payload = chunk[start + hsize : start + total]
+                            on_data = route[1]
+                            pos = frame_end
+                            if (
+                                on_data is not None
+                                and hsize
+                                and hdr[_HDR_LINE : _HDR_LINE + 1] != b" "
+                            ):
+                                stats["in_msgs"] += 1
+                                stats["in_bytes"] += len(payload)
+                                try:
+                                    m = Delivery(subject.decode(), reply.decode(), payload, hdr)
+                                    on_data(m, hsize)  # no coroutine per message
+                                except Exception:  # as process_msg: never into the read loop
+                                    log.warning(
+                                        "a message on %r could not be read; dropped",
+                                        subject,
+                                        exc_info=True,
+                                    )
+                            else:
+                                await process_msg(sid, subject, reply, payload, hdr)
+                                if ps.buf is not buf:
+                                    return  # the parser was reset meanwhile (a reconnect)
+                            continue
+                elif chunk.startswith(b"MSG ", pos):
+                    size = _msg_size(chunk, pos + 4, end)
+                    if size is not None:
+                        frame_end = end + 4 + size
+                        if frame_end > n:
+                            break
+                # one whole frame through nats-py's own parser (which raises its
+                # ProtocolError for a line it cannot read)
+                one = bytearray(chunk[pos:frame_end])
+                ps.buf = one
+                try:
+                    await orig()
+                finally:
+                    if ps.buf is one:
+                        ps.buf = buf
+                pos = frame_end
+                if ps.buf is not buf:
+                    return  # the parser was reset meanwhile (a reconnect)
+        finally:
+            if ps.buf is buf and pos:
+                del buf[:pos]
+
+    ps.parse = parse
 
 
 class PartitionReader:
