@@ -495,7 +495,11 @@ def _operator(g: _Grant, stream: str, group: str | None, prefix: str) -> None:
     g.kv_write(lock, "the repartition lock")
     g.kv_create(lock)
     cfg = GroupConfig(stream, group)
-    g.kv_read(cfg.lease_bucket)
+    g.kv_write(
+        cfg.lease_bucket,
+        f"group {group}'s leases (a reset deletes the lease of each partition it moves, so "
+        "an idle holder notices at its next renewal)",
+    )
     g.kv_write(cfg.state_bucket, f"group {group}'s reset positions and rebalance requests")
     g.kv_watch(cfg.state_bucket)
     for bucket in (cfg.lease_bucket, cfg.state_bucket):

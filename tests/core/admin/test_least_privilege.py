@@ -538,6 +538,9 @@ def test_the_cli_commands_run_as_their_roles(
         run("cli_operator", "group", "describe", *group)
         run("cli_operator", "group", "rebalance", *group)
         run("cli_operator", "group", "reset", *group, "--to", "earliest")  # the plan
+        # executed under the running worker: the reset takes its lease away (the explorer's
+        # seed 1 found the operator could not: it held the leases bucket read only)
+        run("cli_operator", "group", "reset", *group, "--to", "earliest", "--execute")
         run("cli_operator", "dead-letters", "list", *group)
 
     asyncio.run(work())
