@@ -39,8 +39,10 @@ each refusal it sends).
 
 from __future__ import annotations
 
+import json
 import re
 import secrets
+import urllib.request
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -127,6 +129,36 @@ class Accounts:
 
 def _indent(text: str, n: int) -> str:
     return "\n".join(" " * n + line if line else line for line in text.splitlines())
+
+
+#: the name the explorer's own connections (the admin's reads) go by
+CHECKER_NAME = "explore-checker"
+
+
+def connections(monitor_url: str, timeout: float = 2.0) -> list[tuple[str, str]]:
+    """(name, authorized user) of every client connection the server holds now
+    (``/connz?auth=1``); empty when the server does not answer."""
+    try:
+        with urllib.request.urlopen(
+            f"{monitor_url}/connz?auth=1&limit=1024", timeout=timeout
+        ) as resp:
+            data = json.loads(resp.read())
+    except (OSError, ValueError):
+        return []
+    return [
+        (str(c.get("name") or ""), str(c.get("authorized_user") or ""))
+        for c in data.get("connections") or []
+    ]
+
+
+def wrong_users(conns: Iterable[tuple[str, str]]) -> list[str]:
+    """The connections of the explorer's processes (named ``nats-ordered...``, as the CLI,
+    the pool's members and ``publish_run_child`` name theirs) that are not a role's user."""
+    return [
+        f"a process connected as {user or 'nobody'!r}, not its role's user (connection {name!r})"
+        for name, user in conns
+        if name.startswith("nats-ordered") and user not in USERS
+    ]
 
 
 def server_violations(logs: Iterable[Path]) -> list[str]:

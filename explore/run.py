@@ -52,7 +52,15 @@ from .generator import OPERATIONS, Action, Generator
 from .history import Command, History
 from .known import SKIPPED_INVARIANTS
 from .nemesis import FAULTS, Fault, Nemesis
-from .privilege import OP_USERS, Accounts, client_denials, server_violations
+from .privilege import (
+    CHECKER_NAME,
+    OP_USERS,
+    Accounts,
+    client_denials,
+    connections,
+    server_violations,
+    wrong_users,
+)
 from .processes import Processes, Running, _descendants
 from .world import Producer, World
 
@@ -150,6 +158,9 @@ class Explorer:
         self.procs = Processes(self.history, opts.workdir, env)
         self.accounts = Accounts(STREAM, GROUP) if opts.least_privilege else None
         self._server_env: list[str] = []  # the password variables set for the server
+        self._conn_sampled = 0.0  # when the server's connections were last listed
+        self.users_seen: Counter[str] = Counter()  # connections seen per user
+        self.wrong_users: list[str] = []  # processes not connected as their role's user
         self.liveness: list[str] = []
         self.drains: list[DrainClaim] = []
         self.lags: list[LagClaim] = []
@@ -289,6 +300,9 @@ class Explorer:
                     self.history.fault(f"node-start n{i}")
                 except Exception as exc:  # noqa: BLE001 - a node that cannot start is a finding
                     self.liveness.append(f"cluster node n{i} did not start again: {exc}")
+        if self.accounts is not None and now - self._conn_sampled >= 1.0:
+            self._conn_sampled = now
+            self._sample_connections()
         ended, problems = self.procs.poll()
         for run in ended:
             self._ended(run)
@@ -302,6 +316,20 @@ class Explorer:
                 self.history.finish(hit.cmd, "hung: killed by the explorer")
                 self.procs.signal_group(hit, signal.SIGCONT)
                 self.procs.signal_group(hit, signal.SIGKILL)
+
+    def _sample_connections(self) -> None:
+        """List the server's connections: every process of the explorer must be connected
+        as its role's user (the mode would prove nothing if one fell back to the admin)."""
+        servers = [self.server, *(self.cluster.servers if self.cluster else [])]
+        for srv in servers:
+            if srv is None or not srv.running or srv._paused:
+                continue
+            conns = connections(srv.monitor_url)
+            self.users_seen.update(u for n, u in conns if n != CHECKER_NAME)
+            for bad in wrong_users(conns):
+                if bad not in self.wrong_users:
+                    self.wrong_users.append(bad)
+                    self.history.note(f"LEAST-PRIVILEGE {bad}")
 
     def _ended(self, run: Running) -> None:
         cmd = run.cmd
@@ -738,7 +766,10 @@ class Explorer:
 
         async def go() -> _T:
             nc = await nats.connect(
-                servers=self.servers.split(","), connect_timeout=3, max_reconnect_attempts=3
+                servers=self.servers.split(","),
+                connect_timeout=3,
+                max_reconnect_attempts=3,
+                name=CHECKER_NAME,
             )
             try:
                 return await asyncio.wait_for(fn(nc), timeout)
@@ -865,6 +896,10 @@ class Explorer:
                 for line in client_denials(self.procs.log_tail(run, 10**7))
             ]
         servers = [self.server, *(self.cluster.servers if self.cluster else [])]
+        if self.accounts is not None:
+            seen = ", ".join(f"{u or 'none'} {n}" for u, n in sorted(self.users_seen.items()))
+            self.history.note(f"least privilege: connections per user, over the samples: {seen}")
+        out += self.wrong_users
         return out + server_violations(s.log_path for s in servers if s is not None)
 
 

@@ -255,6 +255,18 @@ def test_the_least_privilege_config_gives_each_user_its_role():
     assert OP_USERS["publish"] == OP_USERS["run"] == "publisher"
 
 
+def test_a_process_connected_as_the_admin_is_reported():
+    from explore.privilege import CHECKER_NAME, wrong_users
+
+    ok = [("nats-ordered", "worker"), ("nats-ordered p-1", "worker"), (CHECKER_NAME, "admin")]
+    assert wrong_users(ok) == []
+    bad = wrong_users([*ok, ("nats-ordered", "admin"), ("nats-ordered", "")])
+    assert bad == [
+        "a process connected as 'admin', not its role's user (connection 'nats-ordered')",
+        "a process connected as 'nobody', not its role's user (connection 'nats-ordered')",
+    ]
+
+
 def test_every_invariant_is_shown_failing_above():
     tested = {
         "stored-once",
