@@ -12,7 +12,8 @@ user                set                                who connects as it
 ``publisher``       ``publisher`` of the stream        ``publish``, ``publish_run``
 ``worker``          ``worker`` of the group            ``worker``, ``pool`` (every member)
 ``operator_g``      ``operator`` with the group        ``group reset``, ``group rebalance``,
-                                                       ``dead-letters replay`` / ``purge``
+                                                       ``dead-letters replay`` / ``purge``,
+                                                       every other ``repartition``
 ``operator``        ``operator`` without a group       ``provision``, ``repartition``,
                     (the account's whole API)          ``group list`` (none has ``--group``)
 ``watcher``         ``watcher`` of the group           ``status --group`` (with or without
@@ -28,7 +29,9 @@ user                set                                who connects as it
 sensor reads), so it runs as the watcher, the role that waits for a drain in Airflow;
 ``group list`` finds the stream's groups by listing the account's streams, which only an
 operator may, and has no ``--group``: it runs as the operator without a group, as do
-``provision`` and ``repartition`` (neither takes ``--group``).
+``provision`` and ``repartition`` (neither takes ``--group``). Every other repartition
+(the first, the third, ...) runs as the operator of the group instead: docs/security.md
+says that narrower set repartitions too, and the explorer's stream has that one group.
 
 The invariant ``no-permission-violation`` (:mod:`explore.checker`) then reads every
 command's log for a refusal (``permission denied: ...``, the words of
@@ -62,6 +65,7 @@ OP_USERS: dict[str, str] = {
     "worker-join": "worker",
     "pool-join": "worker",
     "repartition": "operator",
+    "repartition-g": "operator_g",  # every other repartition (see the module)
     "group-reset": "operator_g",
     "group-rebalance": "operator_g",
     "dead-letters-replay": "operator_g",

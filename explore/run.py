@@ -475,6 +475,9 @@ class Explorer:
                 argv,
                 budget=BUDGET[op],
                 env={CRASH_ENV: crash} if crash else None,
+                # every other one as the group's operator: docs/security.md says that
+                # set repartitions too (the explorer's stream has one group)
+                as_op="repartition-g" if self.world.repartitions_started % 2 else "repartition",
                 partitions=p["partitions"],
             )
             if crash:
