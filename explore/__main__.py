@@ -61,6 +61,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--minutes", type=float, default=1.0, help="chaos phase per seed")
     ap.add_argument("--cluster", action="store_true", help="a 3-node cluster, leader kills")
     ap.add_argument(
+        "--least-privilege",
+        action="store_true",
+        help="accounts and one user per role: every process connects with exactly its "
+        "role's permissions (nats-ordered permissions); any refusal is a violation",
+    )
+    ap.add_argument(
         "--skip-known",
         default="all",
         help="known defects whose triggers are turned off: all (default), none, or names: "
@@ -87,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     extra = []
     if args.cluster:
         extra.append("--cluster")
+    if args.least_privilege:
+        extra.append("--least-privilege")
     if args.skip_known != "all":
         extra.append(f"--skip-known {args.skip_known}")
     if args.ops != "all":
@@ -113,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             ops=_names(args.ops, OPERATIONS, "operation(s)"),
             faults=_names(args.faults, FAULTS, "fault(s)"),
             fault_rate=args.fault_rate,
+            least_privilege=args.least_privilege,
         )
         print(f"explore: seed {seed}, {args.minutes:g} min ...", flush=True)
         try:

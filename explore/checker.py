@@ -35,6 +35,9 @@ INVARIANTS = {
     "layout-complete": "after the final phase no repartition is left interrupted: no pending "
     "switch point, the stream's subjects are its metadata's layout",
     "liveness": "every command ends within its deadline, nothing spins, the final drain ends",
+    "no-permission-violation": "with --least-privilege, no process was refused a permission "
+    "(no 'permission denied' in any command's log) and the server logged no 'Permissions "
+    "Violation'",
 }
 
 
@@ -149,6 +152,9 @@ class Facts:
     members: list[MemberExit] = field(default_factory=list)
     #: what is left of an interrupted repartition at the end (None: the layout is complete)
     layout_pending: str | None = None
+    #: refusals seen (``--least-privilege``): a command's log line reporting a denied
+    #: permission, or a server's ``Permissions Violation`` line, each naming where it was
+    denials: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -437,6 +443,10 @@ def _liveness(facts: Facts, by_gid: dict[int, InputRecord]) -> list[str]:
     return list(facts.liveness)
 
 
+def _no_permission_violation(facts: Facts, by_gid: dict[int, InputRecord]) -> list[str]:
+    return list(facts.denials)
+
+
 _CHECKS = {
     "stored-once": _stored_once,
     "stream-key-order": _stream_key_order,
@@ -452,5 +462,6 @@ _CHECKS = {
     "member-startup-exit": _member_startup_exit,
     "layout-complete": _layout_complete,
     "liveness": _liveness,
+    "no-permission-violation": _no_permission_violation,
 }
 assert set(_CHECKS) == set(INVARIANTS)

@@ -2,18 +2,22 @@
 
 ``python -m explore.publish_run_child SERVERS STREAM PRODUCER_ID FILE``: publishes the JSON
 lines of FILE (key field ``k``) as the run PRODUCER_ID and prints the run's record (JSON).
-Exit 0 when the run is complete, 1 when partial, 3 on an error.
+Exit 0 when the run is complete, 1 when partial, 3 on an error. It connects as
+``$NATS_USER`` with ``$NATS_PASSWORD`` when set (the explorer's ``--least-privilege``: the
+publisher), through the core's ``connect`` (a refused permission fails at once with
+PermissionDenied, which it prints).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 from dataclasses import dataclass
 
-import nats
-
+from airflow_nats_ordered.core.connection.connect import connect
+from airflow_nats_ordered.core.connection.options import ConnectionOptions
 from airflow_nats_ordered.core.publish.config import PublisherConfig
 from airflow_nats_ordered.core.publish.runs import publish_run
 
@@ -34,7 +38,13 @@ async def main(servers: str, stream: str, producer_id: str, path: str) -> int:
                 d = json.loads(line)
                 body = json.dumps(d, separators=(",", ":")).encode()
                 rows.append(Row(d["k"], body, f"{path}:{n}"))
-    nc = await nats.connect(servers=servers.split(","), max_reconnect_attempts=-1)
+    options = ConnectionOptions(
+        servers=tuple(servers.split(",")),
+        user=os.environ.get("NATS_USER") or None,
+        password=os.environ.get("NATS_PASSWORD") or None,
+        max_reconnect_attempts=-1,
+    )
+    nc = await connect(options)
     try:
         result = await publish_run(
             nc,

@@ -52,6 +52,15 @@ from .generator import OPERATIONS, Action, Generator
 from .history import Command, History
 from .known import SKIPPED_INVARIANTS
 from .nemesis import FAULTS, Fault, Nemesis
+from .privilege import (
+    CHECKER_NAME,
+    OP_USERS,
+    Accounts,
+    client_denials,
+    connections,
+    server_violations,
+    wrong_users,
+)
 from .processes import Processes, Running, _descendants
 from .world import Producer, World
 
@@ -98,6 +107,8 @@ class Options:
     fault_rate: float = 0.12  # faults per second
     tick: tuple[float, float] = (0.2, 1.2)
     partitions: int = 4
+    #: accounts and one user per role: every process connects with its role's set only
+    least_privilege: bool = False
 
 
 @dataclass
@@ -142,7 +153,14 @@ class Explorer:
         env["CHAOS_SINK"] = str(self.sink)
         env["CHAOS_DELAY"] = "0.002"
         env.pop("NATS_URL", None)
+        for name in ("NATS_USER", "NATS_PASSWORD", "NATS_TOKEN", "NATS_CREDS", "NATS_NKEY"):
+            env.pop(name, None)
         self.procs = Processes(self.history, opts.workdir, env)
+        self.accounts = Accounts(STREAM, GROUP) if opts.least_privilege else None
+        self._server_env: list[str] = []  # the password variables set for the server
+        self._conn_sampled = 0.0  # when the server's connections were last listed
+        self.users_seen: Counter[str] = Counter()  # connections seen per user
+        self.wrong_users: list[str] = []  # processes not connected as their role's user
         self.liveness: list[str] = []
         self.drains: list[DrainClaim] = []
         self.lags: list[LagClaim] = []
@@ -191,14 +209,26 @@ class Explorer:
         self.history.note(
             f"seed {self.o.seed}, {self.o.seconds:.0f}s, "
             f"{'3-node cluster' if self.o.cluster else 'single server'}, "
-            f"skip-known {','.join(sorted(self.o.skip_known)) or 'none'}",
+            f"skip-known {','.join(sorted(self.o.skip_known)) or 'none'}"
+            + (", least privilege" if self.accounts is not None else ""),
             "phase",
         )
+        extra = ""
+        if self.accounts is not None:
+            # the server (and every restart of it) reads the users' passwords from its
+            # environment, which it inherits from this process; the commands' environment
+            # was copied before, so each gets only its own user's password
+            for name, value in self.accounts.server_env().items():
+                os.environ[name] = value
+                self._server_env.append(name)
+            extra = self.accounts.config()
         if self.o.cluster:
-            self.cluster = NatsCluster(self.o.workdir / "cluster", n=3).start()
+            self.cluster = NatsCluster(self.o.workdir / "cluster", n=3, extra_config=extra).start()
             self.servers = ",".join(self.cluster.urls)
         else:
-            self.server = NatsServer(self.o.workdir / "nats", name="explore").start()
+            self.server = NatsServer(
+                self.o.workdir / "nats", name="explore", extra_config=extra
+            ).start()
             self.servers = self.server.url
         with sqlite3.connect(self.sink) as db:
             db.execute(EVENTS_DDL)
@@ -270,6 +300,9 @@ class Explorer:
                     self.history.fault(f"node-start n{i}")
                 except Exception as exc:  # noqa: BLE001 - a node that cannot start is a finding
                     self.liveness.append(f"cluster node n{i} did not start again: {exc}")
+        if self.accounts is not None and now - self._conn_sampled >= 1.0:
+            self._conn_sampled = now
+            self._sample_connections()
         ended, problems = self.procs.poll()
         for run in ended:
             self._ended(run)
@@ -283,6 +316,20 @@ class Explorer:
                 self.history.finish(hit.cmd, "hung: killed by the explorer")
                 self.procs.signal_group(hit, signal.SIGCONT)
                 self.procs.signal_group(hit, signal.SIGKILL)
+
+    def _sample_connections(self) -> None:
+        """List the server's connections: every process of the explorer must be connected
+        as its role's user (the mode would prove nothing if one fell back to the admin)."""
+        servers = [self.server, *(self.cluster.servers if self.cluster else [])]
+        for srv in servers:
+            if srv is None or not srv.running or srv._paused:
+                continue
+            conns = connections(srv.monitor_url)
+            self.users_seen.update(u for n, u in conns if n != CHECKER_NAME)
+            for bad in wrong_users(conns):
+                if bad not in self.wrong_users:
+                    self.wrong_users.append(bad)
+                    self.history.note(f"LEAST-PRIVILEGE {bad}")
 
     def _ended(self, run: Running) -> None:
         cmd = run.cmd
@@ -301,6 +348,25 @@ class Explorer:
             self.drains.append(DrainClaim(cmd.id, int(cmd.info["high_water"]), self._last_event()))
 
     # ------------------------------------------------------------------ operations
+    def _launch(
+        self,
+        op: str,
+        argv: list[str],
+        *,
+        budget: float | None,
+        env: dict[str, str] | None = None,
+        as_op: str | None = None,
+        **info: object,
+    ) -> Running:
+        """Start a command; with least privilege, connected as the user of its role
+        (``explore.privilege.OP_USERS``; ``as_op`` names the role's row when the
+        operation's command varies, e.g. ``group list`` for a ``status``)."""
+        if self.accounts is not None:
+            user = OP_USERS[as_op or op]
+            env = {**(env or {}), **self.accounts.client_env(user)}
+            info["user"] = user
+        return self.procs.start(op, argv, budget=budget, env=env, **info)
+
     def _cli(self, *args: str) -> list[str]:
         return [*CLI, *args, "--server", self.servers]
 
@@ -353,7 +419,7 @@ class Explorer:
         op, p = action.op, action.params
         if op in ("publish", "publish-again", "run", "run-again"):
             prod = self.world.producers[p["producer"]]
-            run = self.procs.start(
+            run = self._launch(
                 op,
                 self._publish_argv(prod),
                 budget=BUDGET["publish"],
@@ -367,7 +433,7 @@ class Explorer:
             return run
         if op == "worker-join":
             argv = self._cli("worker", *self._member_flags(), "--member-id", p["member"])
-            return self.procs.start(
+            return self._launch(
                 op, argv, budget=None, env={"CHAOS_MEMBER": p["member"]}, members=p["member"]
             )
         if op == "pool-join":
@@ -383,7 +449,7 @@ class Explorer:
                 "--stop-timeout",
                 "30",
             )
-            return self.procs.start(op, argv, budget=None, members=p["prefix"])
+            return self._launch(op, argv, budget=None, members=p["prefix"])
         if op in ("worker-leave", "pool-leave"):
             kind = "worker-join" if op == "worker-leave" else "pool-join"
             live = [
@@ -404,11 +470,14 @@ class Explorer:
                 "repartition", "--stream", STREAM, "--partitions", str(p["partitions"]), "--json"
             )
             crash = None if self.final else self.nemesis.crash_repartition_at(CRASH_POINTS)
-            run = self.procs.start(
+            run = self._launch(
                 op,
                 argv,
                 budget=BUDGET[op],
                 env={CRASH_ENV: crash} if crash else None,
+                # every other one as the group's operator: docs/security.md says that
+                # set repartitions too (the explorer's stream has one group)
+                as_op="repartition-g" if self.world.repartitions_started % 2 else "repartition",
                 partitions=p["partitions"],
             )
             if crash:
@@ -433,7 +502,7 @@ class Explorer:
                 "--json",
                 *extra,
             )
-            return self.procs.start(op, argv, budget=BUDGET[op], to="earliest")
+            return self._launch(op, argv, budget=BUDGET[op], to="earliest")
         if op == "group-rebalance":
             argv = self._cli(
                 "group",
@@ -446,7 +515,7 @@ class Explorer:
                 "30s",
                 "--json",
             )
-            return self.procs.start(op, argv, budget=BUDGET[op])
+            return self._launch(op, argv, budget=BUDGET[op])
         if op == "dead-letters-replay":
             argv = self._cli(
                 "dead-letters",
@@ -458,7 +527,7 @@ class Explorer:
                 "--json",
                 *(["--purge"] if p.get("purge") else []),
             )
-            return self.procs.start(op, argv, budget=BUDGET[op], purge=bool(p.get("purge")))
+            return self._launch(op, argv, budget=BUDGET[op], purge=bool(p.get("purge")))
         if op == "dead-letters-purge":
             letters = self._nats(lambda nc: read_stream(nc, f"{STREAM}_DLQ", patience=5.0), 20.0)
             if not letters:
@@ -477,15 +546,15 @@ class Explorer:
                 ",".join(str(s.seq) for s in chosen),
                 "--json",
             )
-            return self.procs.start(op, argv, budget=BUDGET[op], purge=sorted(gids))
+            return self._launch(op, argv, budget=BUDGET[op], purge=sorted(gids))
         if op == "drain":
             return self._drain("drain", "90s")
         if op == "status":
             if self.rng.random() < 0.5:
                 argv = self._cli("status", "--stream", STREAM, "--group", GROUP, "--json")
-            else:
-                argv = self._cli("group", "list", "--stream", STREAM, "--json")
-            return self.procs.start(op, argv, budget=BUDGET[op])
+                return self._launch(op, argv, budget=BUDGET[op])
+            argv = self._cli("group", "list", "--stream", STREAM, "--json")
+            return self._launch(op, argv, budget=BUDGET[op], as_op="group-list")
         raise ValueError(f"unknown operation {op}")
 
     def _drain(self, op: str, timeout: str) -> Running | None:
@@ -505,7 +574,7 @@ class Explorer:
             "60s",
             "--json",
         )
-        return self.procs.start(op, argv, budget=BUDGET[op], high_water=high)
+        return self._launch(op, argv, budget=BUDGET[op], high_water=high)
 
     def _leave(self, run: Running) -> None:
         """SIGTERM a worker or pool: it must leave (exit) within BUDGET['leave']."""
@@ -636,7 +705,10 @@ class Explorer:
         if isinstance(status.cmd.result, dict):
             self.lags.append(LagClaim("status", int(status.cmd.result["total_lag"]), high))
         listing = self._sync(
-            "status", self._cli("group", "list", "--stream", STREAM, "--json"), 60.0
+            "status",
+            self._cli("group", "list", "--stream", STREAM, "--json"),
+            60.0,
+            as_op="group-list",
         )
         if isinstance(listing.cmd.result, dict):
             for g in listing.cmd.result.get("groups", []):
@@ -681,8 +753,8 @@ class Explorer:
             self._wait(run)
         return run
 
-    def _sync(self, op: str, argv: list[str], budget: float) -> Running:
-        run = self.procs.start(op, argv, budget=budget)
+    def _sync(self, op: str, argv: list[str], budget: float, as_op: str | None = None) -> Running:
+        run = self._launch(op, argv, budget=budget, as_op=as_op)
         self._wait(run)
         return run
 
@@ -697,7 +769,10 @@ class Explorer:
 
         async def go() -> _T:
             nc = await nats.connect(
-                servers=self.servers.split(","), connect_timeout=3, max_reconnect_attempts=3
+                servers=self.servers.split(","),
+                connect_timeout=3,
+                max_reconnect_attempts=3,
+                name=CHECKER_NAME,
             )
             try:
                 return await asyncio.wait_for(fn(nc), timeout)
@@ -786,6 +861,7 @@ class Explorer:
             dead_letters={int(json.loads(s.data)["i"]) for s in letters},
             liveness=self.liveness,
             layout_pending=self._layout_pending(),
+            denials=self._denials(),
             members=[
                 MemberExit(
                     run.cmd.id,
@@ -809,6 +885,25 @@ class Explorer:
                 with contextlib.suppress(Exception):
                     srv.resume()
                     srv.stop()
+        for name in self._server_env:
+            os.environ.pop(name, None)
+
+    def _denials(self) -> list[str]:
+        """Every refusal the history shows: a command's log reporting a denied permission
+        (with the user it ran as) and each server's ``Permissions Violation`` lines."""
+        out = []
+        for run in sorted(self.procs.done.values(), key=lambda r: r.cmd.id):
+            user = run.cmd.info.get("user", "default")
+            out += [
+                f"#{run.cmd.id} {run.cmd.op} (user {user}): {line}"
+                for line in client_denials(self.procs.log_tail(run, 10**7))
+            ]
+        servers = [self.server, *(self.cluster.servers if self.cluster else [])]
+        if self.accounts is not None:
+            seen = ", ".join(f"{u or 'none'} {n}" for u, n in sorted(self.users_seen.items()))
+            self.history.note(f"least privilege: connections per user, over the samples: {seen}")
+        out += self.wrong_users
+        return out + server_violations(s.log_path for s in servers if s is not None)
 
 
 async def _read_or_empty(nc: Any, stream: str) -> list[Any]:

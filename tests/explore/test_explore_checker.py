@@ -205,6 +205,68 @@ def test_a_repartition_left_interrupted_breaks_layout_complete():
     assert "epoch 2 is interrupted" in found[0].message
 
 
+def test_a_refused_permission_breaks_no_permission_violation(tmp_path):
+    from explore.privilege import client_denials, server_violations
+
+    f = clean()
+    log = (
+        "member w-1 joined group g of EXPLORE\n"
+        "error: member w-1 stopped: permission denied: publish to $KV.nor_EXPLORE_g_leases.x "
+        "for the user given by --user worker (NATS_USER); the worker role needs it\n"
+    )
+    assert client_denials("member w-1 joined group g of EXPLORE\n") == []
+    (tmp_path / "nats").mkdir()
+    server_log = tmp_path / "nats" / "nats-server.log"
+    server_log.write_text(
+        "[1] [INF] Server is ready\n"
+        '[1] [ERR] 127.0.0.1:5 - cid:9 - "v2.16.0:python3:nats-ordered" - '
+        '"EXPLORE/user:worker" - Publish Violation - Subject "$KV.x.y"\n'
+    )
+    assert check(f) == []
+    f.denials = [f"#3 worker-join (user worker): {d}" for d in client_denials(log)]
+    f.denials += server_violations([server_log, tmp_path / "missing.log"])
+    found = check(f)
+    assert [v.invariant for v in found] == ["no-permission-violation"] * 2
+    assert "#3 worker-join (user worker): error: member w-1 stopped: permission denied" in str(
+        found[0]
+    )
+    assert found[1].message.startswith("nats: ") and "Publish Violation" in found[1].message
+
+
+def test_the_least_privilege_config_gives_each_user_its_role():
+    from airflow_nats_ordered.core.admin.permissions import permissions_for
+    from explore.privilege import OP_USERS, USERS, Accounts
+
+    accounts = Accounts("EXPLORE", "g")
+    conf = accounts.config()
+    # every user's exact set, its password from the server's environment, never in the file
+    for user, (role, grouped) in USERS.items():
+        assert permissions_for(role, "EXPLORE", "g" if grouped else None).to_conf(user) in (
+            "\n".join(line[6:] for line in conf.splitlines())
+        )
+    assert all(p not in conf for p in accounts.passwords.values())
+    assert set(accounts.server_env()) == {f"{u.upper()}_PASSWORD" for u in [*USERS, "admin"]}
+    assert accounts.client_env("worker") == {
+        "NATS_USER": "worker",
+        "NATS_PASSWORD": accounts.passwords["worker"],
+    }
+    assert set(OP_USERS.values()) == set(USERS)  # each user serves an operation
+    assert OP_USERS["worker-join"] == OP_USERS["pool-join"] == "worker"
+    assert OP_USERS["publish"] == OP_USERS["run"] == "publisher"
+
+
+def test_a_process_connected_as_the_admin_is_reported():
+    from explore.privilege import CHECKER_NAME, wrong_users
+
+    ok = [("nats-ordered", "worker"), ("nats-ordered p-1", "worker"), (CHECKER_NAME, "admin")]
+    assert wrong_users(ok) == []
+    bad = wrong_users([*ok, ("nats-ordered", "admin"), ("nats-ordered", "")])
+    assert bad == [
+        "a process connected as 'admin', not its role's user (connection 'nats-ordered')",
+        "a process connected as 'nobody', not its role's user (connection 'nats-ordered')",
+    ]
+
+
 def test_every_invariant_is_shown_failing_above():
     tested = {
         "stored-once",
@@ -221,6 +283,7 @@ def test_every_invariant_is_shown_failing_above():
         "member-startup-exit",
         "layout-complete",
         "liveness",
+        "no-permission-violation",
     }
     assert tested == set(INVARIANTS)
 

@@ -483,6 +483,11 @@ def _operator(g: _Grant, stream: str, group: str | None, prefix: str) -> None:
     g.info(dlq, f"dead-letter stream {dlq}")
     g.msg_get(dlq, f"dead-letter stream {dlq}", "read, show and replay dead letters")
     g.p(f"{api}.STREAM.PURGE.{dlq}", f"purge group {group}'s dead letters from {dlq}")
+    g.p(
+        f"{api}.STREAM.MSG.DELETE.{dlq}",
+        f"remove chosen dead letters of group {group} from {dlq}, each by its sequence "
+        "(purge --seq, replay --purge)",
+    )
     g.p(f"{api}.STREAM.DELETE.{dlq}", f"delete {dlq} once the last group's letters are gone")
     g.kv_read(ledger_bucket(stream))
     g.kv_read(watermark_bucket(stream))
@@ -490,7 +495,11 @@ def _operator(g: _Grant, stream: str, group: str | None, prefix: str) -> None:
     g.kv_write(lock, "the repartition lock")
     g.kv_create(lock)
     cfg = GroupConfig(stream, group)
-    g.kv_read(cfg.lease_bucket)
+    g.kv_write(
+        cfg.lease_bucket,
+        f"group {group}'s leases (a reset deletes the lease of each partition it moves, so "
+        "an idle holder notices at its next renewal)",
+    )
     g.kv_write(cfg.state_bucket, f"group {group}'s reset positions and rebalance requests")
     g.kv_watch(cfg.state_bucket)
     for bucket in (cfg.lease_bucket, cfg.state_bucket):

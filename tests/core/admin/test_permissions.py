@@ -121,6 +121,7 @@ def test_the_operator_is_scoped_to_one_group_when_given_one() -> None:
         f"$JS.API.STREAM.DELETE.KV_{LEASES}",
         f"$JS.API.STREAM.DELETE.KV_{STATE}",
         f"$JS.API.STREAM.PURGE.{dead_letter_stream(S)}",
+        f"$JS.API.STREAM.MSG.DELETE.{dead_letter_stream(S)}",  # purge --seq, replay --purge
         "$JS.API.STREAM.LIST",
         "orders.p.*",  # replays
     ):
