@@ -470,7 +470,8 @@ def _inbox_refused(nc: NATS, options: ConnectionOptions) -> ConfigError | None:
     )
 
 
-#: the role (of ``nats-ordered permissions``) a command acts in; every other: operator
+#: the role (of ``nats-ordered permissions``) a command acts in; every other: operator (but
+#: ``status --group G``, the drain sensor's read: watcher)
 COMMAND_ROLES: Mapping[str, str] = {
     "publish": "publisher",
     "worker": "worker",
@@ -510,10 +511,13 @@ def denial_in_cli_terms(
     denied: PermissionDenied | None = denial_in(exc)
     if denied is None:
         return None
-    role = COMMAND_ROLES.get(getattr(args, "command", "") or "", "operator")
+    command = getattr(args, "command", "") or ""
+    group = getattr(args, "group", None)
+    role = COMMAND_ROLES.get(command, "operator")
+    if command == "status" and group:
+        role = "watcher"  # one group's status (and --wait-drained) is the drain sensor's read
     stream = getattr(args, "stream", None) or "STREAM"
     cmd = f"nats-ordered permissions --role {role} --stream {stream}"
-    group = getattr(args, "group", None)
     if group and role != "publisher":
         cmd += f" --group {group}"
     fix = (

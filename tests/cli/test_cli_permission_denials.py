@@ -99,6 +99,20 @@ def test_worker_as_a_publisher_names_the_worker_role_and_its_group(
     assert f"run `nats-ordered permissions --role worker --stream {S} --group G`" in line
 
 
+def test_status_of_a_group_as_a_publisher_names_the_watcher_role(
+    server: NatsServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One group's status (``--wait-drained`` too) is the drain sensor's read: the watcher's
+    role, not the operator's (as the explorer's least-privilege mode runs it)."""
+    rc, err = _run(
+        capsys, "status", "--stream", S, "--group", "G", "-s", server.url, "--user", "pub_a",
+    )  # fmt: skip
+    assert rc == 2, err
+    line = next(x for x in err.splitlines() if x.startswith("error: "))
+    assert "permission denied: " in line
+    assert f"run `nats-ordered permissions --role watcher --stream {S} --group G`" in line
+
+
 def test_worker_that_loses_a_permission_stops_naming_it(server: NatsServer) -> None:
     """A joined ``nats-ordered worker`` whose user loses the right to write its leases stops
     once, exit 3, with the refusal in the CLI's terms (not a warning a second for ever)."""
