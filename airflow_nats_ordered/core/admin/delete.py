@@ -17,7 +17,7 @@ from nats.js.errors import NotFoundError
 
 from airflow_nats_ordered.core.admin import dlq
 from airflow_nats_ordered.core.admin.membership import GroupNotFoundError, live_members
-from airflow_nats_ordered.core.connection.api import jetstream
+from airflow_nats_ordered.core.connection.api import jetstream, stream_infos
 from airflow_nats_ordered.core.errors import NatsOrderedError
 from airflow_nats_ordered.core.group.config import GroupConfig
 
@@ -51,17 +51,11 @@ async def _other_groups(nc: NATS, stream: str, group: str) -> list[str]:
     ours = GroupConfig(stream, group).state_bucket
     head, tail = f"KV_nor_{stream}_", "_state"
     found: list[str] = []
-    js = jetstream(nc)
-    offset = 0
-    while True:
-        page = await js.streams_info(offset)
-        if not page:
-            return sorted(found)
-        offset += len(page)
-        for info in page:
-            name = info.config.name or ""
-            if name.startswith(head) and name.endswith(tail) and name[3:] != ours:
-                found.append(name[3:])
+    async for info in stream_infos(nc):
+        name = info.config.name or ""
+        if name.startswith(head) and name.endswith(tail) and name[3:] != ours:
+            found.append(name[3:])
+    return sorted(found)
 
 
 async def delete_group(

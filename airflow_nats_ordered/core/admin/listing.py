@@ -20,7 +20,7 @@ from nats.js.errors import BucketNotFoundError, NotFoundError
 
 from airflow_nats_ordered.core.admin.dlq import dead_letters
 from airflow_nats_ordered.core.admin.membership import GroupNotFoundError
-from airflow_nats_ordered.core.connection.api import jetstream
+from airflow_nats_ordered.core.connection.api import jetstream, stream_infos
 from airflow_nats_ordered.core.errors import StreamNotFoundError
 from airflow_nats_ordered.core.group.config import GroupConfig
 from airflow_nats_ordered.core.group.lag import read_group_lag
@@ -61,21 +61,14 @@ class GroupSummary:
 
 async def find_groups(nc: NATS, stream: str | None = None) -> list[GroupRef]:
     """Every group with state on the server (or of ``stream``), sorted by stream and name."""
-    js = jetstream(nc)
     found: list[GroupRef] = []
-    offset = 0
-    while True:
-        page = await js.streams_info(offset)
-        if not page:
-            break
-        offset += len(page)
-        for info in page:
-            name = info.config.name or ""
-            if not (name.startswith("KV_nor_") and name.endswith("_state")):
-                continue
-            ref = await _group_of(nc, name[3:], info.config.description or "")
-            if ref is not None and (stream is None or ref.stream == stream):
-                found.append(ref)
+    async for info in stream_infos(nc):
+        name = info.config.name or ""
+        if not (name.startswith("KV_nor_") and name.endswith("_state")):
+            continue
+        ref = await _group_of(nc, name[3:], info.config.description or "")
+        if ref is not None and (stream is None or ref.stream == stream):
+            found.append(ref)
     return sorted(set(found), key=lambda r: (r.stream, r.group))
 
 

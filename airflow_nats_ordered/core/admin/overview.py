@@ -22,7 +22,7 @@ from airflow_nats_ordered.core.admin.dlq import dead_letters
 from airflow_nats_ordered.core.admin.listing import find_groups, summarize_group
 from airflow_nats_ordered.core.admin.marks import marks_to_wait, recorded_switch
 from airflow_nats_ordered.core.admin.membership import group_exists
-from airflow_nats_ordered.core.connection.api import jetstream
+from airflow_nats_ordered.core.connection.api import stream_infos
 from airflow_nats_ordered.core.errors import NatsOrderedError, StreamNotFoundError
 from airflow_nats_ordered.core.group.assignor import Assignment
 from airflow_nats_ordered.core.group.global_position import GlobalPosition
@@ -170,37 +170,30 @@ async def stream_list(nc: NATS) -> list[dict[str, Any]]:
     """The server's partitioned streams (those ``provision`` made), sorted by name: each one's
     partition count, current layout epoch and earlier layouts, subjects, replicas, message
     count, and ``error`` (instead of the rest) for one whose layout cannot be read."""
-    js = jetstream(nc)
     found: list[dict[str, Any]] = []
-    offset = 0
-    while True:
-        page = await js.streams_info(offset)
-        if not page:
-            break
-        offset += len(page)
-        for info in page:
-            name = info.config.name or ""
-            if META_PARTITIONS not in (info.config.metadata or {}):
-                continue
-            try:
-                s = await describe(nc, name)
-            except StreamNotFoundError:
-                continue  # deleted since the listing
-            except NatsOrderedError as exc:
-                found.append({"stream": name, "error": str(exc)})
-                continue
-            found.append(
-                {
-                    "stream": s.name,
-                    "partitions": s.current_partitions,
-                    "epoch": s.current_epoch,
-                    "layouts": [lay.to_json() for lay in s.layouts],
-                    "subjects": s.subjects_text,
-                    "replicas": s.replicas,
-                    "messages": int(info.state.messages or 0),
-                    "created": s.created,
-                }
-            )
+    async for info in stream_infos(nc):
+        name = info.config.name or ""
+        if META_PARTITIONS not in (info.config.metadata or {}):
+            continue
+        try:
+            s = await describe(nc, name)
+        except StreamNotFoundError:
+            continue  # deleted since the listing
+        except NatsOrderedError as exc:
+            found.append({"stream": name, "error": str(exc)})
+            continue
+        found.append(
+            {
+                "stream": s.name,
+                "partitions": s.current_partitions,
+                "epoch": s.current_epoch,
+                "layouts": [lay.to_json() for lay in s.layouts],
+                "subjects": s.subjects_text,
+                "replicas": s.replicas,
+                "messages": int(info.state.messages or 0),
+                "created": s.created,
+            }
+        )
     return sorted(found, key=lambda d: d["stream"])
 
 

@@ -27,10 +27,12 @@ Clients made elsewhere (``nats.connect`` directly) get the defaults.
 from __future__ import annotations
 
 import weakref
+from collections.abc import AsyncIterator
 from typing import Any
 
 from nats.aio.client import Client
 from nats.js import JetStreamContext
+from nats.js.api import StreamInfo
 
 __all__ = [
     "DEFAULT_API_PREFIX",
@@ -41,6 +43,7 @@ __all__ = [
     "jetstream",
     "kv_subject",
     "remember_api_prefix",
+    "stream_infos",
 ]
 
 DEFAULT_API_PREFIX = "$JS.API"
@@ -99,6 +102,16 @@ def jetstream(nc: Client, **kwargs: Any) -> JetStreamContext:
     if prefix == DEFAULT_API_PREFIX:
         return nc.jetstream(**kwargs)
     return _PrefixedJetStream(nc, prefix=prefix, **kwargs)
+
+
+async def stream_infos(nc: Client) -> AsyncIterator[StreamInfo]:
+    """Every stream of the account, as the JetStream API lists them a page at a time."""
+    js = jetstream(nc)
+    offset = 0
+    while page := await js.streams_info(offset):
+        offset += len(page)
+        for info in page:
+            yield info
 
 
 def _write_subject(prefix: str, subject: str) -> str:
