@@ -44,6 +44,7 @@ from airflow_nats_ordered.core import (
     publish_run,
 )
 from airflow_nats_ordered.embedded.servers import NatsServer
+from airflow_nats_ordered.inputs.records import InputRecord
 
 WAIT = 60.0
 ACCOUNTS = ("TEAM_A", "TEAM_B")
@@ -182,14 +183,6 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
         yield Deployment(server, passwords, str(pki.ca_cert))
 
 
-@dataclass(frozen=True)
-class Rec:
-    key: str
-    payload: bytes
-    msg_id: str | None = None
-    where: str = "test"
-
-
 async def _until(cond: Any, what: str, timeout: float = WAIT) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
@@ -218,8 +211,10 @@ def test_each_role_runs_its_job_with_exactly_its_permissions(deployment: Deploym
     dep = deployment
     mark = dep.mark()
     n = 40
-    records = [Rec(f"k{i % 7}", b"%d" % i) for i in range(n)] + [Rec("poison", b"bad")]
-    more = [Rec(f"k{i % 7}", b"%d" % i) for i in range(n, 2 * n)]
+    records = [InputRecord(f"k{i % 7}", b"%d" % i, None, "test") for i in range(n)] + [
+        InputRecord("poison", b"bad", None, "test")
+    ]
+    more = [InputRecord(f"k{i % 7}", b"%d" % i, None, "test") for i in range(n, 2 * n)]
 
     async def go() -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -394,7 +389,8 @@ def test_the_airflow_watcher_drains_and_watches_with_its_permissions(
             await publish_run(
                 pub,
                 STREAM,
-                [Rec(f"k{i}", b"%d" % i) for i in range(n)] + [Rec("p", b"bad")],
+                [InputRecord(f"k{i}", b"%d" % i, None, "test") for i in range(n)]
+                + [InputRecord("p", b"bad", None, "test")],
                 producer_id="r",
             )
         ).record
@@ -465,7 +461,7 @@ def test_a_worker_with_its_own_inbox_prefix_and_no_inbox_of_the_default(
         await provision(op, StreamSpec(INBOXED, partitions=2))
         await op.close()
         pub = await dep.connect("inbox_publisher")
-        records = [Rec(f"k{i}", b"%d" % i) for i in range(n)]
+        records = [InputRecord(f"k{i}", b"%d" % i, None, "test") for i in range(n)]
         await publish_run(pub, INBOXED, records, producer_id="r")
         await pub.close()
         seen: list[bytes] = []

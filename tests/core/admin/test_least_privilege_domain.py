@@ -24,11 +24,11 @@ import secrets
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import nats
 import pytest
+from leaf_domain import jetstream_block, wait_linked
 
 from airflow_nats_ordered.core import (
     ConnectionOptions,
@@ -44,6 +44,7 @@ from airflow_nats_ordered.core.admin.drain import read_lag, wait_drained
 from airflow_nats_ordered.core.admin.permissions import js_api_prefix
 from airflow_nats_ordered.embedded.process import free_port
 from airflow_nats_ordered.embedded.servers import NatsServer
+from airflow_nats_ordered.inputs.records import InputRecord
 
 WAIT = 30.0
 STREAM = "ORDERS"
@@ -92,10 +93,6 @@ class Domain:
         return found
 
 
-def _js(store: Path, domain: str) -> str:
-    return f"jetstream {{\n  store_dir: {json.dumps(str(store / 'js'))}\n  domain: {domain}\n}}\n"
-
-
 @pytest.fixture(scope="module")
 def domain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Domain]:
     root = tmp_path_factory.mktemp("domain-least-privilege")
@@ -117,7 +114,7 @@ def domain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Domain]:
         + LEAF_PERMISSIONS
         + " }\n    ]\n  }\n}\n"
         + "system_account: SYS\n"
-        + _js(root / "hub", "hub")
+        + jetstream_block(root / "hub", "hub")
         + f'leafnodes {{ listen: "127.0.0.1:{leaf_port}" }}\n'
     )
     if os.environ.get("NATS_ORDERED_TRACE_PERMISSIONS"):  # exploring: log every PUB/SUB
@@ -128,37 +125,12 @@ def domain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Domain]:
         root / "leaf",
         name="leaf",
         jetstream=False,
-        extra_config=_js(root / "leaf", "leaf")
+        extra_config=jetstream_block(root / "leaf", "leaf")
         + f"leafnodes {{ remotes: [ {{ url: {json.dumps(remote)} }} ] }}\n",
     )
     with hub, leaf:
-        dom = Domain(hub, leaf, passwords, [])
-
-        async def wait_linked() -> None:
-            nc = await nats.connect(hub.url, user="d_watcher", password=passwords["d_watcher"])
-            try:
-                async with asyncio.timeout(WAIT):
-                    while True:
-                        try:
-                            info = await nc.jetstream(domain="leaf", timeout=0.5).account_info()
-                            if info.domain == "leaf":
-                                return
-                        except Exception:  # noqa: BLE001 - not linked yet
-                            pass
-                        await asyncio.sleep(0.1)
-            finally:
-                await nc.close()
-
-        asyncio.run(wait_linked())
-        yield dom
-
-
-@dataclass(frozen=True)
-class Rec:
-    key: str
-    payload: bytes
-    msg_id: str | None = None
-    where: str = "test"
+        wait_linked(hub.url, "leaf", WAIT, user="d_watcher", password=passwords["d_watcher"])
+        yield Domain(hub, leaf, passwords, [])
 
 
 async def _until(cond: Any, what: str, timeout: float = WAIT) -> None:
@@ -188,7 +160,7 @@ def test_each_role_runs_its_job_in_the_leafs_domain_with_exactly_its_permissions
     )
 
     n = 30
-    records = [Rec(f"k{i % 5}", b"%d" % i) for i in range(n)]
+    records = [InputRecord(f"k{i % 5}", b"%d" % i, None, "test") for i in range(n)]
 
     async def go() -> dict[str, Any]:
         out: dict[str, Any] = {}

@@ -17,10 +17,10 @@ import asyncio
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import nats
 import pytest
+from leaf_domain import jetstream_block, wait_linked
 from nats.js.errors import NotFoundError
 
 from airflow_nats_ordered import cli
@@ -39,21 +39,14 @@ from airflow_nats_ordered.core.worker.config import WorkerConfig
 from airflow_nats_ordered.core.worker.pool import WorkerPool
 from airflow_nats_ordered.embedded.process import free_port
 from airflow_nats_ordered.embedded.servers import NatsServer
+from airflow_nats_ordered.inputs.records import InputRecord
 
 N = 60  # records per run: enough for every partition, quick
 WAIT = 30.0
 
 
-@dataclass(frozen=True)
-class _Rec:
-    key: str
-    payload: bytes
-    msg_id: str | None = None
-    where: str = ""
-
-
-def _records(n: int = N) -> list[_Rec]:
-    return [_Rec(f"k{i % 12}", json.dumps({"i": i}).encode()) for i in range(n)]
+def _records(n: int = N) -> list[InputRecord]:
+    return [InputRecord(f"k{i % 12}", json.dumps({"i": i}).encode(), None, "") for i in range(n)]
 
 
 def _cfg(stream: str) -> WorkerConfig:
@@ -206,41 +199,22 @@ def hub_and_leaf(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_HubAndLe
     root = tmp_path_factory.mktemp("domains")
     leaf_port = free_port()
 
-    def js_block(d: Path, domain: str) -> str:
-        return f"jetstream {{\n  store_dir: {json.dumps(str(d / 'js'))}\n  domain: {domain}\n}}\n"
-
     hub = NatsServer(
         root / "hub",
         name="hub",
         jetstream=False,  # its own block below, with the domain
-        extra_config=js_block(root / "hub", "hub")
+        extra_config=jetstream_block(root / "hub", "hub")
         + f'leafnodes {{ listen: "127.0.0.1:{leaf_port}" }}\n',
     )
     leaf = NatsServer(
         root / "leaf",
         name="leaf",
         jetstream=False,
-        extra_config=js_block(root / "leaf", "leaf")
+        extra_config=jetstream_block(root / "leaf", "leaf")
         + f'leafnodes {{ remotes: [ {{ url: "nats://127.0.0.1:{leaf_port}" }} ] }}\n',
     )
     with hub, leaf:
-
-        async def wait_linked() -> None:
-            nc = await nats.connect(hub.url)
-            try:
-                async with asyncio.timeout(WAIT):
-                    while True:
-                        try:
-                            info = await nc.jetstream(domain="leaf", timeout=0.5).account_info()
-                            if info.domain == "leaf":
-                                return
-                        except Exception:  # noqa: BLE001 - not linked yet
-                            pass
-                        await asyncio.sleep(0.1)
-            finally:
-                await nc.close()
-
-        asyncio.run(wait_linked())
+        wait_linked(hub.url, "leaf", WAIT)
         yield _HubAndLeaf(hub, leaf)
 
 
