@@ -7,14 +7,19 @@ role as :func:`~airflow_nats_ordered.core.admin.permissions.permissions_for` ren
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 from airflow_nats_ordered.core.admin.permissions import permissions_for
+from airflow_nats_ordered.core.connection.connect import connect
 from airflow_nats_ordered.core.connection.options import ConnectionOptions
 from airflow_nats_ordered.core.group.config import GroupConfig
+from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
 from airflow_nats_ordered.embedded.servers import NatsServer
 
 S = "ORDERS"
@@ -83,3 +88,20 @@ def reload(server: NatsServer, config: str) -> None:
     Path(server.config_path).write_text(server.render_config())
     assert server.pid is not None
     os.kill(server.pid, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def provisioned_server(store: Path) -> Iterator[NatsServer]:
+    """A server with :func:`accounts_config`, account A's ``ORDERS`` (4 partitions)
+    provisioned by ``admin_a``."""
+    with NatsServer(store, extra_config=accounts_config()) as srv:
+
+        async def setup() -> None:
+            nc = await connect(options(srv, "admin_a"))
+            try:
+                await provision(nc, StreamSpec(S, partitions=4))
+            finally:
+                await nc.close()
+
+        asyncio.run(setup())
+        yield srv

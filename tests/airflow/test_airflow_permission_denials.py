@@ -10,11 +10,9 @@ from collections.abc import Iterator
 
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
-from permission_accounts import PASSWORD, S, accounts_config, options
+from permission_accounts import PASSWORD, S, provisioned_server
 
-from airflow_nats_ordered.core.connection.connect import connect
 from airflow_nats_ordered.core.errors import PermissionDenied
-from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
 from airflow_nats_ordered.embedded.servers import NatsServer
 from airflow_nats_ordered.hooks.nats import NatsHook
 from airflow_nats_ordered.operators.streams import NatsProvisionStreamOperator
@@ -22,16 +20,7 @@ from airflow_nats_ordered.operators.streams import NatsProvisionStreamOperator
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
-    with NatsServer(tmp_path_factory.mktemp("af-denials"), extra_config=accounts_config()) as srv:
-
-        async def setup() -> None:
-            nc = await connect(options(srv, "admin_a"))
-            try:
-                await provision(nc, StreamSpec(S, partitions=4))
-            finally:
-                await nc.close()
-
-        asyncio.run(setup())
+    with provisioned_server(tmp_path_factory.mktemp("af-denials")) as srv:
         yield srv
 
 

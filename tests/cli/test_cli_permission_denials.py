@@ -3,7 +3,6 @@ the user and the role the command acts in, with the command printing that role's
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import subprocess
@@ -13,11 +12,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from permission_accounts import PASSWORD, S, accounts_config, options, reload
+from permission_accounts import PASSWORD, S, accounts_config, provisioned_server, reload
 
 from airflow_nats_ordered import cli
-from airflow_nats_ordered.core.connection.connect import connect
-from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
 from airflow_nats_ordered.embedded.servers import NatsServer
 
 CLI = [sys.executable, "-m", "airflow_nats_ordered.cli"]
@@ -25,16 +22,7 @@ CLI = [sys.executable, "-m", "airflow_nats_ordered.cli"]
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
-    with NatsServer(tmp_path_factory.mktemp("cli-denials"), extra_config=accounts_config()) as srv:
-
-        async def setup() -> None:
-            nc = await connect(options(srv, "admin_a"))
-            try:
-                await provision(nc, StreamSpec(S, partitions=4))
-            finally:
-                await nc.close()
-
-        asyncio.run(setup())
+    with provisioned_server(tmp_path_factory.mktemp("cli-denials")) as srv:
         yield srv
 
 

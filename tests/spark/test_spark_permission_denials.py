@@ -4,16 +4,13 @@ sink's NATS calls all run through ``_on_nats``)."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 
 import pytest
-from permission_accounts import PASSWORD, S, accounts_config, options
+from permission_accounts import PASSWORD, S, provisioned_server
 
-from airflow_nats_ordered.core.connection.connect import connect
 from airflow_nats_ordered.core.errors import PermissionDenied
 from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
-from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
 from airflow_nats_ordered.embedded.servers import NatsServer
 from airflow_nats_ordered.spark.datasource import _on_nats
 from airflow_nats_ordered.spark.options import SinkOptions
@@ -21,18 +18,7 @@ from airflow_nats_ordered.spark.options import SinkOptions
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
-    with NatsServer(
-        tmp_path_factory.mktemp("spark-denials"), extra_config=accounts_config()
-    ) as srv:
-
-        async def setup() -> None:
-            nc = await connect(options(srv, "admin_a"))
-            try:
-                await provision(nc, StreamSpec(S, partitions=4))
-            finally:
-                await nc.close()
-
-        asyncio.run(setup())
+    with provisioned_server(tmp_path_factory.mktemp("spark-denials")) as srv:
         yield srv
 
 
