@@ -494,9 +494,8 @@ def _credentials_in_cli_terms(args: argparse.Namespace, options: ConnectionOptio
     if method == "creds":
         return f"the user given by --creds {options.creds_file} (NATS_CREDS)"
     if method == "nkey":
-        return f"the user given by --nkey {options.nkey_seed_file or ''} (NATS_NKEY)".replace(
-            "--nkey  ", "--nkey "
-        )
+        seed_file = f" {options.nkey_seed_file}" if options.nkey_seed_file else ""
+        return f"the user given by --nkey{seed_file} (NATS_NKEY)"
     if method == "token":
         return "the user given by NATS_TOKEN"
     return "the server's default user (no --user, --creds, --nkey or NATS_TOKEN given)"

@@ -11,8 +11,6 @@ global producers or an unknown producer id (the message lists the registered one
 from __future__ import annotations
 
 import argparse
-import time
-from typing import Any
 
 from airflow_nats_ordered.cli.common import (
     EXIT_OK,
@@ -23,13 +21,12 @@ from airflow_nats_ordered.cli.common import (
     print_json,
     stream_name,
 )
+from airflow_nats_ordered.core.admin.overview import producer_list
 from airflow_nats_ordered.core.connection.options import ConnectionOptions
 from airflow_nats_ordered.core.errors import ConfigError
 from airflow_nats_ordered.core.order.producers import (
     check_producer,
     close_producer,
-    list_producers,
-    show_time,
 )
 
 
@@ -61,26 +58,12 @@ async def run(args: argparse.Namespace, options: ConnectionOptions) -> int:
         closed = None
         if args.close is not None:
             closed = await close_producer(nc, args.stream, args.close)
-        marks = await list_producers(nc, args.stream)
+        rows = await producer_list(nc, args.stream)
     if args.close is not None:
         print_err(
             f"producer {args.close} of stream {args.stream}: "
             + ("closed" if closed else "was closed already")
         )
-    now = time.time()
-    rows: list[dict[str, Any]] = [
-        {
-            "producer": p,
-            "state": m.state,
-            "epoch": m.epoch,
-            "watermark": None if m.e is None else show_time(m.e),
-            "watermark_ns": m.e,
-            "seq": f"{m.epoch}.{m.n}",
-            "age": round(max(0.0, now - m.ts), 3) if m.ts else None,
-            "closed_by": m.closed_by or None,
-        }
-        for p, m in sorted(marks.items())
-    ]
     if args.json:
         print_json({"stream": args.stream, "producers": rows})
         return EXIT_OK

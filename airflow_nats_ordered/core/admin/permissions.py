@@ -53,7 +53,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_nats_ordered.core.admin.dlq import dead_letter_stream
-from airflow_nats_ordered.core.connection.api import DEFAULT_API_PREFIX
+from airflow_nats_ordered.core.connection.api import (
+    DEFAULT_API_PREFIX,
+    domain_api_prefix,
+    write_subject,
+)
 from airflow_nats_ordered.core.errors import ConfigError
 from airflow_nats_ordered.core.group.config import GroupConfig
 from airflow_nats_ordered.core.publish.runs import ledger_bucket
@@ -101,13 +105,11 @@ def check_prefix(value: str, name: str) -> str:
 
 def js_api_prefix(domain: str | None, name: str = "JetStream domain") -> str:
     """The JetStream API prefix of ``domain``: ``$JS.<domain>.API``, or ``$JS.API``."""
-    if domain is None or domain == "":
-        return "$JS.API"
-    if not isinstance(domain, str) or not _DOMAIN.fullmatch(domain):
+    if domain and (not isinstance(domain, str) or not _DOMAIN.fullmatch(domain)):
         raise ConfigError(
             f"{name} {domain!r} is not valid: one token of letters, digits, '_' or '-'"
         )
-    return f"$JS.{domain}.API"
+    return domain_api_prefix(domain)
 
 
 def check_user(value: str, name: str = "user name") -> str:
@@ -206,13 +208,6 @@ def _conf_list(
     return lines
 
 
-def _kv_write(api: str, subject: str) -> str:
-    """Where a client with JetStream API prefix ``api`` sends KV writes (see
-    :func:`~..connection.api.kv_subject`): ``$KV...`` itself, or under any other prefix
-    ``<api>.$KV...`` (which the domain's server maps back)."""
-    return subject if api == DEFAULT_API_PREFIX else f"{api}.{subject}"
-
-
 class _Grant:
     """Collects subjects (in order, once) with the reason each is needed."""
 
@@ -292,7 +287,7 @@ class _Grant:
     def kv_write(self, bucket: str, what: str) -> None:
         self.kv_read(bucket)
         self.p(
-            _kv_write(self.api, f"$KV.{bucket}.>"),
+            write_subject(self.api, f"$KV.{bucket}.>"),
             f"write {what} in {bucket} (put, compare-and-set, delete)",
         )
 

@@ -42,8 +42,10 @@ __all__ = [
     "inbox_prefix",
     "jetstream",
     "kv_subject",
+    "domain_api_prefix",
     "remember_api_prefix",
     "stream_infos",
+    "write_subject",
 ]
 
 DEFAULT_API_PREFIX = "$JS.API"
@@ -54,6 +56,12 @@ _API_PREFIXES: weakref.WeakKeyDictionary[Client, str] = weakref.WeakKeyDictionar
 
 #: the subject spaces of JetStream's materialised views, written through the API prefix
 _VIEW_PREFIXES = ("$KV.", "$OBJ.")
+
+
+def domain_api_prefix(domain: str | None) -> str:
+    """The JetStream API prefix of JetStream ``domain``: ``$JS.<domain>.API``, or the
+    default ``$JS.API`` for none."""
+    return f"$JS.{domain}.API" if domain else DEFAULT_API_PREFIX
 
 
 def remember_api_prefix(nc: Client, prefix: str) -> None:
@@ -81,7 +89,7 @@ def kv_subject(nc: Client, bucket: str, key: str) -> str:
     """The subject a write to ``key`` of KV ``bucket`` is published on by ``nc``:
     ``$KV.<bucket>.<key>``, prefixed with the API prefix when it is not the default (see
     the module docstring). The key is stored under ``$KV.<bucket>.<key>`` either way."""
-    return _write_subject(api_prefix(nc), f"$KV.{bucket}.{key}")
+    return write_subject(api_prefix(nc), f"$KV.{bucket}.{key}")
 
 
 def inbox_prefix(nc: Client) -> str:
@@ -114,7 +122,10 @@ async def stream_infos(nc: Client) -> AsyncIterator[StreamInfo]:
             yield info
 
 
-def _write_subject(prefix: str, subject: str) -> str:
+def write_subject(prefix: str, subject: str) -> str:
+    """Where a client with API prefix ``prefix`` publishes to ``subject``: a KV or object
+    store write (``$KV.``/``$OBJ.``) goes through a prefix other than the default (see the
+    module docstring), anything else to ``subject`` itself."""
     if prefix != DEFAULT_API_PREFIX and subject.startswith(_VIEW_PREFIXES):
         return f"{prefix}.{subject}"
     return subject
@@ -125,7 +136,7 @@ class _PrefixedJetStream(JetStreamContext):
     subjects go through that prefix (nats.go's ``useJSPfx``)."""
 
     async def publish(self, subject: str, *args: Any, **kwargs: Any) -> Any:
-        return await super().publish(_write_subject(self._prefix, subject), *args, **kwargs)
+        return await super().publish(write_subject(self._prefix, subject), *args, **kwargs)
 
     async def publish_async(self, subject: str, *args: Any, **kwargs: Any) -> Any:
-        return await super().publish_async(_write_subject(self._prefix, subject), *args, **kwargs)
+        return await super().publish_async(write_subject(self._prefix, subject), *args, **kwargs)

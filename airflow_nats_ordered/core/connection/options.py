@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
+from airflow_nats_ordered.core.connection.api import domain_api_prefix
 from airflow_nats_ordered.core.connection.credentials import (
     _check_creds_file,
     _check_seed,
@@ -430,9 +431,7 @@ class ConnectionOptions:
         or ``$JS.API`` when neither is set."""
         if self.js_api_prefix is not None:
             return self.js_api_prefix
-        if self.js_domain is not None:
-            return f"$JS.{self.js_domain}.API"
-        return "$JS.API"
+        return domain_api_prefix(self.js_domain)
 
     def auth_description(self) -> str:
         """Which credentials are used, without secrets (e.g. ``user/password (user 'bob')``)."""
