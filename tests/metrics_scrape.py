@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import random
+import socket
 import time
 import urllib.error
 import urllib.request
+from contextlib import ExitStack
+from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -45,3 +49,24 @@ def wait_for(check, timeout: float, what: str):
             return result
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.2)
+
+
+def free_ports_in_a_row(n: int) -> int:
+    """The first of ``n`` consecutive ports on 127.0.0.1 that were free a moment ago, below
+    the kernel's ephemeral range. The pool gives its members the ports after its own
+    (``--metrics-port P``: members P+1..); a port the kernel handed out (``free_port``) lies
+    in that range, and the ports next to it can be any client socket's a moment later (a
+    fresh-clone run failed: "cannot listen on 127.0.0.1:<P+1> (Address already in use)")."""
+    ephemeral = Path("/proc/sys/net/ipv4/ip_local_port_range")
+    low = int(ephemeral.read_text().split()[0]) if ephemeral.exists() else 32768
+    for _ in range(200):
+        base = random.randrange(20000, low - n)
+        try:
+            with ExitStack() as held:
+                for port in range(base, base + n):
+                    sock = held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+                    sock.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError(f"no {n} free ports in a row between 20000 and {low}")

@@ -6,14 +6,11 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import re
 import shutil
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -109,24 +106,6 @@ def metric_names(expr: str) -> set[str]:
 
 
 # -- a real pool --------------------------------------------------------------------------
-
-
-def free_ports_in_a_row(n: int) -> int:
-    """The first of ``n`` consecutive ports on 127.0.0.1 that were free a moment ago, below
-    the kernel's ephemeral range (the pool's members take the ports after its own)."""
-    ephemeral = Path("/proc/sys/net/ipv4/ip_local_port_range")
-    low = int(ephemeral.read_text().split()[0]) if ephemeral.exists() else 32768
-    for _ in range(200):
-        base = random.randrange(20000, low - n)
-        try:
-            with ExitStack() as held:
-                for port in range(base, base + n):
-                    sock = held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-                    sock.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return base
-    raise RuntimeError(f"no {n} free ports in a row between 20000 and {low}")
 
 
 def cli(*args: str) -> list[str]:

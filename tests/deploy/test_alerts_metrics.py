@@ -26,7 +26,6 @@ from alerts_helpers import (
     cli,
     dashboard,
     dashboard_exprs,
-    free_ports_in_a_row,
     metric_names,
     rules,
     start_pool,
@@ -34,7 +33,7 @@ from alerts_helpers import (
     template_metrics,
 )
 from locations import TESTS
-from metrics_scrape import sample, scrape, wait_for
+from metrics_scrape import free_ports_in_a_row, sample, scrape, wait_for
 
 from airflow_nats_ordered.embedded.process import free_port
 

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 import yaml
-from alerts_helpers import RULES, cli, free_ports_in_a_row, start_pool, stop, tool
-from metrics_scrape import wait_for
+from alerts_helpers import RULES, cli, start_pool, stop, tool
+from metrics_scrape import free_ports_in_a_row, wait_for
 
 from airflow_nats_ordered.embedded.process import free_port
 

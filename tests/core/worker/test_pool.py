@@ -5,23 +5,20 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import random
 import re
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
-from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
 from chaos_handlers import EVENTS_DDL
 from locations import TESTS
-from metrics_scrape import get, sample, scrape, wait_for
+from metrics_scrape import free_ports_in_a_row, get, sample, scrape, wait_for
 from streamcheck import write_jsonl
 
 from airflow_nats_ordered.cli import build_parser
@@ -48,27 +45,6 @@ class Lines:
     def pid_of(self, member: str) -> int | None:
         pids = re.findall(rf"pool: member {member} started \(pid (\d+)\)", self.text())
         return int(pids[-1]) if pids else None
-
-
-def _free_ports_in_a_row(n: int) -> int:
-    """The first of ``n`` consecutive ports on 127.0.0.1 that were free a moment ago, below
-    the kernel's ephemeral range. The pool gives its members the ports after its own
-    (``--metrics-port P``: members P+1..P+size); a port the kernel handed out (``free_port``)
-    lies in that range, and the ports next to it can be any client socket's a moment later
-    (a fresh-clone run failed: "cannot listen on 127.0.0.1:<P+1> (Address already in use)")."""
-    ephemeral = Path("/proc/sys/net/ipv4/ip_local_port_range")
-    low = int(ephemeral.read_text().split()[0]) if ephemeral.exists() else 32768
-    for _ in range(200):
-        base = random.randrange(20000, low - n)
-        try:
-            with ExitStack() as held:
-                for port in range(base, base + n):
-                    sock = held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-                    sock.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return base
-    raise RuntimeError(f"no {n} free ports in a row between 20000 and {low}")
 
 
 def _status(url: str, stream: str, capsys):
@@ -105,7 +81,7 @@ def test_pool_restarts_a_killed_member_and_everything_is_applied_once_in_key_ord
     with sqlite3.connect(sink) as db:
         db.execute(EVENTS_DDL)
     capsys.readouterr()
-    port = _free_ports_in_a_row(1 + 3)  # the pool's and its 3 members'
+    port = free_ports_in_a_row(1 + 3)  # the pool's and its 3 members'
     env = dict(os.environ, PYTHONPATH=str(TESTS), CHAOS_SINK=str(sink), CHAOS_DELAY="0.03")
     pool = subprocess.Popen(
         [sys.executable, "-m", "airflow_nats_ordered.cli", "pool", "--size", "3"]
