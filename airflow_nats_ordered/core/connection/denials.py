@@ -104,8 +104,7 @@ class _Denials:
         self.watchers: list[Callable[[PermissionDenied], None]] = []
 
     def inbox_prefix(self) -> str:
-        raw = getattr(self.nc, "_inbox_prefix", None)
-        return bytes(raw).decode() if isinstance(raw, bytes | bytearray) else "_INBOX"
+        return _inbox_prefix(self.nc)
 
     def reply_subject(self) -> str | None:
         """The wildcard subscription every request's reply comes on (once made)."""
