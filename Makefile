@@ -14,7 +14,10 @@ PYTEST_WORKERS ?= 3
 
 .PHONY: venv test test-slow demo bench bench-growth lint format clean explore
 
-$(STAMP): pyproject.toml
+# the compiled fast path's sources (setup.py): an edited .pyx is rebuilt by the next target
+PYX    := $(shell find airflow_nats_ordered -name '*.pyx' 2>/dev/null)
+
+$(STAMP): pyproject.toml setup.py $(PYX)
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "error: Python >= 3.11 is needed (found %s); set PYTHON=python3.11" % sys.version.split()[0])'
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@$(BIN)/python -m pip install -q --disable-pip-version-check uv \
