@@ -164,6 +164,10 @@ ALL_OK = {
 }
 
 
+# two days of the whole pipeline through dag.test() and Spark, then a re-run and a
+# reprocessing: the suite's longest test (2-4 min), which held `make test`'s Spark worker
+# past the 10-minute budget; make test-slow runs it, one at a time
+@pytest.mark.slow
 def test_days_in_order_rerun_applies_nothing_twice_and_reprocessing_gives_the_same_totals(
     pipeline, nats_url
 ):
