@@ -168,31 +168,23 @@ class Delivery:
                     # message, with the same checks in the same order: see the notes)
                     i, n = 0, len(msgs)
                     while i < n:
-                        # no other task runs during a stretch (no await): the revocation,
-                        # the lease's expiry and when the partition last gave the loop up
-                        # cannot change in it, so they are read once, and the stretch ends
-                        # where the general path's per-message checks would commit, yield
-                        # or raise (the clock is read after each message)
-                        if revoke_is_set():
-                            break
-                        if monotonic() >= lease.valid_until:
-                            raise LeaseLost(f"lease of partition {p} expired locally")
-                        deadline = min(
-                            lease.valid_until,
-                            last_commit + interval,
-                            self._last_yield + YIELD_EVERY,
-                        )
                         start = i
-                        stop = min(n, i + every - since_commit)
                         failed: Exception | None = None
                         pending: Any = None
                         token = None
+                        now = monotonic()
                         try:
-                            while i < stop:
+                            while i < n:
+                                if revoke_is_set():
+                                    break
+                                # (the clock read after the previous message: nothing but
+                                # the checks below ran since)
+                                if now >= lease.valid_until:
+                                    raise LeaseLost(f"lease of partition {p} expired locally")
                                 m = msgs[i]
                                 # under `delivering` (HandlerCalls.call_one's mapping); set
                                 # per message, reset once for the stretch: nothing but this
-                                # loop runs in between
+                                # loop runs in between (no await)
                                 msg_id = m.headers.get(HDR_MSG_ID)
                                 t = set_delivering({(p, m.stream_seq): msg_id} if msg_id else {})
                                 if token is None:
@@ -208,7 +200,12 @@ class Delivery:
                                     pending = r
                                     break
                                 i += 1
-                                if monotonic() >= deadline:
+                                now = monotonic()
+                                if (
+                                    i - start + since_commit >= every
+                                    or now - last_commit >= interval
+                                    or now - self._last_yield > YIELD_EVERY
+                                ):
                                     break
                         except OrderConflict as exc:
                             stopped = self.continuity.refused(msgs[i], exc)
