@@ -9,7 +9,7 @@ partition, which the worker checks against the stream at every grant.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 #: the header carrying a message's id (JetStream's de-duplication id)
@@ -38,13 +38,13 @@ class Message:
         return int(v) if v and v.isdigit() else None
 
 
-def _setters() -> tuple[Callable[[Message, Any], None], ...]:
-    """The slot setters of Message's fields, in the order they are declared."""
-    return tuple(Message.__dict__[f.name].__set__ for f in fields(Message))
+class MessageSlots:
+    """A :class:`Message` under construction: the same slots (so the same memory layout),
+    without the frozen dataclass's ``__setattr__``, so each field is set by a plain
+    attribute store; setting ``__class__`` to :class:`Message` then makes it one (see
+    :func:`new_message`). Only the worker's hot path builds these."""
 
-
-_NEW = object.__new__
-_SET_KEY, _SET_DATA, _SET_HEADERS, _SET_PARTITION, _SET_SEQ, _SET_TOKEN, _SET_SUBJECT = _setters()
+    __slots__ = Message.__slots__
 
 
 def new_message(
@@ -58,18 +58,23 @@ def new_message(
 ) -> Message:
     """``Message(key, data, headers, partition, stream_seq, fencing_token, subject)``, built
     for the worker's hot path: the frozen dataclass's ``__init__`` sets each field through
-    ``object.__setattr__`` (about half of what building the handler's view of a delivery
-    cost); this sets the slots directly. The result is the same frozen, equal, hashable
-    :class:`Message`."""
-    m = _NEW(Message)
-    _SET_KEY(m, key)
-    _SET_DATA(m, data)
-    _SET_HEADERS(m, headers)
-    _SET_PARTITION(m, partition)
-    _SET_SEQ(m, stream_seq)
-    _SET_TOKEN(m, fencing_token)
-    _SET_SUBJECT(m, subject)
+    ``object.__setattr__``, and even the slots' own setters cost a call each; this sets them
+    on a :class:`MessageSlots` (plain attribute stores) and gives it Message's class (the
+    layouts are the same: the assignment is checked by Python). The result is the same
+    frozen, equal :class:`Message` (its ``type`` is Message)."""
+    m: Any = _NEW(MessageSlots)
+    m.key = key
+    m.data = data
+    m.headers = headers
+    m.partition = partition
+    m.stream_seq = stream_seq
+    m.fencing_token = fencing_token
+    m.subject = subject
+    m.__class__ = Message
     return m
+
+
+_NEW = object.__new__
 
 
 Handler = Callable[[Message], Any]

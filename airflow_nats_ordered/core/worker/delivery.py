@@ -40,6 +40,7 @@ import inspect
 import logging
 import time
 from collections.abc import Callable, Mapping
+from inspect import isawaitable
 from typing import Any
 
 from nats.errors import Error as NatsError
@@ -53,6 +54,7 @@ from airflow_nats_ordered.core.errors import (
 from airflow_nats_ordered.core.group.commits import Fenced
 from airflow_nats_ordered.core.group.leases import LeaseLost
 from airflow_nats_ordered.core.group.stream_identity import StateWentBack, StreamRecreated
+from airflow_nats_ordered.core.stream.continuity import delivering
 from airflow_nats_ordered.core.stream.keys import HDR_KEY, HDR_KEY_B64
 from airflow_nats_ordered.core.stream.message import (
     HDR_MSG_ID,
@@ -60,7 +62,7 @@ from airflow_nats_ordered.core.stream.message import (
     BatchHandler,
     Handler,
     Message,
-    new_message,
+    MessageSlots,
 )
 from airflow_nats_ordered.core.stream.reader import PartitionReader
 from airflow_nats_ordered.core.stream.routing_check import route_key
@@ -142,7 +144,10 @@ class Delivery:
         stopped: str | None = None
         lease, revoke, is_async = o.lease, o.revoke, self._is_async
         call_one = self.calls.call_one
-        one_sync = not is_async and not self.cfg.batch_handler  # (the fast path below)
+        one_sync = not is_async and not self.cfg.batch_handler  # (the fast paths below)
+        handler: Any = self.calls.handler  # (a Handler: not in batch mode on the fast path)
+        revoke_is_set, monotonic, stats = revoke.is_set, time.monotonic, self.stats
+        set_delivering, reset_delivering = delivering.set, delivering.reset
         every, interval = self.cfg.commit_every, self.cfg.commit_interval
         try:
             stopped = await self.continuity.check(o)
@@ -156,54 +161,150 @@ class Delivery:
                     stopped = self.continuity.went_back(p, str(exc), None, exc.last_seq)
                     break
                 msgs, rejected = self._messages(o, fetched)
-                step = max(1, len(msgs)) if self.cfg.batch_handler else 1
-                for i in range(0, len(msgs), step):
-                    if revoke.is_set():
-                        break
-                    if time.monotonic() >= lease.valid_until:
-                        raise LeaseLost(f"lease of partition {p} expired locally")
-                    chunk = msgs[i : i + step]
-                    try:
-                        if one_sync and not rejected and o.processed_once:
-                            # _deliver's first call of a synchronous handler, without a
-                            # coroutine per message; a failure goes on in _deliver
-                            failed = call_one(chunk[0])
-                            if failed is not None and not isinstance(failed, Exception):
-                                failed = await self.calls.finish_one(chunk[0], failed)
-                            if failed is None:
-                                o.processed += 1
-                                self.stats["processed"] += 1
-                                done = 1
+                if one_sync and not rejected and o.processed_once:
+                    # a synchronous handler's fast path: stretches of messages handled back
+                    # to back up to the next commit point (every, interval, YIELD_EVERY),
+                    # failure or revocation (what the general path below does message by
+                    # message, with the same checks in the same order: see the notes)
+                    i, n = 0, len(msgs)
+                    while i < n:
+                        start = i
+                        failed: Exception | None = None
+                        pending: Any = None
+                        token = None
+                        now = monotonic()
+                        try:
+                            while i < n:
+                                if revoke_is_set():
+                                    break
+                                # (the clock read after the previous message: nothing but
+                                # the checks below ran since)
+                                if now >= lease.valid_until:
+                                    raise LeaseLost(f"lease of partition {p} expired locally")
+                                m = msgs[i]
+                                # under `delivering` (HandlerCalls.call_one's mapping); set
+                                # per message, reset once for the stretch: nothing but this
+                                # loop runs in between (no await)
+                                msg_id = m.headers.get(HDR_MSG_ID)
+                                t = set_delivering({(p, m.stream_seq): msg_id} if msg_id else {})
+                                if token is None:
+                                    token = t
+                                try:
+                                    r = handler(m)
+                                except (Fenced, OrderConflict):
+                                    raise
+                                except Exception as exc:
+                                    failed = exc
+                                    break
+                                if r is not None and isawaitable(r):
+                                    pending = r
+                                    break
+                                i += 1
+                                now = monotonic()
+                                if (
+                                    i - start + since_commit >= every
+                                    or now - last_commit >= interval
+                                    or now - self._last_yield > YIELD_EVERY
+                                ):
+                                    break
+                        except OrderConflict as exc:
+                            stopped = self.continuity.refused(msgs[i], exc)
+                        finally:
+                            if token is not None:
+                                reset_delivering(token)
+                            if i > start:
+                                o.processed += i - start
+                                stats["processed"] += i - start
+                                since_commit += i - start
+                                last = msgs[i - 1].stream_seq
+                                last_id = msgs[i - 1].headers.get(HDR_MSG_ID)
+                        if stopped is not None:
+                            break
+                        if failed is not None or pending is not None:
+                            # as the general path's first call: finished (an awaitable), or
+                            # retried / dead-lettered in _deliver
+                            m = msgs[i]
+                            try:
+                                if pending is not None:
+                                    failed = await self.calls.finish_one(m, pending)
+                                if failed is None:
+                                    o.processed += 1
+                                    stats["processed"] += 1
+                                    done = 1
+                                else:
+                                    done = await self._deliver(o, [m], rejected, failed)
+                            except OrderConflict as exc:
+                                stopped = self.continuity.refused(m, exc)
+                                break
+                            if not done:
+                                halted = True
+                                break
+                            i += 1
+                            last, last_id = m.stream_seq, m.headers.get(HDR_MSG_ID)
+                            since_commit += 1
+                        now = monotonic()
+                        yielding = now - self._last_yield > YIELD_EVERY
+                        if since_commit and (
+                            yielding or since_commit >= every or now - last_commit >= interval
+                        ):
+                            handled += since_commit
+                            await self._commit_point(committer, last, last_id, handled)
+                            since_commit, last_commit = 0, monotonic()
+                        elif yielding:
+                            await self._give_way()
+                        if committer.fenced is not None:
+                            raise committer.fenced
+                        if revoke_is_set():
+                            break
+                else:
+                    step = max(1, len(msgs)) if self.cfg.batch_handler else 1
+                    for i in range(0, len(msgs), step):
+                        if revoke.is_set():
+                            break
+                        if time.monotonic() >= lease.valid_until:
+                            raise LeaseLost(f"lease of partition {p} expired locally")
+                        chunk = msgs[i : i + step]
+                        try:
+                            if one_sync and not rejected and o.processed_once:
+                                # _deliver's first call of a synchronous handler, without a
+                                # coroutine per message; a failure goes on in _deliver
+                                failed = call_one(chunk[0])
+                                if failed is not None and not isinstance(failed, Exception):
+                                    failed = await self.calls.finish_one(chunk[0], failed)
+                                if failed is None:
+                                    o.processed += 1
+                                    self.stats["processed"] += 1
+                                    done = 1
+                                else:
+                                    done = await self._deliver(o, chunk, rejected, failed)
                             else:
-                                done = await self._deliver(o, chunk, rejected, failed)
-                        else:
-                            done = await self._deliver(o, chunk, rejected)
-                    except OrderConflict as exc:
-                        stopped = self.continuity.refused(chunk[0], exc)
-                        break
-                    if done:
-                        last = chunk[done - 1].stream_seq
-                        last_id = chunk[done - 1].headers.get(HDR_MSG_ID)
-                        since_commit += done
-                    if done < len(chunk):
-                        halted = True
-                        break
-                    # a synchronous handler holds the event loop until its partition gives
-                    # it up: that is a commit point too, so no partition waits for its turn
-                    # with handled messages not on the wire
-                    # (_yield_due and _commit_due on one reading of the clock)
-                    now = time.monotonic()
-                    yielding = not is_async and now - self._last_yield > YIELD_EVERY
-                    if since_commit and (
-                        yielding or since_commit >= every or now - last_commit >= interval
-                    ):
-                        handled += since_commit
-                        await self._commit_point(committer, last, last_id, handled)
-                        since_commit, last_commit = 0, time.monotonic()
-                    elif yielding:
-                        await self._give_way()
-                    if committer.fenced is not None:
-                        raise committer.fenced
+                                done = await self._deliver(o, chunk, rejected)
+                        except OrderConflict as exc:
+                            stopped = self.continuity.refused(chunk[0], exc)
+                            break
+                        if done:
+                            last = chunk[done - 1].stream_seq
+                            last_id = chunk[done - 1].headers.get(HDR_MSG_ID)
+                            since_commit += done
+                        if done < len(chunk):
+                            halted = True
+                            break
+                        # a synchronous handler holds the event loop until its partition gives
+                        # it up: that is a commit point too, so no partition waits for its turn
+                        # with handled messages not on the wire
+                        # (_yield_due and _commit_due on one reading of the clock)
+                        now = time.monotonic()
+                        yielding = not is_async and now - self._last_yield > YIELD_EVERY
+                        if since_commit and (
+                            yielding or since_commit >= every or now - last_commit >= interval
+                        ):
+                            handled += since_commit
+                            await self._commit_point(committer, last, last_id, handled)
+                            since_commit, last_commit = 0, time.monotonic()
+                        elif yielding:
+                            await self._give_way()
+                        if committer.fenced is not None:
+                            raise committer.fenced
                 # handled: let go of them before fetching more (the byte bound counts on it)
                 msgs = chunk = []
                 # (before a fetch, which may give the loop up, a synchronous handler's
@@ -311,18 +412,28 @@ class Delivery:
         if len(routed) > 10_000:
             routed.clear()
         append = msgs.append
-        for seq, m in fetched:
-            headers = m.headers or {}
+        # each Message is built on its slots (new_message's way, inlined: a call per
+        # message was a third of its cost)
+        blank, new, message_type = MessageSlots, object.__new__, Message
+        for seq, d in fetched:
+            headers = d.headers or {}
             ident = (headers.get(HDR_KEY), headers.get(HDR_KEY_B64))
             found = routed.get(ident)
             if found is None:
-                found = routed[ident] = route_key(
-                    headers, p, partitions, keys_required=keys_required
-                )
-            key, why = found
-            if why is not None:
-                rejected[seq] = why
-            append(new_message(key or "", m.data, headers, p, seq, token, m.subject))
+                key, why = route_key(headers, p, partitions, keys_required=keys_required)
+                found = routed[ident] = (key or "", why)
+            if found[1] is not None:
+                rejected[seq] = found[1]
+            m: Any = new(blank)
+            m.key = found[0]
+            m.data = d.data
+            m.headers = headers
+            m.partition = p
+            m.stream_seq = seq
+            m.fencing_token = token
+            m.subject = d.subject
+            m.__class__ = message_type
+            append(m)
         return msgs, rejected
 
     def _buffer_share(self) -> int:
