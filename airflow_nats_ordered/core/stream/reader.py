@@ -17,7 +17,6 @@ import contextlib
 import inspect
 import json
 import logging
-import re
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -31,94 +30,23 @@ from nats.protocol import parser as _nats_parser
 
 from airflow_nats_ordered.core.connection import denials
 from airflow_nats_ordered.core.connection.api import api_subject, jetstream
+from airflow_nats_ordered.core.stream import frames
 from airflow_nats_ordered.core.stream.message import HDR_MSG_ID
 
 # the worker's logger: records keep the name they had before the worker was split up
 log = logging.getLogger("airflow_nats_ordered.core.worker.worker")
 
 
-def _sequences(reply: str) -> tuple[int, int]:
-    """(stream sequence, consumer sequence) from a JetStream delivery's reply subject, in
-    both ACK subject formats."""
-    t = reply.split(".")
-    # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>            (v1)
-    # $JS.ACK.<domain>.<acchash>.<stream>.<consumer>.<delivered>.<sseq>.<cseq>...     (v2)
-    return (int(t[5]), int(t[6])) if len(t) == 9 else (int(t[7]), int(t[8]))
-
-
-class Delivery:
-    """A message of a reader's inbox taken off the socket by the fast route (:func:`_route`),
-    with the attributes of nats-py's ``Msg`` the worker uses: ``subject``, ``reply``,
-    ``data`` and ``headers`` (a dict or None), the latter parsed from the raw block on
-    first use (:func:`parse_headers`), i.e. when the worker builds its batch."""
-
-    __slots__ = ("subject", "reply", "data", "_raw", "_headers")
-
-    def __init__(
-        self,
-        subject: str,
-        reply: str,
-        data: bytes,
-        raw: bytes | None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        self.subject = subject
-        self.reply = reply
-        self.data = data
-        self._raw = raw
-        self._headers = headers
-
-    @property
-    def headers(self) -> dict[str, str] | None:
-        if self._raw is not None:
-            self._headers, self._raw = parse_headers(self._raw), None
-        return self._headers
-
-
-_WS = re.compile(r"\s")
-_TRIM = " \t\n\r\x0b\x0c"  # what bytes.strip() removes (nats-py trims the bytes)
-
-
-#: a header line's text before its first colon -> the header name nats-py makes of it, or
-#: None if it skips the line (names repeat from message to message: each is checked once)
-_NAMES: dict[str, str | None] = {}
-_NAMES_MAX = 4096
-
-
-def _header_name(text: str) -> str | None:
-    stripped = text.strip(_TRIM)
-    name = stripped if stripped.isascii() and not _WS.search(stripped) else None
-    if len(_NAMES) >= _NAMES_MAX:
-        _NAMES.clear()  # bounded: a stream of ever new names costs a check each, no memory
-    _NAMES[text] = name
-    return name
-
-
-def parse_headers(raw: bytes) -> dict[str, str]:
-    """A data message's header block (``NATS/1.0\\r\\nName: Value\\r\\n...``) as nats-py
-    parses it (``Client._parse_header_lines``): names ASCII without blanks, names and values
-    trimmed of ASCII whitespace, values decoded as UTF-8 with replacement, the last of a
-    repeated name wins; without nats-py's per-character scan of every name, which was a
-    third of a busy worker's CPU time (and each distinct name is checked once, not per
-    message). The first line (``NATS/1.0``) is skipped, and so are the trailing line breaks
-    (they could only end the last value, which is trimmed of them anyway)."""
-    out: dict[str, str] = {}
-    names = _NAMES
-    text = raw.decode("utf-8", "replace").partition("\r\n")[2].rstrip("\r\n")
-    for line in text.split("\r\n"):
-        before, sep, value = line.partition(":")
-        if sep:
-            try:
-                name = names[before]
-            except KeyError:
-                name = _header_name(before)
-            if name is not None:
-                out[name] = value.strip(_TRIM)
-    return out
-
-
-#: the length of a header block's first line, ``NATS/1.0``; a status follows it after a blank
-_HDR_LINE = len(b"NATS/1.0")
+#: the pure and compiled hot loop (:mod:`.frames`): the names this module always had
+_sequences = frames.sequences
+parse_headers = frames.parse_headers
+Delivery = frames.Delivery
+_NAMES = frames._NAMES
+_NAMES_MAX = frames._NAMES_MAX
+_header_name = frames._header_name
+_hmsg = frames.hmsg_py
+_msg_size = frames.msg_size_py
+_HDR_LINE = frames.HDR_LINE
 
 
 class Routed(Protocol):
@@ -130,7 +58,7 @@ class Routed(Protocol):
 #: what :func:`_route` hands a subscription's messages to: the target, and the target's
 #: synchronous entry for a data message with its header block's size (None: every message
 #: goes to ``_on_msg``)
-Route = tuple[Routed, Callable[[Delivery, int], None] | None]
+Route = tuple[Routed, Callable[[Any, int], None] | None]
 
 
 def _route(nc: NATS) -> dict[int, Route] | None:
@@ -186,28 +114,6 @@ def _route(nc: NATS) -> dict[int, Route] | None:
     return table
 
 
-def _hmsg(chunk: bytes, start: int, end: int) -> tuple[bytes, int, bytes, int, int] | None:
-    """An ``HMSG`` control line's arguments (between ``start`` and ``end``): subject, sid,
-    reply (b"" if none), header size, total size; None if it is not one nats-py reads."""
-    args = chunk[start:end].split()
-    try:
-        if len(args) == 5:
-            return args[0], int(args[1]), args[2], int(args[3]), int(args[4])
-        if len(args) == 4:
-            return args[0], int(args[1]), b"", int(args[2]), int(args[3])
-    except ValueError:
-        pass
-    return None
-
-
-def _msg_size(chunk: bytes, start: int, end: int) -> int | None:
-    """An ``MSG`` control line's payload size; None if it is not one nats-py reads."""
-    args = chunk[start:end].split()
-    if len(args) in (3, 4) and args[-1].isdigit():
-        return int(args[-1])
-    return None
-
-
 def _install_parser(
     nc: NATS,
     table: dict[int, Route],
@@ -237,6 +143,9 @@ def _install_parser(
     ):
         return
 
+    cut = frames.cut
+    in_place = frames.COMPILED  # the compiled cutter reads the bytearray itself
+
     async def parse(data: bytes = b"") -> None:
         buf = ps.buf
         if ps.state != control:
@@ -244,56 +153,20 @@ def _install_parser(
             return
         if data:
             buf.extend(data)
-        chunk = bytes(buf)
-        n = len(chunk)
+        chunk = buf if in_place else bytes(buf)
         pos = 0
         try:
-            while pos < n:
-                end = chunk.find(b"\r\n", pos)
-                if end < 0:
-                    break  # a control line not complete yet
-                frame_end = end + 2  # a line alone, or a frame this does not read
-                if chunk.startswith(b"HMSG ", pos):
-                    frame = _hmsg(chunk, pos + 5, end)
-                    if frame is not None:
-                        subject, sid, reply, hsize, total = frame
-                        frame_end = end + 4 + total
-                        if frame_end > n:
-                            break  # the payload not complete yet
-                        route = table.get(sid)
-                        if route is not None:
-                            start = end + 2
-                            hdr = chunk[start : start + hsize]
-                            payload = chunk[start + hsize : start + total]
-                            on_data = route[1]
-                            pos = frame_end
-                            if (
-                                on_data is not None
-                                and hsize
-                                and hdr[_HDR_LINE : _HDR_LINE + 1] != b" "
-                            ):
-                                stats["in_msgs"] += 1
-                                stats["in_bytes"] += len(payload)
-                                try:
-                                    m = Delivery(subject.decode(), reply.decode(), payload, hdr)
-                                    on_data(m, hsize)  # no coroutine per message
-                                except Exception:  # as process_msg: never into the read loop
-                                    log.warning(
-                                        "a message on %r could not be read; dropped",
-                                        subject,
-                                        exc_info=True,
-                                    )
-                            else:
-                                await process_msg(sid, subject, reply, payload, hdr)
-                                if ps.buf is not buf:
-                                    return  # the parser was reset meanwhile (a reconnect)
-                            continue
-                elif chunk.startswith(b"MSG ", pos):
-                    size = _msg_size(chunk, pos + 4, end)
-                    if size is not None:
-                        frame_end = end + 4 + size
-                        if frame_end > n:
-                            break
+            while True:
+                # every data delivery up to the next frame that needs more than this
+                pos, frame_end, frame = cut(chunk, pos, table, stats)
+                if frame_end < 0:
+                    break  # what is left is a frame not complete yet
+                if frame is not None:
+                    pos = frame_end
+                    await process_msg(*frame)
+                    if ps.buf is not buf:
+                        return  # the parser was reset meanwhile (a reconnect)
+                    continue
                 # one whole frame through nats-py's own parser (which raises its
                 # ProtocolError for a line it cannot read)
                 one = bytearray(chunk[pos:frame_end])
@@ -453,7 +326,8 @@ class PartitionReader:
         reply = m.reply
         if self._lost or not reply:
             return  # the consumer is being re-created from next_seq; or not a delivery
-        seq, cseq = _sequences(reply)
+        seqs = m.seqs if type(m) is Delivery else None  # read by the compiled cutter
+        seq, cseq = seqs if seqs is not None else _sequences(reply)
         if cseq != self._cseq + 1:
             log.warning(
                 "reader of %s: delivery %d after %d (lost on the wire); re-reading from seq %d",
