@@ -20,6 +20,7 @@ from cpython.object cimport PyObject
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
 from cpython.unicode cimport PyUnicode_DecodeASCII, PyUnicode_DecodeUTF8
 from libc.string cimport memchr, memcmp
+from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
 cimport cython
 
@@ -228,6 +229,98 @@ cdef class Delivery:
         return self._headers
 
 
+cdef inline double _monotonic() noexcept nogil:
+    # time.monotonic() (CLOCK_MONOTONIC, as CPython reads it on POSIX)
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return ts.tv_sec + ts.tv_nsec * 1e-9
+
+
+cdef class Inbox:
+    """A reader's intake (the twin of ``frames.Inbox_py``, which says what it does): the
+    route's entry is the object itself, which :func:`cut` calls without a Python call."""
+
+    cdef public object buf
+    cdef public Py_ssize_t buf_bytes
+    cdef public object requests
+    cdef public object ready
+    cdef public object on_gap
+    cdef public long long cseq
+    cdef public bint lost
+    cdef public double last_activity
+    cdef object _append
+    cdef object _set
+
+    def __init__(self, ready, on_gap):
+        from collections import deque
+
+        self.buf = deque()
+        self.buf_bytes = 0
+        self.requests = deque()
+        self.ready = ready
+        self.on_gap = on_gap
+        self.cseq = 0
+        self.lost = False
+        self.last_activity = 0.0
+        self._append = self.buf.append
+        self._set = ready.set
+
+    @property
+    def entry(self):
+        return self
+
+    def __call__(self, m, Py_ssize_t hsize):
+        self._take(m, hsize)
+
+    def take(self, m, Py_ssize_t hsize):
+        """A delivery ``m`` whose header block is ``hsize`` bytes long."""
+        self._take(m, hsize)
+
+    cdef int _take(self, object m, Py_ssize_t hsize) except -1:
+        cdef Delivery d
+        cdef Py_ssize_t size
+        cdef long long cseq
+        self.last_activity = _monotonic()
+        if type(m) is Delivery:
+            d = <Delivery>m
+            reply = d.reply
+            seqs = d.seqs
+            subject = d.subject
+            data = d.data
+        else:
+            reply = m.reply
+            seqs = None
+            subject = m.subject
+            data = m.data
+        if self.lost or not reply:
+            return 0  # the consumer is being re-created; or not a delivery
+        if seqs is None:
+            seqs = sequences(reply)
+        seq, cseq_o = seqs
+        cseq = cseq_o
+        if cseq != self.cseq + 1:
+            self.on_gap(cseq_o)
+            self.lost = True
+            self._set()
+            return 0
+        self.cseq = cseq
+        # its size as the server counts it against max_bytes (approximately)
+        size = len(subject) + len(reply) + hsize + len(data)
+        requests = self.requests
+        if requests:
+            req = requests[0]
+            req[0] -= 1
+            req[1] -= size
+            req[2] += 1
+            if req[0] <= 0:
+                requests.popleft()
+        if not self.buf:
+            self._set()
+        self._append((seq, m, size))
+        self.buf_bytes += size
+        return 0
+
+
 cdef int _args(const unsigned char* p, Py_ssize_t a, Py_ssize_t b,
                Py_ssize_t* starts, Py_ssize_t* ends) noexcept nogil:
     # the blank-separated words of p[a:b] (at most 6 recorded): their count
@@ -330,7 +423,10 @@ def cut(object chunk, Py_ssize_t pos, dict table, dict stats):
                                     )
                                     m._raw = PyBytes_FromStringAndSize(<const char*>p + start, hsize)
                                     m.seqs = _seqs(p, ra, ra + rl)
-                                    on_data(m, hsize)  # no coroutine per message
+                                    if type(on_data) is Inbox:
+                                        (<Inbox>on_data)._take(m, hsize)
+                                    else:
+                                        on_data(m, hsize)  # no coroutine per message
                                 except Exception:  # never into the read loop
                                     log.warning(
                                         "a message on %r could not be read; dropped",

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import logging
 import re
+import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -95,7 +97,10 @@ class Delivery_py:  # noqa: N801 - the pure twin of the compiled Delivery
     its batch. ``seqs``: the reply subject's (stream, consumer) sequences when the frame
     cutter already read them (the compiled one does), else None."""
 
-    __slots__ = ("subject", "reply", "data", "_raw", "_headers", "seqs")
+    __slots__ = ("subject", "reply", "data", "_raw", "_headers")
+
+    #: the pure cutter leaves the sequences to the reader (:func:`sequences`)
+    seqs: tuple[int, int] | None = None
 
     def __init__(
         self,
@@ -110,13 +115,77 @@ class Delivery_py:  # noqa: N801 - the pure twin of the compiled Delivery
         self.data = data
         self._raw = raw
         self._headers = headers
-        self.seqs: tuple[int, int] | None = None
 
     @property
     def headers(self) -> dict[str, str] | None:
         if self._raw is not None:
             self._headers, self._raw = parse_headers_py(self._raw), None
         return self._headers
+
+
+class Inbox_py:  # noqa: N801 - the pure twin of the compiled Inbox
+    """A reader's intake (:class:`.reader.PartitionReader`): what each data delivery of its
+    inbox does to it, from the task reading the socket. ``entry(m, hsize)`` (the route's
+    synchronous entry) takes a delivery ``m`` whose header block is ``hsize`` bytes long:
+    its consumer sequence must follow ``cseq`` (else ``on_gap(cseq)`` is called, ``lost``
+    set and nothing more taken until the reader re-creates its consumer); it is counted
+    against the oldest pull request in ``requests`` ([messages due, bytes allowed,
+    messages received]) and appended to ``buf`` as (stream seq, message, size), with
+    ``buf_bytes``; ``ready`` is set when ``buf`` stops being empty (it stays set while
+    anything is buffered: the reader clears it only when ``buf`` is empty).
+    ``last_activity``: ``time.monotonic()`` of the last delivery."""
+
+    __slots__ = (
+        "buf",
+        "buf_bytes",
+        "requests",
+        "ready",
+        "on_gap",
+        "cseq",
+        "lost",
+        "last_activity",
+        "entry",
+    )
+
+    def __init__(self, ready: Any, on_gap: Callable[[int], None]) -> None:
+        self.buf: deque[tuple[int, Any, int]] = deque()
+        self.buf_bytes = 0
+        self.requests: deque[list[int]] = deque()
+        self.ready = ready
+        self.on_gap = on_gap
+        self.cseq = 0
+        self.lost = False
+        self.last_activity = 0.0
+        self.entry: Callable[[Any, int], None] = self.take
+
+    def take(self, m: Any, hsize: int) -> None:
+        """A delivery ``m`` whose header block is ``hsize`` bytes long."""
+        self.last_activity = time.monotonic()
+        reply = m.reply
+        if self.lost or not reply:
+            return  # the consumer is being re-created; or not a delivery
+        seq, cseq = sequences_py(reply)  # the pure cutter does not read them
+        if cseq != self.cseq + 1:
+            self.on_gap(cseq)
+            self.lost = True
+            self.ready.set()
+            return
+        self.cseq = cseq
+        # its size as the server counts it against max_bytes (approximately)
+        size = len(m.subject) + len(reply) + hsize + len(m.data)
+        requests = self.requests
+        if requests:
+            req = requests[0]
+            req[0] -= 1
+            req[1] -= size
+            req[2] += 1
+            if req[0] <= 0:
+                requests.popleft()
+        buf = self.buf
+        if not buf:
+            self.ready.set()
+        buf.append((seq, m, size))
+        self.buf_bytes += size
 
 
 #: the length of a header block's first line, ``NATS/1.0``; a status follows it after a blank
@@ -130,28 +199,16 @@ def hmsg_py(chunk: bytes, start: int, end: int) -> tuple[bytes, int, bytes, int,
     args = chunk[start:end].split()
     try:
         if len(args) == 5:
-            subject, sid, reply, hsize, total = (
-                args[0],
-                int(args[1]),
-                args[2],
-                int(args[3]),
-                int(args[4]),
-            )
+            hsize, total = int(args[3]), int(args[4])
+            if 0 <= hsize <= total:
+                return args[0], int(args[1]), args[2], hsize, total
         elif len(args) == 4:
-            subject, sid, reply, hsize, total = (
-                args[0],
-                int(args[1]),
-                b"",
-                int(args[2]),
-                int(args[3]),
-            )
-        else:
-            return None
+            hsize, total = int(args[2]), int(args[3])
+            if 0 <= hsize <= total:
+                return args[0], int(args[1]), b"", hsize, total
     except ValueError:
-        return None
-    if not 0 <= hsize <= total:
-        return None
-    return subject, sid, reply, hsize, total
+        pass
+    return None
 
 
 def msg_size_py(chunk: bytes, start: int, end: int) -> int | None:
@@ -235,9 +292,11 @@ COMPILED = _twin is not None
 sequences: Callable[[str], tuple[int, int]] = sequences_py
 parse_headers: Callable[[bytes], dict[str, str]] = parse_headers_py
 Delivery: Any = Delivery_py
+Inbox: Any = Inbox_py
 cut: Callable[[Any, int, dict[int, Route], dict[str, int]], tuple[int, int, Frame | None]] = cut_py
 if _twin is not None:
     sequences = _twin.sequences
     parse_headers = _twin.parse_headers
     Delivery = _twin.Delivery
+    Inbox = _twin.Inbox
     cut = _twin.cut

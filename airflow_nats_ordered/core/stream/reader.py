@@ -255,16 +255,15 @@ class PartitionReader:
         self.consumer = ""
         self.inbox = ""
         self._next = ""  # the subject pull requests go to (set with the consumer)
-        self._buf: deque[tuple[int, Any, int]] = deque()  # (stream seq, message, size)
-        self._buf_bytes = 0
+        self._ready = asyncio.Event()
+        #: what the inbox's data deliveries do, from the task reading the socket (compiled
+        #: where it was built): the buffer, the requests' accounting, the gap check
+        self._in = frames.Inbox(self._ready, self._gap)
+        self._buf: deque[tuple[int, Any, int]] = self._in.buf  # (stream seq, message, size)
         # pull requests in flight, oldest first (the server serves them in order):
         # [messages still due, bytes still allowed, messages received]
-        self._requests: deque[list[int]] = deque()
+        self._requests: deque[list[int]] = self._in.requests
         self._oversize = False  # the next message alone exceeds a request's max_bytes
-        self._ready = asyncio.Event()
-        self._last_activity = 0.0
-        self._lost = False
-        self._cseq = 0  # the last consumer sequence received
         self._reconnects = 0
         self._handed = False  # the last fetch returned messages (the handler ran since)
         self._open_timeout = self.OPEN_TIMEOUT
@@ -320,38 +319,55 @@ class PartitionReader:
                 self._lost = True
         self._ready.set()
 
+    # the intake's state, read and set by the reader's own (slower) paths
+    @property
+    def _buf_bytes(self) -> int:
+        return int(self._in.buf_bytes)
+
+    @_buf_bytes.setter
+    def _buf_bytes(self, value: int) -> None:
+        self._in.buf_bytes = value
+
+    @property
+    def _last_activity(self) -> float:
+        return float(self._in.last_activity)
+
+    @_last_activity.setter
+    def _last_activity(self, value: float) -> None:
+        self._in.last_activity = value
+
+    @property
+    def _lost(self) -> bool:
+        return bool(self._in.lost)
+
+    @_lost.setter
+    def _lost(self, value: bool) -> None:
+        self._in.lost = value
+
+    @property
+    def _cseq(self) -> int:
+        """The last consumer sequence received."""
+        return int(self._in.cseq)
+
+    @_cseq.setter
+    def _cseq(self, value: int) -> None:
+        self._in.cseq = value
+
     def _on_data(self, m: Any, hsize: int) -> None:
-        """A delivery ``m`` whose header block is ``hsize`` bytes long."""
-        self._last_activity = time.monotonic()
-        reply = m.reply
-        if self._lost or not reply:
-            return  # the consumer is being re-created from next_seq; or not a delivery
-        seqs = m.seqs if type(m) is Delivery else None  # read by the compiled cutter
-        seq, cseq = seqs if seqs is not None else _sequences(reply)
-        if cseq != self._cseq + 1:
-            log.warning(
-                "reader of %s: delivery %d after %d (lost on the wire); re-reading from seq %d",
-                self.subject,
-                cseq,
-                self._cseq,
-                self.next_seq,
-            )
-            self._lost = True
-            self._ready.set()
-            return
-        self._cseq = cseq
-        # its size as the server counts it against max_bytes (approximately)
-        size = len(m.subject) + len(reply) + hsize + len(m.data)
-        if self._requests:
-            req = self._requests[0]
-            req[0] -= 1
-            req[1] -= size
-            req[2] += 1
-            if req[0] <= 0:
-                self._requests.popleft()
-        self._buf.append((seq, m, size))
-        self._buf_bytes += size
-        self._ready.set()
+        """A delivery ``m`` whose header block is ``hsize`` bytes long (:class:`.frames.Inbox`:
+        the consumer sequence checked, the requests' accounting, the buffer)."""
+        self._in.take(m, hsize)
+
+    def _gap(self, cseq: int) -> None:
+        """The intake's delivery ``cseq`` does not follow the last one: the intake stops
+        taking deliveries (``_lost``) until the consumer is re-created."""
+        log.warning(
+            "reader of %s: delivery %d after %d (lost on the wire); re-reading from seq %d",
+            self.subject,
+            cseq,
+            self._cseq,
+            self.next_seq,
+        )
 
     async def _open(self) -> None:
         await self.close(wait=False)
@@ -388,7 +404,7 @@ class PartitionReader:
             # data messages straight to _on_data, unless _on_msg is not this class's own
             # (a subclass, or a test counting or dropping deliveries, sees every message)
             stock = type(self)._on_msg is _STOCK_ON_MSG
-            routes[self.sub._id] = (self, self._on_data if stock else None)
+            routes[self.sub._id] = (self, self._in.entry if stock else None)
         self._lost = False
         self._oversize = False
         self._cseq = 0
@@ -476,13 +492,17 @@ class PartitionReader:
                 return []
         out: list[tuple[int, Any]] = []
         buf = self._buf
+        taken = 0
+        next_seq = self.next_seq
         while buf and len(out) < self.batch:
             seq, m, size = buf.popleft()
-            self._buf_bytes -= size
-            if seq < self.next_seq:
+            taken += size
+            if seq < next_seq:
                 continue  # re-delivered after the consumer was re-created
             out.append((seq, m))
-            self.next_seq = seq + 1
+            next_seq = seq + 1
+        self.next_seq = next_seq
+        self._in.buf_bytes -= taken
         if out:
             self.last_id = (out[-1][1].headers or {}).get(HDR_MSG_ID)
             self._handed = True
