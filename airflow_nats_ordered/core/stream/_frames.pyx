@@ -320,6 +320,24 @@ cdef class Inbox:
         self.buf_bytes += size
         return 0
 
+    def drain(self, Py_ssize_t batch, next_seq):
+        """What ``frames.Inbox_py.drain`` does."""
+        cdef list out = []
+        cdef Py_ssize_t taken = 0
+        cdef tuple item
+        buf = self.buf
+        popleft = buf.popleft
+        while buf and len(out) < batch:
+            item = popleft()
+            seq = item[0]
+            taken += <Py_ssize_t>item[2]
+            if seq < next_seq:
+                continue
+            out.append((seq, item[1]))
+            next_seq = seq + 1
+        self.buf_bytes -= taken
+        return out, next_seq
+
 
 cdef int _args(const unsigned char* p, Py_ssize_t a, Py_ssize_t b,
                Py_ssize_t* starts, Py_ssize_t* ends) noexcept nogil:

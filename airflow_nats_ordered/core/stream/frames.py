@@ -187,6 +187,23 @@ class Inbox_py:  # noqa: N801 - the pure twin of the compiled Inbox
         buf.append((seq, m, size))
         self.buf_bytes += size
 
+    def drain(self, batch: int, next_seq: int) -> tuple[list[tuple[int, Any]], int]:
+        """Up to ``batch`` (stream seq, message) pairs off ``buf``, in order, skipping what
+        comes before ``next_seq`` (re-delivered after the consumer was re-created); and the
+        sequence after the last one taken (``next_seq`` if none)."""
+        out: list[tuple[int, Any]] = []
+        buf = self.buf
+        taken = 0
+        while buf and len(out) < batch:
+            seq, m, size = buf.popleft()
+            taken += size
+            if seq < next_seq:
+                continue
+            out.append((seq, m))
+            next_seq = seq + 1
+        self.buf_bytes -= taken
+        return out, next_seq
+
 
 #: the length of a header block's first line, ``NATS/1.0``; a status follows it after a blank
 HDR_LINE = len(b"NATS/1.0")

@@ -490,19 +490,8 @@ class PartitionReader:
                     await self._ready.wait()
             except TimeoutError:
                 return []
-        out: list[tuple[int, Any]] = []
-        buf = self._buf
-        taken = 0
-        next_seq = self.next_seq
-        while buf and len(out) < self.batch:
-            seq, m, size = buf.popleft()
-            taken += size
-            if seq < next_seq:
-                continue  # re-delivered after the consumer was re-created
-            out.append((seq, m))
-            next_seq = seq + 1
-        self.next_seq = next_seq
-        self._in.buf_bytes -= taken
+        # in order, without what was re-delivered after the consumer was re-created
+        out, self.next_seq = self._in.drain(self.batch, self.next_seq)
         if out:
             self.last_id = (out[-1][1].headers or {}).get(HDR_MSG_ID)
             self._handed = True
