@@ -31,7 +31,8 @@ log = logging.getLogger("airflow_nats_ordered.core.worker.worker")
 cdef extern from "Python.h":
     const char* PyUnicode_AsUTF8AndSize(object s, Py_ssize_t* size) except NULL
 
-DEF HDR_LINE = 8  # len(b"NATS/1.0")
+cdef enum:
+    HDR_LINE = 8  # len(b"NATS/1.0")
 
 
 cdef inline bint _blank(unsigned char c) noexcept nogil:
@@ -132,7 +133,8 @@ def sequences(str reply):
 # header names seen: trimmed bytes -> the same str each time (its hash computed once)
 cdef list _name_keys = []
 cdef list _name_vals = []
-DEF NAMES_MAX = 64
+cdef enum:
+    NAMES_MAX = 64
 
 
 cdef object _name(const unsigned char* p, Py_ssize_t a, Py_ssize_t b):

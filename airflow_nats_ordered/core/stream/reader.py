@@ -127,7 +127,9 @@ def _install_parser(
     ``MSG``/``HMSG`` otherwise goes to the route's ``process_msg``; every other frame
     (``PING``, ``INFO``, ``-ERR``, other subscriptions' messages) is handed to nats-py's own
     ``parse``, one whole frame at a time, so what nats-py does with it is unchanged. A frame
-    not complete yet stays in the buffer for the next read, as nats-py leaves it. Nothing
+    not complete yet stays in the buffer for the next read, as nats-py leaves it. The
+    cutting is :func:`.frames.cut` (compiled where it was built: one call for all the data
+    deliveries of a read, on the buffer in place; the pure twin gets a copy). Nothing
     is installed if the parser is not the one this was written against (nats-py's
     ``Parser`` with its ``buf`` and ``state``); then every frame takes nats-py's path."""
     ps = getattr(nc, "_ps", None)
