@@ -5,7 +5,8 @@
 through both and must give the same result: header blocks (also against nats-py's own
 ``_parse_header_lines``), reply subjects' sequences (also the same error), and streams of
 frames cut by :func:`cut` (the same deliveries, the same stops, the same stats; the
-compiled one may also have read a delivery's sequences, which must then be the reference's).
+compiled one may also have read a delivery's sequences, which must then be the reference's),
+and the reader's intake (gap check, request accounting, buffer, drain) on random scripts.
 tests/core/stream/test_reader_frames.py and test_reader_header*.py check the twin in use
 against nats-py's parser end to end."""
 
@@ -268,3 +269,97 @@ def test_a_delivery_parses_its_headers_once_on_first_use(twin: str) -> None:
     assert m.headers is m.headers
     assert delivery("s", "r", b"d", None, {"Status": "100"}).headers == {"Status": "100"}
     assert delivery("s", "r", b"d", None).headers is None
+
+
+class _Msg:
+    """A message that is not a Delivery (nats-py's ``Msg`` has these attributes)."""
+
+    def __init__(self, subject: str, reply: str, data: bytes) -> None:
+        self.subject, self.reply, self.data = subject, reply, data
+
+
+def _intake(twin: str, rnd: random.Random, steps: int) -> list[Any]:
+    """A reader's intake driven by a random script: deliveries (in order, skipped, repeated,
+    unreadable replies, not Deliveries), pull requests, drains, the reader's resets; its
+    state after every step."""
+    import asyncio
+
+    t = _twin(twin)
+    inbox_type = frames.Inbox_py if twin == "py" else _c.Inbox
+    ready = asyncio.Event()
+    gaps: list[int] = []
+    inbox = inbox_type(ready, gaps.append)
+    out: list[Any] = []
+    cseq = seq = 0
+    next_seq = 1
+    for _ in range(steps):
+        r = rnd.random()
+        if r < 0.6:
+            step = rnd.choice([1, 1, 1, 1, 1, 1, 2, 0, -3])
+            cseq, seq = max(0, cseq + step), max(0, seq + step + rnd.randint(0, 1))
+            reply = rnd.choice(
+                [
+                    f"$JS.ACK.S.C.1.{seq}.{cseq}.17.0",
+                    f"$JS.ACK.d.h.S.C.1.{seq}.{cseq}.17.0.t",
+                    f"$JS.ACK.S.C.1.x.{cseq}.17.0",
+                    "",
+                ]
+                if rnd.random() < 0.1
+                else [f"$JS.ACK.S.C.1.{seq}.{cseq}.17.0"]
+            )
+            data = b"d" * rnd.randint(0, 9)
+            if rnd.random() < 0.1:
+                m: Any = _Msg("in.box", reply, data)
+            else:
+                m = t["Delivery"]("in.box", reply, data, b"NATS/1.0\r\nK: v\r\n\r\n")
+                if twin == "c":  # as the compiled cutter does
+                    try:
+                        m.seqs = frames.sequences_py(reply)
+                    except (ValueError, IndexError):
+                        m.seqs = None
+            try:
+                inbox.entry(m, rnd.randint(0, 30))
+                out.append("taken")
+            except (ValueError, IndexError) as exc:
+                out.append(type(exc))
+        elif r < 0.7:
+            inbox.requests.append([rnd.randint(1, 5), rnd.randint(0, 300), 0])
+        elif r < 0.85:
+            taken, next_seq = inbox.drain(rnd.randint(1, 6), next_seq)
+            out.append([(s, m.reply) for s, m in taken])
+            if not inbox.buf:
+                ready.clear()
+        elif r < 0.9:
+            next_seq = max(1, next_seq - rnd.randint(0, 3))
+        else:
+            inbox.requests.clear()
+        if inbox.lost and rnd.random() < 0.3:  # the reader re-created its consumer
+            inbox.lost, inbox.cseq, cseq = False, 0, 0
+        out.append(
+            (
+                inbox.cseq,
+                bool(inbox.lost),
+                inbox.buf_bytes,
+                [list(q) for q in inbox.requests],
+                [(s, size) for s, _, size in inbox.buf],
+                ready.is_set(),
+                list(gaps),
+                next_seq,
+            )
+        )
+    return out
+
+
+def test_the_intake_does_the_same_in_both_twins() -> None:
+    if _c is None:
+        pytest.skip("_frames not built")
+    for i in range(40):
+        assert _intake("c", random.Random(i), 300) == _intake("py", random.Random(i), 300), i
+
+
+def test_the_intake_keeps_ready_set_while_anything_is_buffered() -> None:
+    for twin in ["py"] + (["c"] if _c is not None else []):
+        rnd = random.Random(5)
+        for state in _intake(twin, rnd, 2000):
+            if isinstance(state, tuple) and state[4]:
+                assert state[5], (twin, state)
