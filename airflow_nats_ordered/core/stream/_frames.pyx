@@ -202,6 +202,20 @@ def parse_headers(bytes raw):
     return out
 
 
+# a reader's deliveries all come on its inbox: the last subject decoded is used again
+cdef object _last_subject = ""
+
+
+cdef object _subject(const unsigned char* s, Py_ssize_t n):
+    global _last_subject
+    cdef Py_ssize_t have
+    cdef const char* last = PyUnicode_AsUTF8AndSize(_last_subject, &have)
+    if have == n and memcmp(last, s, n) == 0:
+        return _last_subject
+    _last_subject = PyUnicode_DecodeUTF8(<const char*>s, n, NULL)
+    return _last_subject
+
+
 cdef class Delivery:
     """A message of a reader's inbox taken off the socket by the fast route, with the
     attributes of nats-py's ``Msg`` the worker uses (the twin of ``frames.Delivery_py``):
@@ -436,7 +450,7 @@ def cut(object chunk, Py_ssize_t pos, dict table, dict stats):
                                 pos = frame_end
                                 try:
                                     m = Delivery.__new__(Delivery)
-                                    m.subject = PyUnicode_DecodeUTF8(<const char*>p + sa, sl, NULL)
+                                    m.subject = _subject(p + sa, sl)
                                     m.reply = PyUnicode_DecodeUTF8(<const char*>p + ra, rl, NULL)
                                     m.data = PyBytes_FromStringAndSize(
                                         <const char*>p + start + hsize, total - hsize
