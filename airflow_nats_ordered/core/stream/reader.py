@@ -17,7 +17,6 @@ import contextlib
 import inspect
 import json
 import logging
-import re
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -31,94 +30,23 @@ from nats.protocol import parser as _nats_parser
 
 from airflow_nats_ordered.core.connection import denials
 from airflow_nats_ordered.core.connection.api import api_subject, jetstream
+from airflow_nats_ordered.core.stream import frames
 from airflow_nats_ordered.core.stream.message import HDR_MSG_ID
 
 # the worker's logger: records keep the name they had before the worker was split up
 log = logging.getLogger("airflow_nats_ordered.core.worker.worker")
 
 
-def _sequences(reply: str) -> tuple[int, int]:
-    """(stream sequence, consumer sequence) from a JetStream delivery's reply subject, in
-    both ACK subject formats."""
-    t = reply.split(".")
-    # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>            (v1)
-    # $JS.ACK.<domain>.<acchash>.<stream>.<consumer>.<delivered>.<sseq>.<cseq>...     (v2)
-    return (int(t[5]), int(t[6])) if len(t) == 9 else (int(t[7]), int(t[8]))
-
-
-class Delivery:
-    """A message of a reader's inbox taken off the socket by the fast route (:func:`_route`),
-    with the attributes of nats-py's ``Msg`` the worker uses: ``subject``, ``reply``,
-    ``data`` and ``headers`` (a dict or None), the latter parsed from the raw block on
-    first use (:func:`parse_headers`), i.e. when the worker builds its batch."""
-
-    __slots__ = ("subject", "reply", "data", "_raw", "_headers")
-
-    def __init__(
-        self,
-        subject: str,
-        reply: str,
-        data: bytes,
-        raw: bytes | None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        self.subject = subject
-        self.reply = reply
-        self.data = data
-        self._raw = raw
-        self._headers = headers
-
-    @property
-    def headers(self) -> dict[str, str] | None:
-        if self._raw is not None:
-            self._headers, self._raw = parse_headers(self._raw), None
-        return self._headers
-
-
-_WS = re.compile(r"\s")
-_TRIM = " \t\n\r\x0b\x0c"  # what bytes.strip() removes (nats-py trims the bytes)
-
-
-#: a header line's text before its first colon -> the header name nats-py makes of it, or
-#: None if it skips the line (names repeat from message to message: each is checked once)
-_NAMES: dict[str, str | None] = {}
-_NAMES_MAX = 4096
-
-
-def _header_name(text: str) -> str | None:
-    stripped = text.strip(_TRIM)
-    name = stripped if stripped.isascii() and not _WS.search(stripped) else None
-    if len(_NAMES) >= _NAMES_MAX:
-        _NAMES.clear()  # bounded: a stream of ever new names costs a check each, no memory
-    _NAMES[text] = name
-    return name
-
-
-def parse_headers(raw: bytes) -> dict[str, str]:
-    """A data message's header block (``NATS/1.0\\r\\nName: Value\\r\\n...``) as nats-py
-    parses it (``Client._parse_header_lines``): names ASCII without blanks, names and values
-    trimmed of ASCII whitespace, values decoded as UTF-8 with replacement, the last of a
-    repeated name wins; without nats-py's per-character scan of every name, which was a
-    third of a busy worker's CPU time (and each distinct name is checked once, not per
-    message). The first line (``NATS/1.0``) is skipped, and so are the trailing line breaks
-    (they could only end the last value, which is trimmed of them anyway)."""
-    out: dict[str, str] = {}
-    names = _NAMES
-    text = raw.decode("utf-8", "replace").partition("\r\n")[2].rstrip("\r\n")
-    for line in text.split("\r\n"):
-        before, sep, value = line.partition(":")
-        if sep:
-            try:
-                name = names[before]
-            except KeyError:
-                name = _header_name(before)
-            if name is not None:
-                out[name] = value.strip(_TRIM)
-    return out
-
-
-#: the length of a header block's first line, ``NATS/1.0``; a status follows it after a blank
-_HDR_LINE = len(b"NATS/1.0")
+#: the pure and compiled hot loop (:mod:`.frames`): the names this module always had
+_sequences = frames.sequences
+parse_headers = frames.parse_headers
+Delivery = frames.Delivery
+_NAMES = frames._NAMES
+_NAMES_MAX = frames._NAMES_MAX
+_header_name = frames._header_name
+_hmsg = frames.hmsg_py
+_msg_size = frames.msg_size_py
+_HDR_LINE = frames.HDR_LINE
 
 
 class Routed(Protocol):
@@ -130,7 +58,7 @@ class Routed(Protocol):
 #: what :func:`_route` hands a subscription's messages to: the target, and the target's
 #: synchronous entry for a data message with its header block's size (None: every message
 #: goes to ``_on_msg``)
-Route = tuple[Routed, Callable[[Delivery, int], None] | None]
+Route = tuple[Routed, Callable[[Any, int], None] | None]
 
 
 def _route(nc: NATS) -> dict[int, Route] | None:
@@ -186,28 +114,6 @@ def _route(nc: NATS) -> dict[int, Route] | None:
     return table
 
 
-def _hmsg(chunk: bytes, start: int, end: int) -> tuple[bytes, int, bytes, int, int] | None:
-    """An ``HMSG`` control line's arguments (between ``start`` and ``end``): subject, sid,
-    reply (b"" if none), header size, total size; None if it is not one nats-py reads."""
-    args = chunk[start:end].split()
-    try:
-        if len(args) == 5:
-            return args[0], int(args[1]), args[2], int(args[3]), int(args[4])
-        if len(args) == 4:
-            return args[0], int(args[1]), b"", int(args[2]), int(args[3])
-    except ValueError:
-        pass
-    return None
-
-
-def _msg_size(chunk: bytes, start: int, end: int) -> int | None:
-    """An ``MSG`` control line's payload size; None if it is not one nats-py reads."""
-    args = chunk[start:end].split()
-    if len(args) in (3, 4) and args[-1].isdigit():
-        return int(args[-1])
-    return None
-
-
 def _install_parser(
     nc: NATS,
     table: dict[int, Route],
@@ -221,7 +127,9 @@ def _install_parser(
     ``MSG``/``HMSG`` otherwise goes to the route's ``process_msg``; every other frame
     (``PING``, ``INFO``, ``-ERR``, other subscriptions' messages) is handed to nats-py's own
     ``parse``, one whole frame at a time, so what nats-py does with it is unchanged. A frame
-    not complete yet stays in the buffer for the next read, as nats-py leaves it. Nothing
+    not complete yet stays in the buffer for the next read, as nats-py leaves it. The
+    cutting is :func:`.frames.cut` (compiled where it was built: one call for all the data
+    deliveries of a read, on the buffer in place; the pure twin gets a copy). Nothing
     is installed if the parser is not the one this was written against (nats-py's
     ``Parser`` with its ``buf`` and ``state``); then every frame takes nats-py's path."""
     ps = getattr(nc, "_ps", None)
@@ -237,6 +145,9 @@ def _install_parser(
     ):
         return
 
+    cut = frames.cut
+    in_place = frames.COMPILED  # the compiled cutter reads the bytearray itself
+
     async def parse(data: bytes = b"") -> None:
         buf = ps.buf
         if ps.state != control:
@@ -244,56 +155,20 @@ def _install_parser(
             return
         if data:
             buf.extend(data)
-        chunk = bytes(buf)
-        n = len(chunk)
+        chunk = buf if in_place else bytes(buf)
         pos = 0
         try:
-            while pos < n:
-                end = chunk.find(b"\r\n", pos)
-                if end < 0:
-                    break  # a control line not complete yet
-                frame_end = end + 2  # a line alone, or a frame this does not read
-                if chunk.startswith(b"HMSG ", pos):
-                    frame = _hmsg(chunk, pos + 5, end)
-                    if frame is not None:
-                        subject, sid, reply, hsize, total = frame
-                        frame_end = end + 4 + total
-                        if frame_end > n:
-                            break  # the payload not complete yet
-                        route = table.get(sid)
-                        if route is not None:
-                            start = end + 2
-                            hdr = chunk[start : start + hsize]
-                            payload = chunk[start + hsize : start + total]
-                            on_data = route[1]
-                            pos = frame_end
-                            if (
-                                on_data is not None
-                                and hsize
-                                and hdr[_HDR_LINE : _HDR_LINE + 1] != b" "
-                            ):
-                                stats["in_msgs"] += 1
-                                stats["in_bytes"] += len(payload)
-                                try:
-                                    m = Delivery(subject.decode(), reply.decode(), payload, hdr)
-                                    on_data(m, hsize)  # no coroutine per message
-                                except Exception:  # as process_msg: never into the read loop
-                                    log.warning(
-                                        "a message on %r could not be read; dropped",
-                                        subject,
-                                        exc_info=True,
-                                    )
-                            else:
-                                await process_msg(sid, subject, reply, payload, hdr)
-                                if ps.buf is not buf:
-                                    return  # the parser was reset meanwhile (a reconnect)
-                            continue
-                elif chunk.startswith(b"MSG ", pos):
-                    size = _msg_size(chunk, pos + 4, end)
-                    if size is not None:
-                        frame_end = end + 4 + size
-                        if frame_end > n:
-                            break
+            while True:
+                # every data delivery up to the next frame that needs more than this
+                pos, frame_end, frame = cut(chunk, pos, table, stats)
+                if frame_end < 0:
+                    break  # what is left is a frame not complete yet
+                if frame is not None:
+                    pos = frame_end
+                    await process_msg(*frame)
+                    if ps.buf is not buf:
+                        return  # the parser was reset meanwhile (a reconnect)
+                    continue
                 # one whole frame through nats-py's own parser (which raises its
                 # ProtocolError for a line it cannot read)
                 one = bytearray(chunk[pos:frame_end])
@@ -382,16 +257,15 @@ class PartitionReader:
         self.consumer = ""
         self.inbox = ""
         self._next = ""  # the subject pull requests go to (set with the consumer)
-        self._buf: deque[tuple[int, Any, int]] = deque()  # (stream seq, message, size)
-        self._buf_bytes = 0
+        self._ready = asyncio.Event()
+        #: what the inbox's data deliveries do, from the task reading the socket (compiled
+        #: where it was built): the buffer, the requests' accounting, the gap check
+        self._in = frames.Inbox(self._ready, self._gap)
+        self._buf: deque[tuple[int, Any, int]] = self._in.buf  # (stream seq, message, size)
         # pull requests in flight, oldest first (the server serves them in order):
         # [messages still due, bytes still allowed, messages received]
-        self._requests: deque[list[int]] = deque()
+        self._requests: deque[list[int]] = self._in.requests
         self._oversize = False  # the next message alone exceeds a request's max_bytes
-        self._ready = asyncio.Event()
-        self._last_activity = 0.0
-        self._lost = False
-        self._cseq = 0  # the last consumer sequence received
         self._reconnects = 0
         self._handed = False  # the last fetch returned messages (the handler ran since)
         self._open_timeout = self.OPEN_TIMEOUT
@@ -447,37 +321,55 @@ class PartitionReader:
                 self._lost = True
         self._ready.set()
 
+    # the intake's state, read and set by the reader's own (slower) paths
+    @property
+    def _buf_bytes(self) -> int:
+        return int(self._in.buf_bytes)
+
+    @_buf_bytes.setter
+    def _buf_bytes(self, value: int) -> None:
+        self._in.buf_bytes = value
+
+    @property
+    def _last_activity(self) -> float:
+        return float(self._in.last_activity)
+
+    @_last_activity.setter
+    def _last_activity(self, value: float) -> None:
+        self._in.last_activity = value
+
+    @property
+    def _lost(self) -> bool:
+        return bool(self._in.lost)
+
+    @_lost.setter
+    def _lost(self, value: bool) -> None:
+        self._in.lost = value
+
+    @property
+    def _cseq(self) -> int:
+        """The last consumer sequence received."""
+        return int(self._in.cseq)
+
+    @_cseq.setter
+    def _cseq(self, value: int) -> None:
+        self._in.cseq = value
+
     def _on_data(self, m: Any, hsize: int) -> None:
-        """A delivery ``m`` whose header block is ``hsize`` bytes long."""
-        self._last_activity = time.monotonic()
-        reply = m.reply
-        if self._lost or not reply:
-            return  # the consumer is being re-created from next_seq; or not a delivery
-        seq, cseq = _sequences(reply)
-        if cseq != self._cseq + 1:
-            log.warning(
-                "reader of %s: delivery %d after %d (lost on the wire); re-reading from seq %d",
-                self.subject,
-                cseq,
-                self._cseq,
-                self.next_seq,
-            )
-            self._lost = True
-            self._ready.set()
-            return
-        self._cseq = cseq
-        # its size as the server counts it against max_bytes (approximately)
-        size = len(m.subject) + len(reply) + hsize + len(m.data)
-        if self._requests:
-            req = self._requests[0]
-            req[0] -= 1
-            req[1] -= size
-            req[2] += 1
-            if req[0] <= 0:
-                self._requests.popleft()
-        self._buf.append((seq, m, size))
-        self._buf_bytes += size
-        self._ready.set()
+        """A delivery ``m`` whose header block is ``hsize`` bytes long (:class:`.frames.Inbox`:
+        the consumer sequence checked, the requests' accounting, the buffer)."""
+        self._in.take(m, hsize)
+
+    def _gap(self, cseq: int) -> None:
+        """The intake's delivery ``cseq`` does not follow the last one: the intake stops
+        taking deliveries (``_lost``) until the consumer is re-created."""
+        log.warning(
+            "reader of %s: delivery %d after %d (lost on the wire); re-reading from seq %d",
+            self.subject,
+            cseq,
+            self._cseq,
+            self.next_seq,
+        )
 
     async def _open(self) -> None:
         await self.close(wait=False)
@@ -514,7 +406,7 @@ class PartitionReader:
             # data messages straight to _on_data, unless _on_msg is not this class's own
             # (a subclass, or a test counting or dropping deliveries, sees every message)
             stock = type(self)._on_msg is _STOCK_ON_MSG
-            routes[self.sub._id] = (self, self._on_data if stock else None)
+            routes[self.sub._id] = (self, self._in.entry if stock else None)
         self._lost = False
         self._oversize = False
         self._cseq = 0
@@ -600,15 +492,8 @@ class PartitionReader:
                     await self._ready.wait()
             except TimeoutError:
                 return []
-        out: list[tuple[int, Any]] = []
-        buf = self._buf
-        while buf and len(out) < self.batch:
-            seq, m, size = buf.popleft()
-            self._buf_bytes -= size
-            if seq < self.next_seq:
-                continue  # re-delivered after the consumer was re-created
-            out.append((seq, m))
-            self.next_seq = seq + 1
+        # in order, without what was re-delivered after the consumer was re-created
+        out, self.next_seq = self._in.drain(self.batch, self.next_seq)
         if out:
             self.last_id = (out[-1][1].headers or {}).get(HDR_MSG_ID)
             self._handed = True
