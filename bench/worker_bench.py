@@ -86,6 +86,7 @@ from worker_memory import (
 )
 from worker_throughput import print_throughput, section_throughput
 
+from airflow_nats_ordered.core.stream import compiled
 from airflow_nats_ordered.embedded.servers import NatsServer
 
 
@@ -199,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
         with NatsServer(Path(tmp) / "nats") as srv:
             worker_common.SERVER_PID = srv.pid  # for the CPU figures of section b3
             log(f"nats-server {srv.url}; sections {sorted(st.sections)}; N={st.n:,}")
+            # which twins of the compiled fast path this run measures (issue 33, goal 4)
+            log(f"compiled fast path: {compiled.status() or 'none loaded'}")
             out = asyncio.run(amain(st, srv.url, work))
     dest = Path(".bench")
     dest.mkdir(exist_ok=True)
