@@ -87,7 +87,7 @@ from airflow_nats_ordered.core.publish.config import (
     _MAX_BACKOFF,
     PublisherConfig,
 )
-from airflow_nats_ordered.core.publish.lane import _Lane
+from airflow_nats_ordered.core.publish.lane import _Lane, _Rec
 from airflow_nats_ordered.core.publish.msg_ids import (
     HDR_MSG_ID,
     HDR_PRODUCER,
@@ -95,6 +95,7 @@ from airflow_nats_ordered.core.publish.msg_ids import (
     RESERVED_HEADERS,
     msg_id_base,
 )
+from airflow_nats_ordered.core.publish.records import record_rest, rest_form
 from airflow_nats_ordered.core.publish.run_layouts import OldLayout
 from airflow_nats_ordered.core.publish.sender import _Sender
 from airflow_nats_ordered.core.publish.sequence import SequenceMarks
@@ -193,6 +194,7 @@ class OrderedPublisher:
         self._expect_duplicates = bool(self.config.producer_id)  # a rerun, maybe
         self._producer_b = self.producer_id.encode()
         self._id_base = msg_id_base(self._producer_b)  # the derived msg-ids' common prefix
+        self._form = rest_form(self._producer_b)  # the same, and the frame rest's fixed parts
         # the header lines are %-format templates: a '%' of the producer id is escaped
         prod = b"%s: %s\r\n" % (HDR_PRODUCER.encode(), self._producer_b.replace(b"%", b"%%"))
         head = b"NATS/1.0\r\n%s: %%s\r\n" % HDR_MSG_ID.encode()
@@ -479,24 +481,31 @@ class OrderedPublisher:
         # from here to accept() nothing awaits: the position is taken atomically
         lane = self._lanes[part]
         seq = lane.summary.offset + lane.summary.accepted + 1
-        if msg_id is None:  # msg_ids.msg_id_at, inlined
-            h = self._id_base.copy()
-            h.update(b"%d\x00%s\x00" % (place, kb))
-            h.update(data)
-            mid = hexlify(h.digest())
+        rec: _Rec | None = None
+        if msg_id is None and not extra and not cfg.global_order:
+            # the common case: the derived msg-id, the header block and the frame rest in
+            # one call (records.record_rest: compiled where it was built)
+            rec = record_rest(self._form, place, kb, key_line, seq, data)
+            total = rec[2]
         else:
-            lane.caller_ids = True
-        if extra or cfg.global_order:  # the next global sequence: taken unless passed over
-            g = (self._next_g,) if cfg.global_order else ()
-            hdr = self._hdr_fmt % ((mid, key_line, seq) + g)
-            if extra:
-                hdr = hdr[:-2] + extra + b"\r\n"
-            hlen = len(hdr)
-        else:  # the common case: header block and frame rest in one format, below
-            hdr = None
-            sb = b"%d" % seq
-            hlen = self._hdr_len0 + len(mid) + len(key_line) + len(sb)
-        total = hlen + size
+            if msg_id is None:  # msg_ids.msg_id_at, inlined
+                h = self._id_base.copy()
+                h.update(b"%d\x00%s\x00" % (place, kb))
+                h.update(data)
+                mid = hexlify(h.digest())
+            else:
+                lane.caller_ids = True
+            if extra or cfg.global_order:  # the next global sequence: unless passed over
+                g = (self._next_g,) if cfg.global_order else ()
+                hdr = self._hdr_fmt % ((mid, key_line, seq) + g)
+                if extra:
+                    hdr = hdr[:-2] + extra + b"\r\n"
+                hlen = len(hdr)
+            else:  # a caller's msg-id: header block and frame rest in one format, below
+                hdr = None
+                sb = b"%d" % seq
+                hlen = self._hdr_len0 + len(mid) + len(key_line) + len(sb)
+            total = hlen + size
         if total > self._max_size:
             raise self._too_large(kb, total)
         if self._old is not None and self._old.stored(kb, 0 if kb else turn):
@@ -514,11 +523,12 @@ class OrderedPublisher:
         self._pending_bytes += size
         # the frame after its reply subject's batch sequence (see _Rec): built once, however
         # often the record is sent
-        if hdr is None:
-            rest = self._rest_fmt % (hlen, total, mid, key_line, sb, data)
-        else:
-            rest = b".1.$FI %d %d\r\n%s%s\r\n" % (hlen, total, hdr, data)
-        rec = (rest, size, total)
+        if rec is None:
+            if hdr is None:
+                rest = self._rest_fmt % (hlen, total, mid, key_line, sb, data)
+            else:
+                rest = b".1.$FI %d %d\r\n%s%s\r\n" % (hlen, total, hdr, data)
+            rec = (rest, size, total)
         if lane.error is None:  # _Lane.accept, inlined: this runs once per record
             lane.summary.accepted += 1
             q = lane.queue
