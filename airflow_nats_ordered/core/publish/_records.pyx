@@ -284,3 +284,14 @@ def window_frames(bytes head not None, Py_ssize_t seq, object queue, object infl
         if total > largest:
             largest = total
     return payload, largest
+
+
+def take_acked(object inflight, Py_ssize_t n):
+    """Drop the first ``n`` records of ``inflight`` (acknowledged); their payload bytes."""
+    cdef Py_ssize_t nbytes = 0
+    cdef tuple rec
+    popleft = inflight.popleft
+    for _ in range(n):
+        rec = <tuple>popleft()
+        nbytes += <Py_ssize_t>rec[1]
+    return nbytes

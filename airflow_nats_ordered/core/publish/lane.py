@@ -46,7 +46,7 @@ from airflow_nats_ordered.core.connection import denials
 from airflow_nats_ordered.core.errors import PermissionDenied
 from airflow_nats_ordered.core.publish import wire
 from airflow_nats_ordered.core.publish.config import _MAX_BACKOFF, PublisherConfig
-from airflow_nats_ordered.core.publish.records import window_frames
+from airflow_nats_ordered.core.publish.records import take_acked, window_frames
 from airflow_nats_ordered.core.publish.summary import PartitionSummary
 from airflow_nats_ordered.core.stream.partitioned import PartitionedStream
 from airflow_nats_ordered.core.stream.repartition import layout_refusal
@@ -537,10 +537,7 @@ class _Lane:
         if n <= 0:
             return
         n = min(n, len(self.inflight))
-        inflight = self.inflight
-        nbytes = 0
-        for _ in range(n):
-            nbytes += inflight.popleft()[1]
+        nbytes = take_acked(self.inflight, n)
         self.acked_bseq += n
         self.summary.acked += n
         self.pub._release(n, nbytes)

@@ -95,7 +95,7 @@ from airflow_nats_ordered.core.publish.msg_ids import (
     RESERVED_HEADERS,
     msg_id_base,
 )
-from airflow_nats_ordered.core.publish.records import record_rest, rest_form
+from airflow_nats_ordered.core.publish.records import COMPILED, record_rest, rest_form
 from airflow_nats_ordered.core.publish.run_layouts import OldLayout
 from airflow_nats_ordered.core.publish.sender import _Sender
 from airflow_nats_ordered.core.publish.sequence import SequenceMarks
@@ -169,6 +169,9 @@ class OrderedPublisher:
         self._flushing = False
         self._closing = False
         self._started = False
+        #: started, not closing, no old layout, no global order, the compiled record form:
+        #: a record of a key seen before may take publish()'s one-step path (see there)
+        self._plain = False
         self._refused = 0
         self._flushed_at: tuple[int, int] = (-1, -1)
         self._rr = 0
@@ -297,6 +300,7 @@ class OrderedPublisher:
             self._watermarks.start()
         self._t0 = time.monotonic()
         self._started = True
+        self._plain = COMPILED and self._old is None and not self.config.global_order
 
     def _denied(self, error: PermissionDenied) -> None:
         """The server refused a publish to a partition, or the replies' inbox: those
@@ -414,6 +418,48 @@ class OrderedPublisher:
         when it is accepted, after the wait. Delivery failures are
         reported by :meth:`flush`, not here.
         """
+        if (
+            self._plain
+            and msg_id is None
+            and headers is None
+            and index is None
+            and key.__class__ is str
+        ):
+            # the common record, one step (the general path below does the same, check by
+            # check): a key seen before, room in the bounds, a lane that takes it as it is
+            known = self._keys.get(key)
+            size = len(data)
+            if (
+                known is not None
+                and self._pending < self.config.max_pending
+                and self._pending_bytes + size <= self.config.max_pending_bytes
+            ):
+                kb, key_line, part = known
+                lane = self._lanes[part]
+                ls = lane.summary
+                if not lane.resume_left and lane.error is None:
+                    place = self._index + 1
+                    one = record_rest(
+                        self._form, place, kb, key_line, ls.offset + ls.accepted + 1, data
+                    )
+                    if one[2] <= self._max_size:  # else the general path raises
+                        self._index = place
+                        self._pending += 1
+                        self._pending_bytes += size
+                        ls.accepted += 1  # _Lane.accept, inlined
+                        q = lane.queue
+                        if not q:
+                            lane.idle.clear()
+                            if lane.parked:
+                                self._sender.kick(lane)
+                            else:
+                                lane.wake.set()
+                        q.append(one)
+                        self._since_yield += 1
+                        if self._since_yield >= 256:
+                            self._since_yield = 0
+                            await asyncio.sleep(0)
+                        return part
         if not self._started:
             raise RuntimeError("call `await publisher.start()` (or use `async with`) first")
         if self._closing:
@@ -482,9 +528,9 @@ class OrderedPublisher:
         lane = self._lanes[part]
         seq = lane.summary.offset + lane.summary.accepted + 1
         rec: _Rec | None = None
-        if msg_id is None and not extra and not cfg.global_order:
-            # the common case: the derived msg-id, the header block and the frame rest in
-            # one call (records.record_rest: compiled where it was built)
+        if COMPILED and msg_id is None and not extra and not cfg.global_order:
+            # the derived msg-id, the header block and the frame rest in one call (the
+            # compiled records.record_rest; the pure path formats them here, as before)
             rec = record_rest(self._form, place, kb, key_line, seq, data)
             total = rec[2]
         else:
@@ -501,7 +547,7 @@ class OrderedPublisher:
                 if extra:
                     hdr = hdr[:-2] + extra + b"\r\n"
                 hlen = len(hdr)
-            else:  # a caller's msg-id: header block and frame rest in one format, below
+            else:  # header block and frame rest in one format, below
                 hdr = None
                 sb = b"%d" % seq
                 hlen = self._hdr_len0 + len(mid) + len(key_line) + len(sb)
@@ -552,48 +598,40 @@ class OrderedPublisher:
 
         Exactly ``for key, data in records: await self.publish(key, data)``: the same places
         in the input, msg-ids, partitions, positions, waits and errors (a bad record raises
-        here, after the records before it were queued, and none after it was taken). A
-        record of a key seen before, with room in the pending bounds, is queued here in
-        one pass, without a coroutine of its own; any other goes through :meth:`publish`.
+        here, after the records before it were queued, and none after it was taken). With
+        the compiled fast path, a record of a key seen before with room in the bounds is
+        queued here without a coroutine of its own (publish()'s one-step path); any other
+        record goes through :meth:`publish`.
         """
-        if not self._started:
-            raise RuntimeError("call `await publisher.start()` (or use `async with`) first")
-        cfg = self.config
-        # what makes a record take publish()'s own path, for every record of this call
-        simple = self._old is None and not cfg.global_order
-        keys, lanes, form, max_size = self._keys, self._lanes, self._form, self._max_size
-        max_pending, max_bytes = cfg.max_pending, cfg.max_pending_bytes
         done = 0
+        keys, lanes, form, cfg = self._keys, self._lanes, self._form, self.config
+        max_pending, max_bytes = cfg.max_pending, cfg.max_pending_bytes
         for key, data in records:
-            known = keys.get(key) if simple and key.__class__ is str else None
-            if known is None or self._closing:
-                await self.publish(key, data)
-                done += 1
-                continue
+            known = keys.get(key) if self._plain and key.__class__ is str else None
             size = len(data)
-            if self._pending >= max_pending or self._pending_bytes + size > max_bytes:
-                await self.publish(key, data)  # it waits for room
+            if (
+                known is None
+                or self._pending >= max_pending
+                or self._pending_bytes + size > max_bytes
+            ):
+                await self.publish(key, data)
                 done += 1
                 continue
             kb, key_line, part = known
             lane = lanes[part]
-            summary = lane.summary
-            if lane.resume_left or lane.error is not None:
-                await self.publish(key, data)
-                done += 1
-                continue
-            place = self._index + 1
-            rec = record_rest(
-                form, place, kb, key_line, summary.offset + summary.accepted + 1, data
-            )
-            if rec[2] > max_size or size + len(kb) > max_size:
-                await self.publish(key, data)  # raises RecordTooLargeError
+            ls = lane.summary
+            rec = None
+            if not lane.resume_left and lane.error is None:
+                place = self._index + 1
+                rec = record_rest(form, place, kb, key_line, ls.offset + ls.accepted + 1, data)
+            if rec is None or rec[2] > self._max_size:
+                await self.publish(key, data)  # it passes over, fails or refuses the record
                 done += 1
                 continue
             self._index = place
             self._pending += 1
             self._pending_bytes += size
-            summary.accepted += 1  # _Lane.accept, inlined as in publish()
+            ls.accepted += 1  # _Lane.accept, inlined
             q = lane.queue
             if not q:
                 lane.idle.clear()
@@ -704,6 +742,7 @@ class OrderedPublisher:
                 raise
         finally:
             self._closing = True
+            self._plain = False
             if self._unwatch is not None:
                 self._unwatch()
             if self._watermarks is not None:

@@ -5,7 +5,8 @@
 The pure-Python reference of the compiled fast path's ``_records`` twin (issue 33, goals 2
 and 4; :mod:`..stream.compiled`): at import this module takes the twin's functions when it
 was built and ``NATS_ORDERED_NO_EXTENSIONS`` is not set; the pure ones stay importable as
-``rest_form_py``, ``msg_id_py``, ``record_rest_py`` and ``window_frames_py``, and both run
+``rest_form_py``, ``msg_id_py``, ``record_rest_py``, ``window_frames_py`` and
+``take_acked_py``, and both run
 the same golden vectors (``tests/core/publish/test_records_twins.py``). The bytes are the
 wire protocol's: the msg-id of ``docs/protocol.md`` section 6 and the header block of
 section 5.3 (keyed or keyless, no caller headers, no global sequence: the publisher
@@ -95,10 +96,19 @@ def window_frames_py(
     return payload, largest
 
 
+def take_acked_py(inflight: deque[Rec], n: int) -> int:
+    """Drop the first ``n`` records of ``inflight`` (acknowledged); their payload bytes."""
+    nbytes = 0
+    for _ in range(n):
+        nbytes += inflight.popleft()[1]
+    return nbytes
+
+
 rest_form = rest_form_py
 msg_id = msg_id_py
 record_rest = record_rest_py
 window_frames = window_frames_py
+take_acked = take_acked_py
 
 _twin = compiled.load("airflow_nats_ordered.core.publish._records")
 if _twin is not None:
@@ -106,6 +116,7 @@ if _twin is not None:
     msg_id = _twin.msg_id
     record_rest = _twin.record_rest
     window_frames = _twin.window_frames
+    take_acked = _twin.take_acked
 
 #: whether this process uses the compiled twin
 COMPILED = _twin is not None
@@ -118,6 +129,8 @@ __all__ = [
     "record_rest_py",
     "rest_form",
     "rest_form_py",
+    "take_acked",
+    "take_acked_py",
     "window_frames",
     "window_frames_py",
 ]

@@ -27,6 +27,7 @@ PURE = SimpleNamespace(
     msg_id=records.msg_id_py,
     record_rest=records.record_rest_py,
     window_frames=records.window_frames_py,
+    take_acked=records.take_acked_py,
 )
 
 
@@ -109,9 +110,18 @@ def test_window_frames_move_records_and_number_them_from_the_batch_seq(impl):
     assert impl.window_frames(head, 0, deque(), deque(), 0, []) == (0, 0)
 
 
+def test_take_acked_drops_the_acknowledged_head_and_counts_its_payload(impl):
+    recs = [(b"r%d" % i, i * 3, i * 3 + 40) for i in range(20)]
+    inflight = deque(recs)
+    assert impl.take_acked(inflight, 7) == sum(r[1] for r in recs[:7])
+    assert list(inflight) == recs[7:]
+    assert impl.take_acked(inflight, 0) == 0 and len(inflight) == 13
+
+
 def test_the_module_uses_the_twin_where_it_was_built():
     twin = compiled.load(TWIN)
     assert (twin is not None) == records.COMPILED
     if twin is not None:
         assert records.record_rest is twin.record_rest
         assert records.window_frames is twin.window_frames
+        assert records.take_acked is twin.take_acked
