@@ -15,6 +15,9 @@ Variants
              partition): order-safe, the alternative we did not choose
   sync       ``js.publish`` one at a time (on fewer records; rate only)
   ordered    airflow_nats_ordered OrderedPublisher (fast-ingest batches, gap=fail)
+  ordered-many  the same fed through ``publish_many`` (one call for all records)
+  fastbatch  a plain fast batch per partition of frames like the publisher's, built before
+             the clock starts and sent at the server's flow: issue 33 goal 2's server baseline
 
 Memory (1 MB payloads): each variant runs in a child process that publishes BENCH_MEM_N
 records of 1,000,000 bytes (generated on the fly, so the input itself holds nothing) and
@@ -23,16 +26,18 @@ same run; the ordered publisher holds at most ``max_pending_bytes`` of payload, 
 figure is the baseline plus about that bound, however long the input.
 
 Figures: each variant's rate as a ratio to ``raw`` and, for the ordered publisher, to
-``raw-wire`` (issue 19's goal: >= 0.8 x raw-wire); and the CPU each variant costs per record
+``raw-wire`` (issue 19's goal: >= 0.8 x raw-wire); issue 33 goal 2's three figures (client
+CPU per record <= 3 us, server CPU per record no higher than ``fastbatch``'s, rate >= 0.85 x
+raw-wire), each against this run's baseline; and the CPU each variant costs per record
 in this process (``client``) and in the nats-server process (``server``), from
 ``time.process_time()`` and ``/proc/<pid>/stat``: far steadier than rates on a shared
 machine, and where the remaining gap to raw-wire lies (docs/benchmarks.md, issue 19).
 
 Environment (each also a flag, see ``--help``): BENCH_N (records, default 200000),
 BENCH_ROUNDS (default 3), BENCH_MEM_N (1 MB records, default 300), BENCH_SECTIONS (default
-"publish,memory"), BENCH_VARIANTS (default: all of them). ``raw`` and ``raw-wire`` always
-run: they are the same-round baselines of every ratio. Only the publisher against its
-baselines, several rounds::
+"publish,memory"), BENCH_VARIANTS (default: all of them). ``raw``, ``raw-wire`` and
+``fastbatch`` always run: they are the same-round baselines of every ratio. Only the
+publisher against its baselines, several rounds::
 
     .venv/bin/python bench/run.py --variants ordered --sections publish --rounds 5
 """
@@ -424,7 +429,7 @@ async def main() -> int:
                 round_stored[name] = stored == expected
                 stored_ok[name] &= stored == expected
                 print(
-                    f"  round {rnd + 1} {name:9s} {rate:>10,.0f} msg/s  stored {stored:,}  "
+                    f"  round {rnd + 1} {name:12s} {rate:>10,.0f} msg/s  stored {stored:,}  "
                     f"CPU/record {client_us:.2f} us client, {server_us:.2f} us server",
                     file=sys.stderr,
                 )
@@ -480,7 +485,7 @@ def print_publish(
 ) -> None:
     print()
     print(
-        f"{'variant':10s} {'msg/s (median)':>15s} {'x raw (median)':>15s} "
+        f"{'variant':12s} {'msg/s (median)':>15s} {'x raw (median)':>15s} "
         f"{'x raw (min..max)':>18s}  all stored  {'CPU us/record client':>20s} {'server':>7s}"
     )
     for name in ratios:
@@ -488,7 +493,7 @@ def print_publish(
         client = statistics.median(c for c, _ in cpu[name]) if cpu[name] else float("nan")
         server = statistics.median(s for _, s in cpu[name]) if cpu[name] else float("nan")
         print(
-            f"{name:10s} {statistics.median(results[name]):>15,.0f} "
+            f"{name:12s} {statistics.median(results[name]):>15,.0f} "
             f"{statistics.median(r):>15.2f} {min(r):>8.2f}..{max(r):<8.2f}  "
             f"{'yes' if stored_ok[name] else 'NO ':3s}         {client:>20.2f} {server:>7.2f}"
         )
@@ -561,7 +566,7 @@ def parse_args(argv: list[str]) -> None:
     ap.add_argument(
         "--variants",
         default=",".join(SELECTED),
-        help=f"comma-separated, of {', '.join(VARIANTS)}; raw and raw-wire always run "
+        help=f"comma-separated, of {', '.join(VARIANTS)}; raw, raw-wire and fastbatch always run "
         "(the baselines)",
     )
     ap.add_argument("--sections", default=",".join(sorted(SECTIONS)), help="publish,memory")

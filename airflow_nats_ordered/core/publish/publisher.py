@@ -169,9 +169,10 @@ class OrderedPublisher:
         self._flushing = False
         self._closing = False
         self._started = False
-        #: started, not closing, no old layout, no global order, the compiled record form:
-        #: a record of a key seen before may take publish()'s one-step path (see there)
-        self._plain = False
+        #: started, not closing, no old layout, no global order (_simple), and the compiled
+        #: record form (_plain): a record of a key seen before may take publish()'s one-step
+        #: path (publish_many's takes _simple)
+        self._plain = self._simple = False
         self._refused = 0
         self._flushed_at: tuple[int, int] = (-1, -1)
         self._rr = 0
@@ -300,7 +301,8 @@ class OrderedPublisher:
             self._watermarks.start()
         self._t0 = time.monotonic()
         self._started = True
-        self._plain = COMPILED and self._old is None and not self.config.global_order
+        self._simple = self._old is None and not self.config.global_order
+        self._plain = COMPILED and self._simple
 
     def _denied(self, error: PermissionDenied) -> None:
         """The server refused a publish to a partition, or the replies' inbox: those
@@ -598,16 +600,16 @@ class OrderedPublisher:
 
         Exactly ``for key, data in records: await self.publish(key, data)``: the same places
         in the input, msg-ids, partitions, positions, waits and errors (a bad record raises
-        here, after the records before it were queued, and none after it was taken). With
-        the compiled fast path, a record of a key seen before with room in the bounds is
-        queued here without a coroutine of its own (publish()'s one-step path); any other
-        record goes through :meth:`publish`.
+        here, after the records before it were queued, and none after it was taken). A
+        record of a key seen before with room in the bounds is queued here without a
+        coroutine of its own (as publish()'s one-step path, with the compiled or the pure
+        record form); any other record goes through :meth:`publish`.
         """
         done = 0
         keys, lanes, form, cfg = self._keys, self._lanes, self._form, self.config
         max_pending, max_bytes = cfg.max_pending, cfg.max_pending_bytes
         for key, data in records:
-            known = keys.get(key) if self._plain and key.__class__ is str else None
+            known = keys.get(key) if self._simple and key.__class__ is str else None
             size = len(data)
             if (
                 known is None
@@ -742,7 +744,7 @@ class OrderedPublisher:
                 raise
         finally:
             self._closing = True
-            self._plain = False
+            self._plain = self._simple = False
             if self._unwatch is not None:
                 self._unwatch()
             if self._watermarks is not None:
