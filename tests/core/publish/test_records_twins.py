@@ -14,12 +14,12 @@ from collections import deque
 from types import SimpleNamespace
 
 import pytest
+from protocol_page import golden_vectors
 
 from airflow_nats_ordered.core.publish import records
 from airflow_nats_ordered.core.publish.msg_ids import derive_msg_id
 from airflow_nats_ordered.core.stream import compiled
 from airflow_nats_ordered.core.stream.keys import key_header_line
-from tests.protocol_page import golden_vectors
 
 TWIN = "airflow_nats_ordered.core.publish._records"
 PURE = SimpleNamespace(
