@@ -48,6 +48,8 @@ batches, resends, acknowledgements: the technique and its reasons are described 
 the steady state through the one sender task of :mod:`.sender`; both use of the publisher
 only what :class:`~.lane._LaneOwner` names, and neither imports this module.
 :mod:`.msg_ids` derives the ``Nats-Msg-Id`` and names the headers every record carries;
+:mod:`.records` builds a record's wire form (its derived msg-id and frame rest in one call)
+and a window's frames, compiled where its Cython twin was built (issue 33);
 :mod:`.summary` holds :class:`PublishSummary` and :class:`PublishError`; :mod:`.sequence`
 is what the publisher calls to stamp a sequence over the whole stream (global order's).
 """
