@@ -428,6 +428,7 @@ class OrderedPublisher:
             and headers is None
             and index is None
             and key.__class__ is str
+            and data.__class__ is bytes  # the compiled form takes bytes, not any buffer
         ):
             # the common record, one step (the general path below does the same, check by
             # check): a key seen before, room in the bounds, a lane that takes it as it is
@@ -532,7 +533,13 @@ class OrderedPublisher:
         lane = self._lanes[part]
         seq = lane.summary.offset + lane.summary.accepted + 1
         rec: _Rec | None = None
-        if COMPILED and msg_id is None and not extra and not cfg.global_order:
+        if (
+            COMPILED
+            and msg_id is None
+            and not extra
+            and not cfg.global_order
+            and data.__class__ is bytes
+        ):
             # the derived msg-id, the header block and the frame rest in one call (the
             # compiled records.record_rest; the pure path formats them here, as before)
             rec = record_rest(self._form, place, kb, key_line, seq, data)
@@ -611,7 +618,8 @@ class OrderedPublisher:
         keys, lanes, form, cfg = self._keys, self._lanes, self._form, self.config
         max_pending, max_bytes = cfg.max_pending, cfg.max_pending_bytes
         for key, data in records:
-            known = keys.get(key) if self._simple and key.__class__ is str else None
+            simple = self._simple and key.__class__ is str and data.__class__ is bytes
+            known = keys.get(key) if simple else None
             size = len(data)
             if (
                 known is None

@@ -9,6 +9,7 @@ records before it were queued. One shared server, a few thousand records: quick.
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import nats
 import pytest
@@ -18,10 +19,13 @@ from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
 from airflow_nats_ordered.core.stream.partitioned import StreamSpec, provision
 
 # repeated str keys (the one-pass path), keyless, bytes and base64-form keys (publish())
-RECORDS: list[tuple[str | bytes | None, bytes]] = [
+RECORDS: list[tuple[str | bytes | None, Any]] = [
     ([f"key-{i % 41}", f"key-{i % 7}", b"bytes-key", None, " Zürich "][i % 5], b"%d:" % i * 3)
     for i in range(3_000)
 ]
+# payloads that are buffers but not bytes take the general path, with the same bytes
+RECORDS[100:110] = [(k, bytearray(d)) for k, d in RECORDS[100:110]]
+RECORDS[200:210] = [(k, memoryview(d)) for k, d in RECORDS[200:210]]
 
 
 async def _stored(nc, stream: str, n: int) -> list[tuple]:
