@@ -24,56 +24,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 HERE = Path(__file__).resolve().parent
-
-
-async def v_fastbatch(nc: Any, stream: str, recs: list[Any]) -> int:
-    """The server's baseline for goal 2: a plain fast batch per partition (gap ``fail``,
-    flow 500) of frames like the ordered publisher's (the same headers, producer line
-    included, and reply subjects of the same form and length), all built before the clock
-    starts, written in chunks of 1,000, acks ignored, one commit per partition at the end."""
-    import run
-
-    from airflow_nats_ordered.core.publish import wire
-
-    inbox = nc.new_inbox()
-    tag = inbox.rsplit(".", 1)[1][:12]
-
-    async def drop(msg: Any) -> None:
-        return None
-
-    sub = await nc.subscribe(f"{inbox}.>", cb=drop)
-    bseq: dict[str, int] = {}
-    frames = []
-    for key, subject, seq, data, mid in recs:
-        p = subject.rsplit(".", 1)[1]
-        n = bseq[subject] = bseq.get(subject, 0) + 1
-        reply = f"{inbox}.{p}.{tag}p{p}b1.500.fail.{n}.{0 if n == 1 else 1}.$FI".encode()
-        hdr = wire.header_block(
-            {
-                "Nats-Msg-Id": mid,
-                "Nats-Ordered-Key": key,
-                "Nats-Ordered-Seq": str(seq),
-                "Nats-Ordered-Producer": "bench",
-            }
-        )
-        frames.append((wire.frame(subject.encode(), reply, hdr, data), len(data)))
-    ends = []
-    for subject, n in bseq.items():
-        p = subject.rsplit(".", 1)[1]
-        reply = f"{inbox}.{p}.{tag}p{p}b1.500.fail.{n + 1}.3.$FI".encode()
-        ends.append(wire.frame(subject.encode(), reply, b"NATS/1.0\r\n\r\n", b""))
-    run.mark_start()
-    for i in range(0, len(frames), 1000):
-        chunk = frames[i : i + 1000]
-        await wire.send_frames(nc, True, [f for f, _ in chunk], sum(s for _, s in chunk), 400)
-    await wire.send_frames(nc, True, ends, 0, 20)
-    await nc.flush()
-    got = await run.wait_stored(nc, stream, len(recs))
-    await sub.unsubscribe()
-    return got
 
 
 async def child(url: str, n: int, rnd: int, profile: str | None) -> None:
@@ -82,11 +34,14 @@ async def child(url: str, n: int, rnd: int, profile: str | None) -> None:
 
     run.SERVER_PID = int(os.environ["PUB_AB_SERVER_PID"])
     run.N = n
-    run.VARIANTS["fastbatch"] = v_fastbatch
     nc = await nats.connect(url, pending_size=8 * 1024 * 1024)
     out: dict[str, dict[str, float]] = {}
+    from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
+
     names = ["raw-wire", "fastbatch", "ordered"]
-    order = names[rnd % 3 :] + names[: rnd % 3]
+    if hasattr(OrderedPublisher, "publish_many"):  # a tree with the bulk entry
+        names.append("ordered-many")
+    order = names[rnd % len(names) :] + names[: rnd % len(names)]
     for name in order:
         await asyncio.sleep(0.3)
         rate, stored, cpu_us, server_us = await run.run_variant(nc, name, rnd)
@@ -146,6 +101,14 @@ def main() -> int:
                     f"ratio {o['rate'] / w['rate']:.2f}  load {loads[-1]:.2f}",
                     flush=True,
                 )
+                if "ordered-many" in r:
+                    b = r["ordered-many"]
+                    print(
+                        f"        {Path(tree).name:12s} ordered-many {b['rate']:>8,.0f}/s "
+                        f"{b['cpu_us']:5.2f}+{b['server_us']:4.2f} us  "
+                        f"ratio {b['rate'] / w['rate']:.2f}",
+                        flush=True,
+                    )
     print(f"\nmedians of {a.rounds} rounds, N={a.n:,}, load {min(loads):.2f}..{max(loads):.2f}")
     print("(rounds where the ack-less raw-wire lost messages are left out of its figures)")
     for tree, rs in results.items():
@@ -169,6 +132,13 @@ def main() -> int:
             f"{m('fastbatch', 'cpu_us'):5.2f}+{m('fastbatch', 'server_us'):4.2f} us  "
             f"ordered / raw-wire {ratio:.2f}"
         )
+        if all("ordered-many" in r for r in rs):
+            many = statistics.median(r["ordered-many"]["rate"] / r["raw-wire"]["rate"] for r in ok)
+            print(
+                f"{Path(tree).name:12s} ordered-many {m('ordered-many', 'rate'):>8,.0f}/s "
+                f"{m('ordered-many', 'cpu_us'):5.2f}+{m('ordered-many', 'server_us'):4.2f} us  "
+                f"ordered-many / raw-wire {many:.2f}"
+            )
     return 0
 
 

@@ -46,6 +46,7 @@ from airflow_nats_ordered.core.connection import denials
 from airflow_nats_ordered.core.errors import PermissionDenied
 from airflow_nats_ordered.core.publish import wire
 from airflow_nats_ordered.core.publish.config import _MAX_BACKOFF, PublisherConfig
+from airflow_nats_ordered.core.publish.records import take_acked, window_frames
 from airflow_nats_ordered.core.publish.summary import PartitionSummary
 from airflow_nats_ordered.core.stream.partitioned import PartitionedStream
 from airflow_nats_ordered.core.stream.repartition import layout_refusal
@@ -382,19 +383,11 @@ class _Lane:
         )
         if n <= 0:
             return None
-        seq = self.batch_seq
-        head = self.head
-        payload = largest = 0
-        for _ in range(n):
-            rec = q.popleft()
-            inflight.append(rec)
-            seq += 1
-            frames.append(b"%s%d%s" % (head, seq, rec[0]))
-            payload += rec[1]
-            if rec[2] > largest:
-                largest = rec[2]
-        self.batch_seq = seq
-        return payload, largest
+        # the frames, head + batch seq + rest, in one call (records.window_frames: compiled
+        # where it was built)
+        got = window_frames(self.head, self.batch_seq, q, inflight, n, frames)
+        self.batch_seq += n
+        return got
 
     def needs_task(self) -> bool:
         """After the sender served it: must the lane's task act now (commit a full batch;
@@ -544,10 +537,7 @@ class _Lane:
         if n <= 0:
             return
         n = min(n, len(self.inflight))
-        inflight = self.inflight
-        nbytes = 0
-        for _ in range(n):
-            nbytes += inflight.popleft()[1]
+        nbytes = take_acked(self.inflight, n)
         self.acked_bseq += n
         self.summary.acked += n
         self.pub._release(n, nbytes)

@@ -48,6 +48,8 @@ batches, resends, acknowledgements: the technique and its reasons are described 
 the steady state through the one sender task of :mod:`.sender`; both use of the publisher
 only what :class:`~.lane._LaneOwner` names, and neither imports this module.
 :mod:`.msg_ids` derives the ``Nats-Msg-Id`` and names the headers every record carries;
+:mod:`.records` builds a record's wire form (its derived msg-id and frame rest in one call)
+and a window's frames, compiled where its Cython twin was built (issue 33);
 :mod:`.summary` holds :class:`PublishSummary` and :class:`PublishError`; :mod:`.sequence`
 is what the publisher calls to stamp a sequence over the whole stream (global order's).
 """
@@ -62,7 +64,7 @@ import secrets
 import string
 import time
 from binascii import hexlify
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import mmh3
@@ -87,7 +89,7 @@ from airflow_nats_ordered.core.publish.config import (
     _MAX_BACKOFF,
     PublisherConfig,
 )
-from airflow_nats_ordered.core.publish.lane import _Lane
+from airflow_nats_ordered.core.publish.lane import _Lane, _Rec
 from airflow_nats_ordered.core.publish.msg_ids import (
     HDR_MSG_ID,
     HDR_PRODUCER,
@@ -95,6 +97,7 @@ from airflow_nats_ordered.core.publish.msg_ids import (
     RESERVED_HEADERS,
     msg_id_base,
 )
+from airflow_nats_ordered.core.publish.records import COMPILED, record_rest, rest_form
 from airflow_nats_ordered.core.publish.run_layouts import OldLayout
 from airflow_nats_ordered.core.publish.sender import _Sender
 from airflow_nats_ordered.core.publish.sequence import SequenceMarks
@@ -168,6 +171,10 @@ class OrderedPublisher:
         self._flushing = False
         self._closing = False
         self._started = False
+        #: started, not closing, no old layout, no global order (_simple), and the compiled
+        #: record form (_plain): a record of a key seen before may take publish()'s one-step
+        #: path (publish_many's takes _simple)
+        self._plain = self._simple = False
         self._refused = 0
         self._flushed_at: tuple[int, int] = (-1, -1)
         self._rr = 0
@@ -193,6 +200,7 @@ class OrderedPublisher:
         self._expect_duplicates = bool(self.config.producer_id)  # a rerun, maybe
         self._producer_b = self.producer_id.encode()
         self._id_base = msg_id_base(self._producer_b)  # the derived msg-ids' common prefix
+        self._form = rest_form(self._producer_b)  # the same, and the frame rest's fixed parts
         # the header lines are %-format templates: a '%' of the producer id is escaped
         prod = b"%s: %s\r\n" % (HDR_PRODUCER.encode(), self._producer_b.replace(b"%", b"%%"))
         head = b"NATS/1.0\r\n%s: %%s\r\n" % HDR_MSG_ID.encode()
@@ -295,6 +303,8 @@ class OrderedPublisher:
             self._watermarks.start()
         self._t0 = time.monotonic()
         self._started = True
+        self._simple = self._old is None and not self.config.global_order
+        self._plain = COMPILED and self._simple
 
     def _denied(self, error: PermissionDenied) -> None:
         """The server refused a publish to a partition, or the replies' inbox: those
@@ -412,6 +422,49 @@ class OrderedPublisher:
         when it is accepted, after the wait. Delivery failures are
         reported by :meth:`flush`, not here.
         """
+        if (
+            self._plain
+            and msg_id is None
+            and headers is None
+            and index is None
+            and key.__class__ is str
+            and data.__class__ is bytes  # the compiled form takes bytes, not any buffer
+        ):
+            # the common record, one step (the general path below does the same, check by
+            # check): a key seen before, room in the bounds, a lane that takes it as it is
+            known = self._keys.get(key)
+            size = len(data)
+            if (
+                known is not None
+                and self._pending < self.config.max_pending
+                and self._pending_bytes + size <= self.config.max_pending_bytes
+            ):
+                kb, key_line, part = known
+                lane = self._lanes[part]
+                ls = lane.summary
+                if not lane.resume_left and lane.error is None:
+                    place = self._index + 1
+                    one = record_rest(
+                        self._form, place, kb, key_line, ls.offset + ls.accepted + 1, data
+                    )
+                    if one[2] <= self._max_size:  # else the general path raises
+                        self._index = place
+                        self._pending += 1
+                        self._pending_bytes += size
+                        ls.accepted += 1  # _Lane.accept, inlined
+                        q = lane.queue
+                        if not q:
+                            lane.idle.clear()
+                            if lane.parked:
+                                self._sender.kick(lane)
+                            else:
+                                lane.wake.set()
+                        q.append(one)
+                        self._since_yield += 1
+                        if self._since_yield >= 256:
+                            self._since_yield = 0
+                            await asyncio.sleep(0)
+                        return part
         if not self._started:
             raise RuntimeError("call `await publisher.start()` (or use `async with`) first")
         if self._closing:
@@ -479,24 +532,37 @@ class OrderedPublisher:
         # from here to accept() nothing awaits: the position is taken atomically
         lane = self._lanes[part]
         seq = lane.summary.offset + lane.summary.accepted + 1
-        if msg_id is None:  # msg_ids.msg_id_at, inlined
-            h = self._id_base.copy()
-            h.update(b"%d\x00%s\x00" % (place, kb))
-            h.update(data)
-            mid = hexlify(h.digest())
+        rec: _Rec | None = None
+        if (
+            COMPILED
+            and msg_id is None
+            and not extra
+            and not cfg.global_order
+            and data.__class__ is bytes
+        ):
+            # the derived msg-id, the header block and the frame rest in one call (the
+            # compiled records.record_rest; the pure path formats them here, as before)
+            rec = record_rest(self._form, place, kb, key_line, seq, data)
+            total = rec[2]
         else:
-            lane.caller_ids = True
-        if extra or cfg.global_order:  # the next global sequence: taken unless passed over
-            g = (self._next_g,) if cfg.global_order else ()
-            hdr = self._hdr_fmt % ((mid, key_line, seq) + g)
-            if extra:
-                hdr = hdr[:-2] + extra + b"\r\n"
-            hlen = len(hdr)
-        else:  # the common case: header block and frame rest in one format, below
-            hdr = None
-            sb = b"%d" % seq
-            hlen = self._hdr_len0 + len(mid) + len(key_line) + len(sb)
-        total = hlen + size
+            if msg_id is None:  # msg_ids.msg_id_at, inlined
+                h = self._id_base.copy()
+                h.update(b"%d\x00%s\x00" % (place, kb))
+                h.update(data)
+                mid = hexlify(h.digest())
+            else:
+                lane.caller_ids = True
+            if extra or cfg.global_order:  # the next global sequence: unless passed over
+                g = (self._next_g,) if cfg.global_order else ()
+                hdr = self._hdr_fmt % ((mid, key_line, seq) + g)
+                if extra:
+                    hdr = hdr[:-2] + extra + b"\r\n"
+                hlen = len(hdr)
+            else:  # header block and frame rest in one format, below
+                hdr = None
+                sb = b"%d" % seq
+                hlen = self._hdr_len0 + len(mid) + len(key_line) + len(sb)
+            total = hlen + size
         if total > self._max_size:
             raise self._too_large(kb, total)
         if self._old is not None and self._old.stored(kb, 0 if kb else turn):
@@ -514,11 +580,12 @@ class OrderedPublisher:
         self._pending_bytes += size
         # the frame after its reply subject's batch sequence (see _Rec): built once, however
         # often the record is sent
-        if hdr is None:
-            rest = self._rest_fmt % (hlen, total, mid, key_line, sb, data)
-        else:
-            rest = b".1.$FI %d %d\r\n%s%s\r\n" % (hlen, total, hdr, data)
-        rec = (rest, size, total)
+        if rec is None:
+            if hdr is None:
+                rest = self._rest_fmt % (hlen, total, mid, key_line, sb, data)
+            else:
+                rest = b".1.$FI %d %d\r\n%s%s\r\n" % (hlen, total, hdr, data)
+            rec = (rest, size, total)
         if lane.error is None:  # _Lane.accept, inlined: this runs once per record
             lane.summary.accepted += 1
             q = lane.queue
@@ -536,6 +603,61 @@ class OrderedPublisher:
             self._since_yield = 0
             await asyncio.sleep(0)
         return part
+
+    async def publish_many(self, records: Iterable[tuple[str | bytes | None, bytes]]) -> int:
+        """Queue ``(key, payload)`` records, in order; returns how many were handed over.
+
+        Exactly ``for key, data in records: await self.publish(key, data)``: the same places
+        in the input, msg-ids, partitions, positions, waits and errors (a bad record raises
+        here, after the records before it were queued, and none after it was taken). A
+        record of a key seen before with room in the bounds is queued here without a
+        coroutine of its own (as publish()'s one-step path, with the compiled or the pure
+        record form); any other record goes through :meth:`publish`.
+        """
+        done = 0
+        keys, lanes, form, cfg = self._keys, self._lanes, self._form, self.config
+        max_pending, max_bytes = cfg.max_pending, cfg.max_pending_bytes
+        for key, data in records:
+            simple = self._simple and key.__class__ is str and data.__class__ is bytes
+            known = keys.get(key) if simple else None
+            size = len(data)
+            if (
+                known is None
+                or self._pending >= max_pending
+                or self._pending_bytes + size > max_bytes
+            ):
+                await self.publish(key, data)
+                done += 1
+                continue
+            kb, key_line, part = known
+            lane = lanes[part]
+            ls = lane.summary
+            rec = None
+            if not lane.resume_left and lane.error is None:
+                place = self._index + 1
+                rec = record_rest(form, place, kb, key_line, ls.offset + ls.accepted + 1, data)
+            if rec is None or rec[2] > self._max_size:
+                await self.publish(key, data)  # it passes over, fails or refuses the record
+                done += 1
+                continue
+            self._index = place
+            self._pending += 1
+            self._pending_bytes += size
+            ls.accepted += 1  # _Lane.accept, inlined
+            q = lane.queue
+            if not q:
+                lane.idle.clear()
+                if lane.parked:
+                    self._sender.kick(lane)
+                else:
+                    lane.wake.set()
+            q.append(rec)
+            done += 1
+            self._since_yield += 1
+            if self._since_yield >= 256:
+                self._since_yield = 0
+                await asyncio.sleep(0)
+        return done
 
     def _too_large(self, kb: bytes, size: int) -> RecordTooLargeError:
         self._refused += 1
@@ -632,6 +754,7 @@ class OrderedPublisher:
                 raise
         finally:
             self._closing = True
+            self._plain = self._simple = False
             if self._unwatch is not None:
                 self._unwatch()
             if self._watermarks is not None:
