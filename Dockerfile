@@ -28,7 +28,7 @@ RUN apt-get update \
     && apt-get install -y --no-install-recommends gcc libc6-dev \
     && pip install --no-cache-dir ".[airflow,spark,demo]" \
         "apache-airflow==${AIRFLOW_VERSION}" "psycopg2-binary>=2.9.10,<3" \
-    && python -c "from airflow_nats_ordered.core.stream import compiled, reader; import sys; sys.exit(0 if all(compiled.status().values()) else 'the compiled fast path was not built')" \
+    && python -c "import sys; from airflow_nats_ordered.core.stream import compiled; sys.exit(0 if all(compiled.load(n) for n in compiled.TWINS) else 'the compiled fast path was not built')" \
     && apt-get purge -y gcc libc6-dev && apt-get autoremove -y \
     && rm -rf /var/lib/apt/lists/*
 

@@ -19,6 +19,13 @@ from types import ModuleType
 #: the environment variable that turns the compiled fast path off
 NO_EXTENSIONS = "NATS_ORDERED_NO_EXTENSIONS"
 
+#: every compiled twin of the package (tests/test_compiled.py checks this against the .pyx
+#: files; the Dockerfile's build fails if one of them was not built)
+TWINS = (
+    "airflow_nats_ordered.core.stream._frames",
+    "airflow_nats_ordered.core.publish._records",
+)
+
 _loaded: dict[str, bool] = {}
 
 
