@@ -47,7 +47,7 @@ demo: venv
 	$(BIN)/python -m airflow_nats_ordered.demo
 
 bench: venv
-	$(BIN)/python bench/run.py && $(BIN)/python bench/worker_bench.py && $(BIN)/python bench/drain_bench.py && $(BIN)/python bench/spark_bench.py && $(BIN)/python bench/global_bench.py
+	$(BIN)/python bench/compiled_bench.py && $(BIN)/python bench/run.py && $(BIN)/python bench/worker_bench.py && $(BIN)/python bench/drain_bench.py && $(BIN)/python bench/spark_bench.py && $(BIN)/python bench/global_bench.py
 
 # how cost grows with members, partitions and input size (issue 19 item 5): separate from
 # `make bench`, which already takes over 10 minutes; the 10M-record publisher run alone
