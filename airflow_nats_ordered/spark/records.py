@@ -208,13 +208,53 @@ def _column_json(column: pa.Array) -> list[str]:
     return [_dumps(v) for v in values]
 
 
+#: what ``json.dumps(..., ensure_ascii=False)`` escapes in a string (json.encoder.ESCAPE):
+#: a string column without any of these is its value between quotes (RE2 syntax)
+_NEEDS_ESCAPE = r'[\x00-\x1f"\\]'
+
+
+def _column_json_arrow(column: pa.Array) -> pa.Array:
+    """:func:`_column_json` as an Arrow string array, computed by Arrow kernels for the
+    common types (strings without a character to escape, integers, booleans); the rest, and
+    a string column with any character to escape, are encoded in Python value by value."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    t = column.type
+    if (
+        pa.types.is_string(t)
+        and not pc.any(pc.match_substring_regex(column, _NEEDS_ESCAPE)).as_py()
+    ):
+        text = pc.binary_join_element_wise('"', column, '"', "")
+    elif pa.types.is_integer(t):
+        text = pc.cast(column, pa.string())  # exact decimal digits, as str(int)
+    elif pa.types.is_boolean(t):
+        text = pc.if_else(column, "true", "false")
+    else:
+        return pa.array(_column_json(column), pa.string())
+    return pc.fill_null(text, "null") if column.null_count else text
+
+
 def rows_as_json(batch: pa.RecordBatch, columns: list[str]) -> list[bytes]:
     """Each row of ``batch`` (``columns`` only, in that order) as compact JSON: exactly
     ``json.dumps(row, separators=(",", ":"), ensure_ascii=False)`` with ISO 8601 dates and
-    times, decimals as strings and binary as base64."""
-    template = "{" + ",".join(f"{encode_basestring(c)}:%s" for c in columns) + "}"
-    texts = [_column_json(batch.column(c)) for c in columns]
-    return [(template % row).encode() for row in zip(*texts, strict=True)]
+    times, decimals as strings and binary as base64. Built a column at a time by Arrow's
+    string kernels (one concatenation of the columns' JSON texts between the names), so
+    Python touches each row once, to take its bytes."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if not columns or batch.num_rows == 0:
+        return [b"{}"] * batch.num_rows
+    parts: list[Any] = []
+    sep = "{"
+    for c in columns:
+        parts.append(f"{sep}{encode_basestring(c)}:")
+        parts.append(_column_json_arrow(batch.column(c)))
+        sep = ","
+    parts.append("}")
+    joined = pc.binary_join_element_wise(*parts, "")
+    return pc.cast(joined, pa.binary()).to_pylist()
 
 
 def _key(values: tuple[Any, ...]) -> tuple[tuple[bool, Any], ...]:

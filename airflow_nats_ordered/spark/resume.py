@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -263,6 +263,95 @@ class ResumingPublisher(OrderedPublisher):
                     pos,
                 )
         return part
+
+    def derive_ids(
+        self,
+        keys: Sequence[str | bytes | None],
+        payloads: Sequence[bytes],
+        parts: Sequence[int | None],
+        ranks: Sequence[int | None],
+    ) -> list[str]:
+        """The derived msg-ids of a batch of routed rows, as :meth:`publish` computes them
+        row by row (each row takes its rank, also one the core refuses afterwards), in one
+        loop without a call per row."""
+        base, counts, keyless = self._base, self._ranks, self._keyless
+        ranked = self._ranked
+        out: list[str] = []
+        append = out.append
+        for key, data, part, rank in zip(keys, payloads, parts, ranks, strict=True):
+            if key:
+                kb = key.encode() if isinstance(key, str) else bytes(key)
+                if part is not None and part != ranked:
+                    counts.clear()  # a key's rows are all in one NATS partition
+                    ranked = part
+                if rank is None:
+                    rank = counts.get(kb, 0) + 1
+                counts[kb] = rank
+            else:
+                kb = b""
+                keyless += 1
+                rank = keyless
+            h = base.copy()  # msg_ids.msg_id_at, inlined
+            h.update(b"%d\x00%s\x00" % (rank, kb))
+            h.update(data)
+            append(h.hexdigest())
+        self._keyless, self._ranked = keyless, ranked
+        return out
+
+    def resuming(self, parts: Iterable[int | None]) -> bool:
+        """Whether any of ``parts`` has positions to pass over or check (:meth:`publish`
+        then checks them row by row)."""
+        return bool(self.resume) and any(p in self.resume for p in set(parts))
+
+    async def publish_routed(
+        self,
+        keys: Sequence[str | bytes | None],
+        payloads: Sequence[bytes],
+        parts: Sequence[int | None],
+        ranks: Sequence[int | None],
+        refused: Callable[[int, RecordError], None],
+    ) -> None:
+        """:meth:`publish` for a batch of routed rows without headers or caller msg-ids, in
+        NATS partitions with nothing to pass over (see :meth:`resuming`): the msg-ids are
+        derived for the whole batch (:meth:`derive_ids`), each row goes to the core's
+        ``publish`` directly, and positions and digests are kept per run of one partition's
+        rows rather than per row (the same digests: the msg-ids of the accepted rows, in
+        order). ``refused(i, error)`` is called for row ``i`` the core refuses (it takes no
+        position)."""
+        mids = self.derive_ids(keys, payloads, parts, ranks)
+        core = _core_publish
+        positions, hashes = self._positions, self._hashes
+        run: list[str] = []  # msg-ids of the accepted rows of partition ``cur``, in order
+        cur = -1
+
+        def done() -> None:
+            if run:
+                positions[cur] = positions.get(cur, 0) + len(run)
+                h = hashes.get(cur)
+                if h is None:
+                    h = hashes[cur] = hashlib.blake2b(digest_size=16)
+                h.update(("\n".join(run) + "\n").encode())
+                run.clear()
+
+        try:
+            for i, (key, data, mid, partition) in enumerate(
+                zip(keys, payloads, mids, parts, strict=True)
+            ):
+                try:
+                    part = await core(self, key, data, msg_id=mid)
+                except RecordError as exc:
+                    refused(i, exc)
+                    continue
+                if part != cur:
+                    done()
+                    cur = part
+                    if key and part != partition:  # RoutingCheck compared them
+                        raise RuntimeError(f"key {key!r} went to partition {part}, not {partition}")
+                elif key and part != partition:
+                    raise RuntimeError(f"key {key!r} went to partition {part}, not {partition}")
+                run.append(mid)
+        finally:
+            done()
 
     def check_prefixes_read(self) -> None:
         """At the end of the task's input: every partition it holds had at least its stored

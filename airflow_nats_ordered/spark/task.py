@@ -41,7 +41,7 @@ from airflow_nats_ordered.core.errors import RecordError
 from airflow_nats_ordered.core.publish.runs import _REASONS, Refusals
 from airflow_nats_ordered.spark.options import PARTITION_COLUMN, SinkOptions
 from airflow_nats_ordered.spark.preflight import last_seq, publisher_config
-from airflow_nats_ordered.spark.records import BatchRecords, SparkRecord
+from airflow_nats_ordered.spark.records import BatchColumns, BatchRecords, SparkRecord
 from airflow_nats_ordered.spark.resume import (
     ResumingPublisher,
     own_positions,
@@ -94,11 +94,21 @@ async def _publish_batches(
     The next batch is read in a thread while the publisher sends."""
     it = iter(batches)
     publish = pub.publish
+    fast = pub.track and maker.routed and not maker.has_headers and not msg_id_field
     while True:
         batch = await asyncio.to_thread(next, it, None)
         if batch is None:
             return
         c = maker.columns(batch)
+        if fast and not pub.resuming(c.parts):
+            # routed rows without headers or caller msg-ids: a batch at a time
+            def refused(i: int, exc: RecordError, c: BatchColumns = c) -> None:
+                reason = next(r for t, r in _REASONS if isinstance(exc, t))
+                rec = SparkRecord(c.keys[i], c.payloads[i], None, None, maker.task, c.first + i)
+                refusals.add(reason, rec, str(exc))
+
+            await pub.publish_routed(c.keys, c.payloads, c.parts, c.ranks, refused)
+            continue
         for i, (key, data, mid, hdr, part, rank) in enumerate(
             zip(c.keys, c.payloads, c.ids, c.headers, c.parts, c.ranks, strict=True)
         ):
