@@ -675,8 +675,8 @@ class OrderedPublisher:
         parts: list[int],
         refused: Callable[[int, RecordError], None] | None = None,
     ) -> None:
-        """Queue records at given places in the input: exactly ``publish(keys[i],
-        payloads[i], index=places[i])`` for each ``i`` in order (the same msg-ids,
+        """Queue records at given places in the input: exactly ``OrderedPublisher.publish(
+        keys[i], payloads[i], index=places[i])`` for each ``i`` in order (the same msg-ids,
         partitions, positions, waits and refusals), handing back what a caller keeping its
         own record of the run needs without deriving it again.
 
@@ -731,8 +731,9 @@ class OrderedPublisher:
                             await asyncio.sleep(0)
                         continue
                     ids.pop()  # too large: the general path refuses it
-            try:  # it waits, passes over, fails or refuses the record
-                part = await self.publish(key, data, index=place)
+            try:  # it waits, passes over, fails or refuses the record (this class's
+                # publish(), not a subclass's: the caller keeps its own record of the run)
+                part = await OrderedPublisher.publish(self, key, data, index=place)
             except RecordError as exc:
                 if refused is None:
                     raise
