@@ -56,13 +56,14 @@ def child(url, n, tree):
                         lambda i, e: None,
                     )
                 await pub.close()
+                assert pub.summary is not None and pub.summary.acked == n
             else:
-                pub = OrderedPublisher(nc, s, PublisherConfig(producer_id="run"))
-                await pub.start()
-                await pub.publish_many(zip(keys, pays, strict=False))
-                await pub.close()
+                core = OrderedPublisher(nc, s, PublisherConfig(producer_id="run"))
+                await core.start()
+                await core.publish_many(zip(keys, pays, strict=True))
+                await core.close()
+                assert core.summary is not None and core.summary.acked == n
             out[variant] = ((time.process_time() - c0) / n * 1e6, n / (time.monotonic() - t0))
-            assert pub.summary.acked == n
             await nc.jetstream().delete_stream(s)
         await nc.close()
         return out
@@ -80,7 +81,7 @@ if __name__ == "__main__":
     from airflow_nats_ordered.embedded.servers import NatsServer
 
     with tempfile.TemporaryDirectory() as d, NatsServer(Path(d) / "n") as s:
-        res = {t: [] for t in trees}
+        res: dict[str, list[dict[str, list[float]]]] = {t: [] for t in trees}
         for r in range(rounds):
             for t in trees if r % 2 == 0 else trees[::-1]:
                 env = dict(os.environ, PYTHONPATH=t)

@@ -57,13 +57,17 @@ async def _run(url: str, stream: str, placed: bool) -> dict[str, Any]:
             payloads = [d for _, d in RECORDS]
             half = 1_500
             for lo, hi in ((0, half), (half, len(RECORDS))):
+
+                def note(i: int, e: RecordError, lo: int = lo) -> None:
+                    refused.append((lo + i, type(e)))
+
                 await pub.publish_placed(
                     keys[lo:hi],
                     payloads[lo:hi],
                     PLACES[lo:hi],
                     ids=ids,
                     parts=parts,
-                    refused=lambda i, e, lo=lo: refused.append((lo + i, type(e))),
+                    refused=note,
                 )
         else:
             for i, ((key, data), place) in enumerate(zip(RECORDS, PLACES, strict=True)):
@@ -80,7 +84,7 @@ async def _run(url: str, stream: str, placed: bool) -> dict[str, Any]:
     stored = []
     for seq in range(1, info.state.messages + 1):
         msg = await js.get_msg(stream, seq)
-        stored.append((msg.subject.rsplit(".", 1)[1], msg.headers, msg.data))
+        stored.append((str(msg.subject).rsplit(".", 1)[1], msg.headers, msg.data))
     await nc.close()
     return {
         "stored": sorted(stored, key=lambda m: m[0]),  # per partition, in order
