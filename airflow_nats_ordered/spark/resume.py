@@ -264,37 +264,33 @@ class ResumingPublisher(OrderedPublisher):
                 )
         return part
 
-    def derive_ids(
+    def rank_rows(
         self,
         keys: Sequence[str | bytes | None],
-        payloads: Sequence[bytes],
         parts: Sequence[int | None],
         ranks: Sequence[int | None],
-    ) -> list[str]:
-        """The derived msg-ids of a batch of routed rows, as :meth:`publish` computes them
-        row by row (each row takes its rank, also one the core refuses afterwards), in one
-        loop without a call per row."""
-        base, counts, keyless = self._base, self._ranks, self._keyless
-        ranked = self._ranked
-        out: list[str] = []
+    ) -> list[int]:
+        """The places of a batch of routed rows in the run's input, as :meth:`publish`
+        takes them row by row: each row's rank among its key's rows (keyless rows: among
+        the keyless rows), also for a row the core refuses afterwards."""
+        counts, keyless, ranked = self._ranks, self._keyless, self._ranked
+        out: list[int] = []
         append = out.append
-        for key, data, part, rank in zip(keys, payloads, parts, ranks, strict=True):
+        get = counts.get
+        for key, part, rank in zip(keys, parts, ranks, strict=True):
             if key:
-                kb = key.encode() if isinstance(key, str) else bytes(key)
+                kb = key.encode() if key.__class__ is str else bytes(key)  # type: ignore[arg-type]
                 if part is not None and part != ranked:
                     counts.clear()  # a key's rows are all in one NATS partition
+                    get = counts.get
                     ranked = part
                 if rank is None:
-                    rank = counts.get(kb, 0) + 1
+                    rank = get(kb, 0) + 1
                 counts[kb] = rank
             else:
-                kb = b""
                 keyless += 1
                 rank = keyless
-            h = base.copy()  # msg_ids.msg_id_at, inlined
-            h.update(b"%d\x00%s\x00" % (rank, kb))
-            h.update(data)
-            append(h.hexdigest())
+            append(rank)
         self._keyless, self._ranked = keyless, ranked
         return out
 
@@ -312,46 +308,68 @@ class ResumingPublisher(OrderedPublisher):
         refused: Callable[[int, RecordError], None],
     ) -> None:
         """:meth:`publish` for a batch of routed rows without headers or caller msg-ids, in
-        NATS partitions with nothing to pass over (see :meth:`resuming`): the msg-ids are
-        derived for the whole batch (:meth:`derive_ids`), each row goes to the core's
-        ``publish`` directly, and positions and digests are kept per run of one partition's
-        rows rather than per row (the same digests: the msg-ids of the accepted rows, in
-        order). ``refused(i, error)`` is called for row ``i`` the core refuses (it takes no
-        position)."""
-        mids = self.derive_ids(keys, payloads, parts, ranks)
-        core = _core_publish
-        positions, hashes = self._positions, self._hashes
-        run: list[str] = []  # msg-ids of the accepted rows of partition ``cur``, in order
-        cur = -1
+        NATS partitions with nothing to pass over (see :meth:`resuming`): the rows' places
+        (:meth:`rank_rows`) go to the core's ``publish_placed``, which derives each msg-id
+        as ``publish(..., index=rank)`` does (the same id the row-by-row path derives and
+        hands over) and gives the ids back, and positions and digests are kept per run of
+        one partition's rows rather than per row (the same digests: the msg-ids of the
+        accepted rows, in order). ``refused(i, error)`` is called for row ``i`` the core
+        refuses (it takes no position)."""
+        places = self.rank_rows(keys, parts, ranks)
+        ids: list[bytes] = []
+        got: list[int] = []
+        out: list[int] = []  # the refused rows
 
-        def done() -> None:
-            if run:
-                positions[cur] = positions.get(cur, 0) + len(run)
-                h = hashes.get(cur)
-                if h is None:
-                    h = hashes[cur] = hashlib.blake2b(digest_size=16)
-                h.update(("\n".join(run) + "\n").encode())
-                run.clear()
+        def refuse(i: int, exc: RecordError) -> None:
+            out.append(i)
+            refused(i, exc)
 
         try:
-            for i, (key, data, mid, partition) in enumerate(
-                zip(keys, payloads, mids, parts, strict=True)
-            ):
-                try:
-                    part = await core(self, key, data, msg_id=mid)
-                except RecordError as exc:
-                    refused(i, exc)
-                    continue
-                if part != cur:
-                    done()
-                    cur = part
-                    if key and part != partition:  # RoutingCheck compared them
-                        raise RuntimeError(f"key {key!r} went to partition {part}, not {partition}")
-                elif key and part != partition:
-                    raise RuntimeError(f"key {key!r} went to partition {part}, not {partition}")
-                run.append(mid)
+            await self.publish_placed(keys, payloads, places, ids=ids, parts=got, refused=refuse)
         finally:
-            done()
+            self._keep(keys, parts, ids, got, out)
+
+    def _keep(
+        self,
+        keys: Sequence[str | bytes | None],
+        parts: Sequence[int | None],
+        ids: list[bytes],
+        got: list[int],
+        refused: list[int],
+    ) -> None:
+        """Positions and digests of the rows ``publish_placed`` took (partitions ``got``,
+        msg-ids ``ids``), per run of one partition's rows; each keyed row's partition
+        checked against its ``nats_partition`` (``parts``)."""
+        n = len(got)
+        if not n:
+            return
+        expect = list(parts)
+        if refused:
+            gone = set(refused)
+            expect = [p for i, p in enumerate(expect) if i not in gone]
+            keys = [k for i, k in enumerate(keys) if i not in gone]
+        if got != expect:  # a keyless row's partition is round-robin: check keyed rows
+            for key, part, want in zip(keys, got, expect, strict=True):
+                if key and part != want:  # RoutingCheck compared them
+                    raise RuntimeError(f"key {key!r} went to partition {part}, not {want}")
+        positions, hashes = self._positions, self._hashes
+        first = got[0]
+        if got.count(first) == n:  # the common batch: one partition's rows
+            runs = [(first, 0, n)]
+        else:
+            runs = []
+            start = 0
+            for j in range(1, n):
+                if got[j] != got[j - 1]:
+                    runs.append((got[start], start, j))
+                    start = j
+            runs.append((got[start], start, n))
+        for part, lo, hi in runs:
+            positions[part] = positions.get(part, 0) + hi - lo
+            h = hashes.get(part)
+            if h is None:
+                h = hashes[part] = hashlib.blake2b(digest_size=16)
+            h.update(b"\n".join(ids[lo:hi]) + b"\n")
 
     def check_prefixes_read(self) -> None:
         """At the end of the task's input: every partition it holds had at least its stored

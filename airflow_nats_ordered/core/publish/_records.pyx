@@ -250,6 +250,21 @@ def record_rest(RestForm form not None, unsigned long long place, bytes kb not N
     return (out, size, total)
 
 
+def record_rest_id(RestForm form not None, unsigned long long place, bytes kb not None,
+                   bytes key_line not None, unsigned long long seq, bytes data not None,
+                   list ids not None):
+    """:func:`record_rest`, and the record's derived msg-id (hex, as bytes) appended to
+    ``ids`` (taken from the frame: one digest per record)."""
+    cdef tuple rec = record_rest(form, place, kb, key_line, seq, data)
+    cdef bytes rest = <bytes>rec[0]
+    cdef const char *r = PyBytes_AS_STRING(rest)
+    cdef Py_ssize_t i = 7
+    while r[i] != 10:  # the end of ".1.$FI <hdr len> <total len>\r\n"
+        i += 1
+    ids.append(PyBytes_FromStringAndSize(r + i + 1 + PyBytes_GET_SIZE(_PRE), ID_LEN))
+    return rec
+
+
 def window_frames(bytes head not None, Py_ssize_t seq, object queue, object inflight,
                   Py_ssize_t n, list frames not None):
     """Move ``n`` records from the head of ``queue`` to the end of ``inflight`` and append

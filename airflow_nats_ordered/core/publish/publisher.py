@@ -64,7 +64,7 @@ import secrets
 import string
 import time
 from binascii import hexlify
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import mmh3
@@ -97,7 +97,13 @@ from airflow_nats_ordered.core.publish.msg_ids import (
     RESERVED_HEADERS,
     msg_id_base,
 )
-from airflow_nats_ordered.core.publish.records import COMPILED, record_rest, rest_form
+from airflow_nats_ordered.core.publish.records import (
+    COMPILED,
+    record_rest,
+    record_rest_id,
+    rest_form,
+)
+from airflow_nats_ordered.core.publish.records import msg_id as derived_id
 from airflow_nats_ordered.core.publish.run_layouts import OldLayout
 from airflow_nats_ordered.core.publish.sender import _Sender
 from airflow_nats_ordered.core.publish.sequence import SequenceMarks
@@ -658,6 +664,84 @@ class OrderedPublisher:
                 self._since_yield = 0
                 await asyncio.sleep(0)
         return done
+
+    async def publish_placed(
+        self,
+        keys: Sequence[str | bytes | None],
+        payloads: Sequence[bytes],
+        places: Sequence[int],
+        *,
+        ids: list[bytes],
+        parts: list[int],
+        refused: Callable[[int, RecordError], None] | None = None,
+    ) -> None:
+        """Queue records at given places in the input: exactly ``OrderedPublisher.publish(
+        keys[i], payloads[i], index=places[i])`` for each ``i`` in order (the same msg-ids,
+        partitions, positions, waits and refusals), handing back what a caller keeping its
+        own record of the run needs without deriving it again.
+
+        For every record ``publish`` would return for (accepted, or passed over on resume),
+        its partition is appended to ``parts`` and its derived msg-id (hex, as bytes) to
+        ``ids``. A refused record (:class:`RecordError`) is reported to ``refused(i,
+        error)`` and the next one goes on (without ``refused`` it raises, after the records
+        before it were queued). A record of a key seen before with room in the bounds is
+        queued here without a coroutine of its own, its msg-id taken from its frame (one
+        digest per record); any other through :meth:`publish`.
+        """
+        keycache, lanes, form, cfg = self._keys, self._lanes, self._form, self.config
+        max_pending, max_bytes = cfg.max_pending, cfg.max_pending_bytes
+        add_part = parts.append
+        for i, (key, data, place) in enumerate(zip(keys, payloads, places, strict=True)):
+            known = (
+                keycache.get(key)
+                if self._simple and key.__class__ is str and data.__class__ is bytes
+                else None
+            )
+            if known is not None and place.__class__ is int and place > 0:
+                size = len(data)
+                kb, key_line, part = known
+                lane = lanes[part]
+                ls = lane.summary
+                if (
+                    self._pending < max_pending
+                    and self._pending_bytes + size <= max_bytes
+                    and not lane.resume_left
+                    and lane.error is None
+                ):
+                    rec = record_rest_id(
+                        form, place, kb, key_line, ls.offset + ls.accepted + 1, data, ids
+                    )
+                    if rec[2] <= self._max_size:
+                        self._index = place
+                        self._pending += 1
+                        self._pending_bytes += size
+                        ls.accepted += 1  # _Lane.accept, inlined
+                        q = lane.queue
+                        if not q:
+                            lane.idle.clear()
+                            if lane.parked:
+                                self._sender.kick(lane)
+                            else:
+                                lane.wake.set()
+                        q.append(rec)
+                        add_part(part)
+                        self._since_yield += 1
+                        if self._since_yield >= 256:
+                            self._since_yield = 0
+                            await asyncio.sleep(0)
+                        continue
+                    ids.pop()  # too large: the general path refuses it
+            try:  # it waits, passes over, fails or refuses the record (this class's
+                # publish(), not a subclass's: the caller keeps its own record of the run)
+                part = await OrderedPublisher.publish(self, key, data, index=place)
+            except RecordError as exc:
+                if refused is None:
+                    raise
+                refused(i, exc)
+                continue
+            kb = key.encode() if key.__class__ is str else bytes(key or b"")  # type: ignore[arg-type]
+            ids.append(derived_id(form, place, kb, bytes(data)))
+            add_part(part)
 
     def _too_large(self, kb: bytes, size: int) -> RecordTooLargeError:
         self._refused += 1

@@ -5,7 +5,7 @@
 The pure-Python reference of the compiled fast path's ``_records`` twin (issue 33, goals 2
 and 4; :mod:`..stream.compiled`): at import this module takes the twin's functions when it
 was built and ``NATS_ORDERED_NO_EXTENSIONS`` is not set; the pure ones stay importable as
-``rest_form_py``, ``msg_id_py``, ``record_rest_py``, ``window_frames_py`` and
+``rest_form_py``, ``msg_id_py``, ``record_rest_py``, ``record_rest_id_py``, ``window_frames_py`` and
 ``take_acked_py``, and both run
 the same golden vectors (``tests/core/publish/test_records_twins.py``). The bytes are the
 wire protocol's: the msg-id of ``docs/protocol.md`` section 6 and the header block of
@@ -78,6 +78,23 @@ def record_rest_py(form: Any, place: int, kb: bytes, key_line: bytes, seq: int, 
     return form.fmt % (hlen, total, mid, key_line, sb, data), size, total
 
 
+def record_rest_id_py(
+    form: Any, place: int, kb: bytes, key_line: bytes, seq: int, data: bytes, ids: list[bytes]
+) -> Rec:
+    """:func:`record_rest_py`, and the record's derived msg-id (hex, as bytes) appended to
+    ``ids``."""
+    h = form.base.copy()
+    h.update(b"%d\x00%s\x00" % (place, kb))
+    h.update(data)
+    mid = hexlify(h.digest())
+    ids.append(mid)
+    sb = b"%d" % seq
+    size = len(data)
+    hlen = form.len0 + len(mid) + len(key_line) + len(sb)
+    total = hlen + size
+    return form.fmt % (hlen, total, mid, key_line, sb, data), size, total
+
+
 def window_frames_py(
     head: bytes, seq: int, queue: deque[Rec], inflight: deque[Rec], n: int, frames: list[bytes]
 ) -> tuple[int, int]:
@@ -107,6 +124,7 @@ def take_acked_py(inflight: deque[Rec], n: int) -> int:
 rest_form = rest_form_py
 msg_id = msg_id_py
 record_rest = record_rest_py
+record_rest_id = record_rest_id_py
 window_frames = window_frames_py
 take_acked = take_acked_py
 
@@ -115,6 +133,7 @@ if _twin is not None:
     rest_form = _twin.rest_form
     msg_id = _twin.msg_id
     record_rest = _twin.record_rest
+    record_rest_id = _twin.record_rest_id
     window_frames = _twin.window_frames
     take_acked = _twin.take_acked
 
@@ -126,6 +145,8 @@ __all__ = [
     "msg_id",
     "msg_id_py",
     "record_rest",
+    "record_rest_id",
+    "record_rest_id_py",
     "record_rest_py",
     "rest_form",
     "rest_form_py",
