@@ -92,6 +92,8 @@ with DAG(
 """
 
 
+# a real dag-processor parsing a DAG file (about 1 min): make test-slow
+@pytest.mark.slow
 def test_a_dag_parsed_by_the_dag_processor_with_credentials_in_a_nats_uri_fails_its_import(
     tmp_path,
 ) -> None:

@@ -47,6 +47,8 @@ with DAG(dag_id="{dag_id}", schedule=None, start_date=dt.datetime(2013, 1, 1)) a
 """
 
 
+# spark-submit through the operator, its own JVM (about 1-2 min): make test-slow
+@pytest.mark.slow
 def test_spark_publish_task_pushes_the_runs_marks_from_the_ledger(
     nats_url, unique_name, monkeypatch, tmp_path
 ):

@@ -36,6 +36,8 @@ def _nats_ordered(env: dict[str, str], *args: str) -> subprocess.CompletedProces
     )
 
 
+# real `airflow db migrate` and `airflow connections add` processes (1-1.5 min): test-slow
+@pytest.mark.slow
 def test_conn_id_reads_a_connection_added_with_airflow_connections_add(
     tmp_path: Path, auth_server, unique_name
 ):
