@@ -15,7 +15,7 @@ allowed and counted. The kills:
    it takes one whatever its remaining lifetime). Before the fix the message was acked
    without an asset event: the loss of issue 28 item 8 (an early sequence missing, the
    ack floor past it, nothing pending). Another triggerer takes the trigger over once
-   the killed one's heartbeat expires (``[triggerer] triggerer_health_check_threshold``, 3 s here).
+   the killed one's heartbeat expires (``[triggerer] triggerer_health_check_threshold``, 6 s here).
 2. **Stalled mid hand-over, then ``kill -9`` of all its processes.** The triggerer
    holding the trigger is stopped (SIGSTOP of the ``airflow triggerer`` process) right
    after its log shows an event fired; large messages then fill the runner's log
