@@ -67,15 +67,7 @@ def record_rest_py(form: Any, place: int, kb: bytes, key_line: bytes, seq: int, 
     bytes)``; the rest is ``.1.$FI <hdr len> <total len>\\r\\n<header block><payload>\\r\\n``
     with the derived msg-id of ``place``, ``kb`` and ``data``, the key's header line
     ``key_line`` (empty for a keyless record) and ``Nats-Ordered-Seq: <seq>``."""
-    h = form.base.copy()
-    h.update(b"%d\x00%s\x00" % (place, kb))
-    h.update(data)
-    mid = hexlify(h.digest())
-    sb = b"%d" % seq
-    size = len(data)
-    hlen = form.len0 + len(mid) + len(key_line) + len(sb)
-    total = hlen + size
-    return form.fmt % (hlen, total, mid, key_line, sb, data), size, total
+    return _rest(form, msg_id_py(form, place, kb, data), key_line, seq, data)
 
 
 def record_rest_id_py(
@@ -83,11 +75,13 @@ def record_rest_id_py(
 ) -> Rec:
     """:func:`record_rest_py`, and the record's derived msg-id (hex, as bytes) appended to
     ``ids``."""
-    h = form.base.copy()
-    h.update(b"%d\x00%s\x00" % (place, kb))
-    h.update(data)
-    mid = hexlify(h.digest())
+    mid = msg_id_py(form, place, kb, data)
     ids.append(mid)
+    return _rest(form, mid, key_line, seq, data)
+
+
+def _rest(form: Any, mid: bytes, key_line: bytes, seq: int, data: bytes) -> Rec:
+    """The lane's ``_Rec`` of a record whose msg-id is ``mid``."""
     sb = b"%d" % seq
     size = len(data)
     hlen = form.len0 + len(mid) + len(key_line) + len(sb)
