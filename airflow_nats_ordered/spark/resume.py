@@ -175,9 +175,14 @@ class ResumingPublisher(OrderedPublisher):
         label: str,
         track: bool = True,
         stored_at_start: Mapping[int, int] | None = None,
+        fence: Mapping[int, int] | None = None,
     ) -> None:
         super().__init__(
-            nc, stream, config, start_after={p: r.count for p, r in resume.items() if r.count}
+            nc,
+            stream,
+            config,
+            start_after={p: r.count for p, r in resume.items() if r.count},
+            fence=fence,
         )
         self.resume = dict(resume)
         self.run = run

@@ -155,9 +155,15 @@ async def publish_task(
     routed = PARTITION_COLUMN in schema_names
     producer = run_producer_id if routed else f"{run_producer_id}.t{task}"
     resume = {}
+    fence: dict[int, int] | None = None
     if routed:  # what earlier attempts of this job (a task retry) stored counts too
         tails = await stored_tails(nc, options.stream, run_producer_id)
         resume = resume_points(previous, own_positions(tails, after))
+        # a failed attempt of this task can go on storing rows after this one read the
+        # tails (its writer outlives the failure): each partition's first stored row
+        # expects its subject to end where it ends now, and what was stored since is
+        # passed over (the core publisher's fence), not sent again past the window
+        fence = {p: t.seq for p, t in tails.items()}
     seq_before = -1 if routed else await last_seq(nc, options.stream)
     pub = ResumingPublisher(
         nc,
@@ -168,6 +174,7 @@ async def publish_task(
         label=label,
         track=routed,
         stored_at_start=stored_at_start,
+        fence=fence,
     )
     await pub.start()
     maker = BatchRecords(

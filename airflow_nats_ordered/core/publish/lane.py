@@ -41,11 +41,14 @@ from typing import Any, Protocol
 
 from nats.aio.client import Client as NATS
 from nats.errors import Error as NatsError
+from nats.js.errors import NotFoundError
 
 from airflow_nats_ordered.core.connection import denials
+from airflow_nats_ordered.core.connection.api import jetstream
 from airflow_nats_ordered.core.errors import PermissionDenied
 from airflow_nats_ordered.core.publish import wire
 from airflow_nats_ordered.core.publish.config import _MAX_BACKOFF, PublisherConfig
+from airflow_nats_ordered.core.publish.msg_ids import HDR_MSG_ID, HDR_PRODUCER, HDR_SEQ
 from airflow_nats_ordered.core.publish.records import take_acked, window_frames
 from airflow_nats_ordered.core.publish.summary import PartitionSummary
 from airflow_nats_ordered.core.stream.partitioned import PartitionedStream
@@ -58,6 +61,9 @@ log = logging.getLogger("airflow_nats_ordered.core.publish.publisher")
 _ERR_BATCH_UNKNOWN = 10208  # the batch is gone (abandoned, leader change): start another
 _ERR_FAST_BATCH_DISABLED = 10205  # the stream's allow_batched is off
 _ERR_TOO_MANY_BATCHES = 10211  # HTTP 429: the stream has 1,000 batches open; retry later
+_ERR_WRONG_LAST_SEQ = 10071  # a Nats-Expected-Last-Subject-Sequence did not hold
+#: the header of a lane's fenced first message (see _Lane.fence)
+HDR_EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
 # steps of a lane in a row that changed nothing before it yields to the event loop at each
 # (a flush wakes an idle lane for one such step; the spin of issue 28 item 2 made millions)
 _IDLE_STEPS_BEFORE_YIELD = 100
@@ -78,6 +84,33 @@ class _Fatal(Exception):
 
 class _NoStream(Exception):
     """A reply without a body (a 503 no-responders status): no stream takes the subject."""
+
+
+class _Fenced(Exception):
+    """The lane's fenced first message was refused: the partition's subject holds messages
+    stored after the sequence the fence expected (see :attr:`_Lane.fence`)."""
+
+
+def fenced_rest(rest: bytes, last_seq: int) -> bytes:
+    """A record's frame rest (:data:`_Rec`) with ``Nats-Expected-Last-Subject-Sequence:
+    <last_seq>`` added to its header block: the server stores it only if the subject's last
+    message is at ``last_seq`` (0: the subject has none)."""
+    line = b"%s: %d\r\n" % (HDR_EXPECTED_LAST_SUBJECT_SEQ.encode(), last_seq)
+    head, _, body = rest.partition(b"\r\n")  # b".1.$FI <hdr len> <total len>"
+    mark, hlen, total = head.rsplit(b" ", 2)
+    h = int(hlen)
+    # the header block ends with an empty line: the new line goes before it
+    block = body[: h - 2] + line + b"\r\n"
+    return b"%s %d %d\r\n%s%s" % (mark, h + len(line), int(total) + len(line), block, body[h:])
+
+
+def msg_id_of(rest: bytes) -> bytes:
+    """The msg-id in a record's frame rest (:data:`_Rec`), or b\"\"."""
+    at = rest.find(b"\r\n%s: " % HDR_MSG_ID.encode())
+    if at < 0:
+        return b""
+    start = at + len(HDR_MSG_ID) + 4
+    return rest[start : rest.index(b"\r\n", start)]
 
 
 #: One accepted record: ``(rest of its HPUB frame, payload bytes, header + payload bytes)``.
@@ -102,6 +135,8 @@ class _LaneOwner(Protocol):
 
     nc: NATS
     stream: PartitionedStream
+    #: the producer id of the publisher's records (a fenced lane reads it in the stream)
+    producer_id: str
     #: partitions waiting for a batch slot (lingerers yield to them)
     _slot_waiters: int
 
@@ -153,6 +188,16 @@ class _Lane:
         self.idle.set()
         self.summary = PartitionSummary(partition)
         self.resume_left = 0  # positions still to pass over on resume (start_after)
+        #: the stream sequence the partition's subject ended at when the caller read what
+        #: earlier attempts of the run stored (0: no message), or None: the lane's first
+        #: stored message carries it as Nats-Expected-Last-Subject-Sequence, so that if
+        #: anything was stored there since (a failed attempt's late records), the server
+        #: refuses it and the lane reads again what is stored (:meth:`_refence`)
+        self.fence: int | None = None
+        #: (position, msg-id) the record passed over last (resume_left reaching 0) must
+        #: have: the partition's last message, when _refence extended the resume past the
+        #: records in hand
+        self.resume_check: tuple[int, bytes] | None = None
         self.error: str | None = None
         self.batch_id: str | None = None
         self.batch_seq = 0
@@ -206,6 +251,8 @@ class _Lane:
                 await self._recover(str(exc))
             except _Fatal as exc:
                 self._fail(str(exc))
+            except _Fenced as exc:
+                await self._refence(str(exc))
             except _NoStream:  # repartitioned (or deleted) since the publisher started?
                 why = await layout_refusal(self.pub.nc, self.pub.stream, self.subject)
                 if why is None:
@@ -425,7 +472,8 @@ class _Lane:
         self.head = b"HPUB %s %s" % (self.subject_b, self.reply_prefix)
         rec = self.queue.popleft()
         self.inflight.append(rec)
-        first = b"%s1.0%s" % (self.head, rec[0][2:])  # op 0: the batch's first message
+        rest = rec[0] if self.fence is None else fenced_rest(rec[0], self.fence)
+        first = b"%s1.0%s" % (self.head, rest[2:])  # op 0: the batch's first message
         await self._write([first], rec[1], rec[2], "send")
         # the first reply says whether the server takes the batch and at what flow
         await self._await_reply()
@@ -525,6 +573,8 @@ class _Lane:
             raise _Retry(f"server dropped the batch: {desc}")
         if code == _ERR_TOO_MANY_BATCHES or err.get("code") == 429:
             raise _Retry(f"server limit reached: {desc}")
+        if code == _ERR_WRONG_LAST_SEQ and self.fence is not None:
+            raise _Fenced(desc)
         if code == _ERR_FAST_BATCH_DISABLED:
             raise _Fatal(
                 f"stream {self.pub.stream.name} does not allow fast batch publishing: "
@@ -543,6 +593,7 @@ class _Lane:
         self.pub._release(n, nbytes)
         self._failing_since = None
         self._attempt = 0
+        self.fence = None  # the fenced first message is stored: the fence held
 
     async def _recover(self, reason: str) -> None:
         refused = denials.denied(
@@ -576,6 +627,90 @@ class _Lane:
             delay,
         )
         await asyncio.sleep(delay)
+
+    async def _refence(self, reason: str) -> None:
+        """The fenced first message was refused (``reason``): messages were stored on the
+        partition's subject after the sequence the fence expected. Nothing of the batch
+        was stored (the server ends a batch at a refused message). Read the subject's last
+        message: when it is this run's (its producer id), at position ``m``, the positions
+        up to ``m`` are stored (a partition's records are stored in position order, and an
+        earlier attempt stored them while this one started): the records for them are
+        passed over, in hand and to come (``resume_left``), the one at ``m`` checked
+        against the stored msg-id, and the next send is fenced at that message. When it is
+        another producer's, this lane cannot tell what of the run is stored before it: it
+        goes on unfenced, as a resume does without a fence."""
+        self.queue.extendleft(reversed(self.inflight))
+        self.inflight.clear()
+        self._end_batch()
+        self.broken = False
+        stream = self.pub.stream
+        try:
+            msg = await jetstream(self.pub.nc).get_last_msg(stream.name, self.subject, direct=True)
+        except NotFoundError:  # purged meanwhile: nothing of the run is there now
+            self.fence = 0
+            return
+        except (NatsError, TimeoutError) as exc:
+            await self._recover(f"{reason}; reading the partition's last message: {exc!r}")
+            return
+        h = msg.headers or {}
+        at = h.get(HDR_SEQ, "")
+        self.fence = int(msg.seq or 0)
+        if h.get(HDR_PRODUCER) != self.pub.producer_id or not at.isdigit():
+            log.warning(
+                "partition %d: %s: the partition's last message (stream sequence %d) is "
+                "another producer's; going on without a fence",
+                self.p,
+                reason,
+                self.fence,
+            )
+            self.fence = None
+            return
+        m = int(at)
+        ls = self.summary
+        first = ls.offset + ls.acked + 1  # the position of the first record in hand
+        stored_id = h.get(HDR_MSG_ID, "").encode()
+        log.warning(
+            "partition %d: %s: positions up to %d of this run are stored (an earlier "
+            "attempt's); passing over %d more",
+            self.p,
+            reason,
+            m,
+            max(0, m - first + 1),
+        )
+        if m < first:  # stored meanwhile before what this attempt sends: fence it again
+            return
+        n = min(m - first + 1, len(self.queue))
+        if n:
+            if first + n - 1 == m and msg_id_of(self.queue[n - 1][0]) != stored_id:
+                self.resume_left = 0  # what comes is failed, not passed over as stored
+                self._fail(self._not_stored_here(m))
+                return
+            nbytes = 0
+            for _ in range(n):
+                nbytes += self.queue.popleft()[1]
+            ls.accepted -= n
+            ls.offset += n
+            self.pub._release(n, nbytes)
+        left = m - first + 1 - n
+        if left:
+            self.resume_left += left
+            self.resume_check = (m, stored_id)
+
+    def check_passed_over(self, msg_id: bytes) -> None:
+        """The record passed over last (``resume_left`` reached 0) after :meth:`_refence`
+        extended the resume: fail the partition if the stream holds another one there."""
+        m, stored_id = self.resume_check or (0, b"")
+        self.resume_check = None
+        if msg_id != stored_id:
+            self._fail(self._not_stored_here(m))
+
+    def _not_stored_here(self, m: int) -> str:
+        return (
+            f"the stream holds another record at position {m} of partition {self.p} of run "
+            f"{self.pub.producer_id!r} (stored by an earlier attempt while this one started): "
+            "this attempt's input is not the one that attempt read, so nothing more of the "
+            "partition is sent. Publish it again with that input, or under a new producer id"
+        )
 
     def _requeue(self) -> None:
         """Put the unacknowledged records back at the head of the queue, to be resent.

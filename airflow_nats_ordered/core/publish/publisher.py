@@ -89,7 +89,7 @@ from airflow_nats_ordered.core.publish.config import (
     _MAX_BACKOFF,
     PublisherConfig,
 )
-from airflow_nats_ordered.core.publish.lane import _Lane, _Rec
+from airflow_nats_ordered.core.publish.lane import _Lane, _Rec, msg_id_of
 from airflow_nats_ordered.core.publish.msg_ids import (
     HDR_MSG_ID,
     HDR_PRODUCER,
@@ -147,6 +147,7 @@ class OrderedPublisher:
         *,
         expected_partitions: int | None = None,
         start_after: Mapping[int, int] | None = None,
+        fence: Mapping[int, int] | None = None,
         old_layout: OldLayout | None = None,
         **knobs: Any,
     ) -> None:
@@ -158,6 +159,13 @@ class OrderedPublisher:
         #: refused records take no position) are passed over unsent, and the rest keep their
         #: positions and msg-ids. Exact however long ago that attempt ran.
         self.start_after = {int(p): int(n) for p, n in (start_after or {}).items() if n}
+        #: partition -> the stream sequence its subject ended at when the caller read what
+        #: earlier attempts stored (``start_after``); a partition left out had no message.
+        #: Each partition's first stored record expects it (Nats-Expected-Last-Subject-
+        #: Sequence): records an earlier attempt stored after that read (a failed attempt's
+        #: late ones, past the duplicate window) are found and passed over, not stored twice.
+        #: None (the default): no fence.
+        self.fence = None if fence is None else {int(p): int(s) for p, s in fence.items()}
         #: a run begun before a repartition: the records the layout it was begun on stored
         #: are passed over, unsent (:mod:`.run_layouts`), counted in ``passed_over_old``
         self._old = old_layout
@@ -285,6 +293,9 @@ class OrderedPublisher:
                     f"{self.stream.name} has partitions 0 to {len(self._lanes) - 1}"
                 )
             self._lanes[p].resume_left = n
+        if self.fence is not None:
+            for lane in self._lanes:
+                lane.fence = self.fence.get(lane.p, 0)
         if self.config.global_order:  # before any task starts: a failure here leaks none
             self._next_g, self._watermarks = await self.config.global_order.open(
                 self.nc,
@@ -579,6 +590,8 @@ class OrderedPublisher:
             # an earlier attempt of this run stored this position: pass it over, unsent
             lane.resume_left -= 1
             lane.summary.offset += 1
+            if lane.resume_check is not None and not lane.resume_left:
+                lane.check_passed_over(msg_id_of(rec[0]) if rec is not None else mid)
             return part
         if cfg.global_order:
             self._next_g += 1

@@ -472,6 +472,7 @@ async def _attempt(
     # partition's mark is at least its last message now (the earlier attempt's records
     # are at or before it), recorded at once so that even a progress record has it
     resume: dict[int, int] = {}
+    fence: dict[int, int] | None = None
     old_layout: OldLayout | None = None
     if previous is not None and previous.epoch != ledger.stream.epoch:
         old_layout = await _carry_over(nc, ledger, rec, previous)
@@ -482,6 +483,9 @@ async def _attempt(
         )
     if previous is not None and previous.epoch == ledger.stream.epoch:
         resume, tails = await stored_positions(nc, ledger.stream, producer_id, previous)
+        # an earlier attempt may still be storing records (a zombie: its process lives on):
+        # each partition's first record expects the subject to end where it ends now
+        fence = tails
         raise_marks(rec, {p: tails[p] for p, n in resume.items() if n and p in tails})
         with contextlib.suppress(Exception):  # best effort: the final record follows
             await ledger.record(rec)
@@ -491,6 +495,7 @@ async def _attempt(
         run_config,
         expected_partitions=expected_partitions,
         start_after=resume,
+        fence=fence,
         old_layout=old_layout,
     )
     refusals = Refusals()

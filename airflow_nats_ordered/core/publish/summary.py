@@ -14,7 +14,8 @@ from airflow_nats_ordered.core.errors import NatsOrderedError
 class PartitionSummary:
     partition: int
     #: records passed over unsent because an earlier attempt of the same run stored their
-    #: positions (``OrderedPublisher(start_after=...)``); this attempt's records follow them
+    #: positions (``OrderedPublisher(start_after=...)``, or found stored since by its
+    #: ``fence``); this attempt's records follow them
     offset: int = 0
     accepted: int = 0
     acked: int = 0
