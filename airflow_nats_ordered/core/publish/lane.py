@@ -139,6 +139,8 @@ class _LaneOwner(Protocol):
     producer_id: str
     #: partitions waiting for a batch slot (lingerers yield to them)
     _slot_waiters: int
+    #: the largest message the server and the stream take (header block + payload)
+    _max_size: int
 
     @property
     def config(self) -> PublisherConfig: ...
@@ -198,6 +200,9 @@ class _Lane:
         #: have: the partition's last message, when _refence extended the resume past the
         #: records in hand
         self.resume_check: tuple[int, bytes] | None = None
+        #: records _refence passed over (in hand and to come): failed, not counted as
+        #: stored, if the record at the checked position is not the stored one
+        self._refenced = 0
         self.error: str | None = None
         self.batch_id: str | None = None
         self.batch_seq = 0
@@ -472,9 +477,20 @@ class _Lane:
         self.head = b"HPUB %s %s" % (self.subject_b, self.reply_prefix)
         rec = self.queue.popleft()
         self.inflight.append(rec)
-        rest = rec[0] if self.fence is None else fenced_rest(rec[0], self.fence)
+        rest = rec[0]
+        if self.fence is not None:
+            rest = fenced_rest(rec[0], self.fence)
+            if rec[2] + len(rest) - len(rec[0]) > self.pub._max_size:
+                # the record fits, but not with the fence's header line: send it unfenced
+                # (what a resume did before the fence) rather than refuse a valid record
+                log.warning(
+                    "partition %d: the first record is too large to carry the fence's "
+                    "header; sent without it",
+                    self.p,
+                )
+                self.fence, rest = None, rec[0]
         first = b"%s1.0%s" % (self.head, rest[2:])  # op 0: the batch's first message
-        await self._write([first], rec[1], rec[2], "send")
+        await self._write([first], rec[1], rec[2] + len(rest) - len(rec[0]), "send")
         # the first reply says whether the server takes the batch and at what flow
         await self._await_reply()
 
@@ -646,7 +662,9 @@ class _Lane:
         stream = self.pub.stream
         try:
             msg = await jetstream(self.pub.nc).get_last_msg(stream.name, self.subject, direct=True)
-        except NotFoundError:  # purged meanwhile: nothing of the run is there now
+        except NotFoundError:  # no message on the subject (purged meanwhile?)
+            if self.fence == 0:  # as the fence expected: not refused for records stored
+                await self._recover(f"{reason} with no message on the partition")
             self.fence = 0
             return
         except (NatsError, TimeoutError) as exc:
@@ -654,7 +672,13 @@ class _Lane:
             return
         h = msg.headers or {}
         at = h.get(HDR_SEQ, "")
-        self.fence = int(msg.seq or 0)
+        refused, self.fence = self.fence, int(msg.seq or 0)
+        if self.fence == refused:
+            # the tail is where the fence expected it: the refusal was not of records stored
+            # since (a caller's own Nats-Expected-* header, a replica behind its leader):
+            # resend after a backoff, within delivery_timeout, as for any other failure
+            await self._recover(f"{reason} with the partition's last message at {refused}")
+            return
         if h.get(HDR_PRODUCER) != self.pub.producer_id or not at.isdigit():
             log.warning(
                 "partition %d: %s: the partition's last message (stream sequence %d) is "
@@ -677,6 +701,8 @@ class _Lane:
             m,
             max(0, m - first + 1),
         )
+        self._failing_since = None  # nothing of the refused batch was stored: no failure
+        self._attempt = 0
         if m < first:  # stored meanwhile before what this attempt sends: fence it again
             return
         n = min(m - first + 1, len(self.queue))
@@ -695,6 +721,7 @@ class _Lane:
         if left:
             self.resume_left += left
             self.resume_check = (m, stored_id)
+            self._refenced = n + left
 
     def check_passed_over(self, msg_id: bytes) -> None:
         """The record passed over last (``resume_left`` reached 0) after :meth:`_refence`
@@ -702,7 +729,35 @@ class _Lane:
         m, stored_id = self.resume_check or (0, b"")
         self.resume_check = None
         if msg_id != stored_id:
-            self._fail(self._not_stored_here(m))
+            self._unpass(self._not_stored_here(m))
+        self._refenced = 0
+
+    def check_resume_done(self) -> None:
+        """At close: the input ended before the positions :meth:`_refence` found stored
+        (an earlier attempt read a longer input, or this one's input broke off): fail the
+        partition, and what was passed over is not counted as stored."""
+        if self.resume_check is not None:
+            m = self.resume_check[0]
+            self.resume_check = None
+            self._unpass(
+                f"an earlier attempt stored {m} positions of partition {self.p} of run "
+                f"{self.pub.producer_id!r} while this one started, but this attempt's input "
+                "ended before that position: if that is the whole input, it is not the one "
+                "that attempt read. Publish it again with that input, or under a new "
+                "producer id"
+            )
+
+    def _unpass(self, reason: str) -> None:
+        """Fail the partition; the records :meth:`_refence` passed over count as failed
+        (handed over and not stored by this input), not as stored by an earlier attempt."""
+        k = self._refenced - self.resume_left  # those handed over so far
+        self._refenced = 0
+        ls = self.summary
+        ls.offset -= k
+        ls.accepted += k
+        ls.failed += k
+        self.resume_left = 0
+        self._fail(reason)
 
     def _not_stored_here(self, m: int) -> str:
         return (

@@ -190,7 +190,7 @@ class OrderedPublisher:
         #: path (publish_many's takes _simple)
         self._plain = self._simple = False
         self._refused = 0
-        self._flushed_at: tuple[int, int] = (-1, -1)
+        self._flushed_at: tuple[int, int, int] = (-1, -1, -1)
         self._rr = 0
         #: the place in the input of the last record handed to publish() (1-based)
         self._index = 0
@@ -771,7 +771,7 @@ class OrderedPublisher:
         """
         if not self._started:
             raise RuntimeError("the publisher was not started")
-        if self.summary is not None and self._flushed_at == (self.accepted, self._refused):
+        if self.summary is not None and self._flushed_at == self._flush_point():
             summary = self.summary  # nothing new since the last flush
         else:
             summary = await self._flush()
@@ -791,8 +791,13 @@ class OrderedPublisher:
         if self._watermarks is not None:  # everything is stored: every partition advances
             await self._watermarks.write()
         self.summary = await self._summarize()
-        self._flushed_at = (self.accepted, self._refused)
+        self._flushed_at = self._flush_point()
         return self.summary
+
+    def _flush_point(self) -> tuple[int, int, int]:
+        """What a flush has seen: records accepted, refused and passed over (a fence can
+        move records from accepted to passed over)."""
+        return self.accepted, self._refused, sum(ln.summary.offset for ln in self._lanes)
 
     async def _summarize(self) -> PublishSummary:
         """Per-partition counts; ``stored``/``duplicates`` stay None if the server is away."""
@@ -843,6 +848,8 @@ class OrderedPublisher:
         if not self._started or self._closing:
             return self.summary
         summary: PublishSummary | None = None
+        for lane in self._lanes:  # the input has ended
+            lane.check_resume_done()
         try:
             summary = await self.flush()
         except PublishError as exc:

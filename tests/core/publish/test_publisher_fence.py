@@ -15,6 +15,7 @@ import contextlib
 import time
 
 import nats
+import pytest
 from streamcheck import read_stream
 
 from airflow_nats_ordered.core.publish.config import PublisherConfig
@@ -302,3 +303,135 @@ def test_a_resumed_run_passes_over_what_a_late_attempt_stored_after_it_read_the_
         per_key.setdefault(s.key, []).append(i)
     assert all(v == sorted(v) for v in per_key.values()), per_key
     assert result.record.skipped == 90, result.record.to_dict()
+
+
+async def _refenced(pub: OrderedPublisher, part: int) -> None:
+    """Until the lane of ``part`` was refused and read the stored tail again."""
+    lane = pub._lanes[part]
+    deadline = time.monotonic() + 30
+    while lane.resume_left == 0 and lane.summary.offset == 0 and lane.error is None:
+        assert time.monotonic() < deadline, "the fence was not refused"
+        await asyncio.sleep(0.02)
+
+
+def test_other_records_found_past_those_in_hand_fail_what_was_passed_over(nats_url, unique_name):
+    """The mismatch is found on a record handed over after the refusal (the late attempt
+    stored 10 *other* records): the 10 passed over are failed, not counted as stored, and
+    close() raises."""
+    from airflow_nats_ordered.core.publish.summary import PublishError
+
+    records = _records(10, keys=1)
+
+    async def go():
+        nc = await nats.connect(nats_url)
+        try:
+            await provision(nc, StreamSpec(unique_name, partitions=1, duplicate_window=WINDOW))
+            fence = await _tails(nc, unique_name)
+            await _publish(nc, unique_name, _records(10, keys=1, tag="other-"))
+            await _past_the_window(nc, unique_name)
+            pub = OrderedPublisher(nc, unique_name, QUICK, fence=fence)
+            await pub.start()
+            part = await pub.publish(*records[0])
+            await _refenced(pub, part)
+            for key, data in records[1:]:
+                await pub.publish(key, data)
+            with pytest.raises(PublishError) as raised:
+                await pub.close()
+            return raised.value.summary
+        finally:
+            await nc.close()
+
+    summary = asyncio.run(go())
+    p = summary.partitions[0]
+    assert (p.offset, p.accepted, p.failed, p.acked) == (0, 10, 10, 0), summary.to_dict()
+    assert "another record at position 10" in (p.error or "")
+
+
+def test_an_input_that_ends_before_what_the_late_attempt_stored_fails_its_partition(
+    nats_url, unique_name
+):
+    """The late attempt stored 50 positions; this attempt's input has 21 records: they are
+    not called stored (the ledger would count positions this input never had)."""
+    from airflow_nats_ordered.core.publish.summary import PublishError
+
+    records = _records(50, keys=1)
+
+    async def go():
+        nc = await nats.connect(nats_url)
+        try:
+            await provision(nc, StreamSpec(unique_name, partitions=1, duplicate_window=WINDOW))
+            fence = await _tails(nc, unique_name)
+            await _publish(nc, unique_name, records)
+            await _past_the_window(nc, unique_name)
+            pub = OrderedPublisher(nc, unique_name, QUICK, fence=fence)
+            await pub.start()
+            part = await pub.publish(*records[0])
+            await _refenced(pub, part)
+            for key, data in records[1:21]:
+                await pub.publish(key, data)
+            with pytest.raises(PublishError) as raised:
+                await pub.close()
+            return raised.value.summary, await read_stream(nc, unique_name)
+        finally:
+            await nc.close()
+
+    summary, stored = asyncio.run(go())
+    p = summary.partitions[0]
+    assert (p.offset, p.failed, p.acked) == (0, 21, 0), summary.to_dict()
+    assert "ended before that position" in (p.error or ""), p.error
+    assert len(stored) == 50
+
+
+def test_a_record_that_fits_only_without_the_fence_is_sent_unfenced(nats_url, unique_name):
+    """The fence's header line would take a record over the stream's max_msg_size: it is
+    sent without it (and stored), not refused, and the connection is not broken."""
+    from airflow_nats_ordered.core.publish.records import record_rest, rest_form
+    from airflow_nats_ordered.core.stream.keys import key_header_line
+
+    limit = 2048
+    kb, key_line = key_header_line("key0")
+    head = record_rest(rest_form(b"run"), 1, kb, key_line, 1, b"")[2]
+    data = b"x" * (limit - head - 5)  # 5 bytes under the limit without the fence
+
+    async def go():
+        nc = await nats.connect(nats_url)
+        try:
+            await provision(
+                nc,
+                StreamSpec(unique_name, partitions=1, duplicate_window=WINDOW, max_msg_size=limit),
+            )
+            pub = await _publish(nc, unique_name, [("key0", data), ("key0", b"small")], fence={})
+            return pub.summary, await read_stream(nc, unique_name), nc.is_connected
+        finally:
+            await nc.close()
+
+    summary, stored, connected = asyncio.run(go())
+    assert summary is not None and summary.acked == 2 and summary.failed == 0
+    assert [s.data for s in stored] == [data, b"small"] and connected
+
+
+def test_a_refusal_the_tail_does_not_explain_ends_within_the_delivery_timeout(
+    nats_url, unique_name
+):
+    """The caller's own Nats-Expected-Last-Sequence refuses the fenced first record (10071)
+    while the tail is where the fence expects it: the lane retries within delivery_timeout
+    and fails the records, it does not re-read and resend for ever."""
+    from airflow_nats_ordered.core.publish.summary import PublishError
+
+    async def go():
+        nc = await nats.connect(nats_url)
+        try:
+            await provision(nc, StreamSpec(unique_name, partitions=1, duplicate_window=WINDOW))
+            pub = OrderedPublisher(nc, unique_name, QUICK, fence={})
+            await pub.start()
+            await pub.publish("key0", b"a", headers={"Nats-Expected-Last-Sequence": "999"})
+            async with asyncio.timeout(60):
+                with pytest.raises(PublishError) as raised:
+                    await pub.close()
+            return raised.value.summary
+        finally:
+            await nc.close()
+
+    summary = asyncio.run(go())
+    assert summary.failed == 1, summary.to_dict()
+    assert "gave up" in (summary.partitions[0].error or ""), summary.partitions[0].error
