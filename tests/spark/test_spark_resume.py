@@ -152,21 +152,11 @@ def _fail_task_0_while_task_1_is_cancelled(url: str, stream: str, producer: str)
     return step
 
 
-#: Found this stop (issue 28 review), open: a failed Spark task attempt's writer process can
-#: go on storing rows after Spark started the task's retry; the retry read the stream's
-#: positions once when it started, so when its input comes more than the duplicate window
-#: later it sends those rows again and they are stored twice (traced: task 0's retry started
-#: on an empty partition 0, the failed attempts stored 600 rows in the next second, the retry
-#: re-sent partition 0's 300 rows 40 s later). Seen in 4 of 7 runs at load 14-22, none in the
-#: last CI. The fix (each attempt's first batch per partition expecting the last subject
-#: sequence it read, so a raced attempt is refused and re-reads) is not built yet.
-ZOMBIE_ATTEMPT = (
-    "a failed task attempt still storing rows after its retry read the stream stores them "
-    "twice past the duplicate window (open defect, see the comment above)"
-)
-
-
-@pytest.mark.xfail(strict=False, reason=ZOMBIE_ATTEMPT)
+# Found at the issue 28 review: a failed task attempt's writer stored rows after its retry
+# read the stream, and the retry, coming past the duplicate window, stored them again (4 of
+# 7 runs at load 14-22). Each attempt's first row per partition now expects the tail it read
+# (the core publisher's fence, tests/spark/test_spark_late_attempt.py); this test, an xfail
+# until then, passed 8 of 8 runs after it (5 quiet, 3 beside six CPU hogs).
 def test_an_aborted_job_records_what_is_stored_and_a_resubmit_past_the_window_resumes_it(
     spark, nats_url, unique_name
 ):
