@@ -106,9 +106,10 @@ def add_member_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--fetch-batch",
         type=positive_int,
-        default=500,
+        default=100,
         metavar="N",
-        help="messages read per request (default 500)",
+        help="messages read per request, two requests in flight per partition (default 100; "
+        "raise it where the round trip to the server is long)",
     )
     p.add_argument(
         "--commit-every",

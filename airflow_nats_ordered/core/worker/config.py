@@ -31,7 +31,11 @@ class WorkerConfig:
     group: str
     member_id: str = field(default_factory=default_member_id)
     lease_ttl: float = 5.0
-    fetch_batch: int = 500
+    #: messages per pull request (two in flight per partition). 100, not 500: a synchronous
+    #: handler's partition hands the event loop over at each commit point (every 100), and
+    #: a larger batch's prebuilt messages go cold while the other partitions run (issue 33:
+    #: -15 to -20 % client CPU per record at 100, the same server CPU; docs/benchmarks.md)
+    fetch_batch: int = 100
     #: bytes of fetched, unhandled messages this member may hold, shared by the partitions
     #: it owns (each gets an equal share; half of a share per pull request's max_bytes)
     max_buffer_bytes: int = 64 * 1024 * 1024
