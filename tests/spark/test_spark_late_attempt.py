@@ -72,9 +72,9 @@ def test_rows_a_failed_attempt_stored_after_its_retry_read_the_stream_are_stored
             plan = await plan_run(nc, unique_name, "late", begin=True, routed=True)
             at_start = {p: r.count for p, r in plan.resume.items()}
 
-            async def attempt(n: int, batches) -> None:
+            async def attempt(conn, n: int, batches) -> None:
                 await publish_task(
-                    nc,
+                    conn,
                     options,
                     batches,
                     schema_names=NAMES,
@@ -89,23 +89,12 @@ def test_rows_a_failed_attempt_stored_after_its_retry_read_the_stream_are_stored
 
             def retry_input():
                 # the retry has read the tails (nothing stored); now the failed attempt's
-                # rows land (its first 250), and the retry's input comes after the window
+                # rows land (its first 250, on a connection of its own), and the retry's
+                # input comes after the window
                 async def failed_attempt() -> None:
                     nc2 = await nats.connect(nats_url)
                     try:
-                        await publish_task(
-                            nc2,
-                            options,
-                            iter(_batches(rows[:250])),
-                            schema_names=NAMES,
-                            run_producer_id=plan.run_id,
-                            previous=plan.previous,
-                            after=plan.after,
-                            stored_at_start=at_start,
-                            task=0,
-                            attempt=0,
-                            label="Spark partition 0 (attempt 0)",
-                        )
+                        await attempt(nc2, 0, iter(_batches(rows[:250])))
                     finally:
                         await nc2.close()
 
@@ -113,7 +102,7 @@ def test_rows_a_failed_attempt_stored_after_its_retry_read_the_stream_are_stored
                 wait_past_the_window(nats_url, unique_name)
                 yield from _batches(rows)
 
-            await attempt(1, retry_input())
+            await attempt(nc, 1, retry_input())
         finally:
             await nc.close()
 

@@ -65,6 +65,33 @@ async def _past_the_window(nc, stream: str) -> None:
         await asyncio.sleep(0.1)
 
 
+async def _late_attempt(nc, stream: str, partitions: int, late) -> dict[int, int]:
+    """A fresh stream; the retry's read of its tails (returned: the fence); then the late
+    attempt's ``late`` records land and the duplicate window passes."""
+    await provision(nc, StreamSpec(stream, partitions=partitions, duplicate_window=WINDOW))
+    fence = await _tails(nc, stream)
+    done = await _publish(nc, stream, late)
+    assert done.summary is not None and done.summary.acked == len(late)
+    await _past_the_window(nc, stream)
+    return fence
+
+
+def _late_then_retry(url: str, stream: str, partitions: int, late, records):
+    """:func:`_late_attempt`, then the retry publishes ``records`` fenced at what it read:
+    its summary and every stored message."""
+
+    async def go():
+        nc = await nats.connect(url)
+        try:
+            fence = await _late_attempt(nc, stream, partitions, late)
+            retry = await _publish(nc, stream, records, fence=fence)
+            return retry.summary, await read_stream(nc, stream)
+        finally:
+            await nc.close()
+
+    return asyncio.run(go())
+
+
 def _per_key(stored) -> dict[str, list[bytes]]:
     out: dict[str, list[bytes]] = {}
     for s in stored:
@@ -83,22 +110,7 @@ def test_records_stored_by_an_earlier_attempt_after_the_read_are_passed_over(nat
     """The retry read an empty stream; the failed attempt then stored 60 records; the retry
     (120 records: the same 60 first) stores only the 60 new ones, each once, in order."""
     records = _records(120)
-
-    async def go():
-        nc = await nats.connect(nats_url)
-        try:
-            await provision(nc, StreamSpec(unique_name, partitions=3, duplicate_window=WINDOW))
-            fence = await _tails(nc, unique_name)  # the retry's read: nothing stored
-            assert fence == {}
-            late = await _publish(nc, unique_name, records[:60])  # the failed attempt's
-            assert late.summary is not None and late.summary.acked == 60
-            await _past_the_window(nc, unique_name)
-            retry = await _publish(nc, unique_name, records, fence=fence)
-            return retry.summary, await read_stream(nc, unique_name)
-        finally:
-            await nc.close()
-
-    summary, stored = asyncio.run(go())
+    summary, stored = _late_then_retry(nats_url, unique_name, 3, records[:60], records)
     assert summary is not None and summary.failed == 0, summary.to_dict()
     assert sum(p.offset for p in summary.partitions) == 60, summary.to_dict()
     assert summary.acked == 60, summary.to_dict()
@@ -140,10 +152,7 @@ def test_late_records_beyond_those_in_hand_are_passed_over_as_they_come(nats_url
     async def go():
         nc = await nats.connect(nats_url)
         try:
-            await provision(nc, StreamSpec(unique_name, partitions=2, duplicate_window=WINDOW))
-            fence = await _tails(nc, unique_name)
-            await _publish(nc, unique_name, records[:50])
-            await _past_the_window(nc, unique_name)
+            fence = await _late_attempt(nc, unique_name, 2, records[:50])
             pub = OrderedPublisher(nc, unique_name, QUICK, fence=fence)
             await pub.start()
             try:
@@ -172,20 +181,8 @@ def test_other_records_at_the_stored_position_fail_the_partition(nats_url, uniqu
     """The late attempt stored *other* records (another input under the same producer id):
     the retry sends nothing more of that partition and says why."""
     records = _records(30, keys=1)
-
-    async def go():
-        nc = await nats.connect(nats_url)
-        try:
-            await provision(nc, StreamSpec(unique_name, partitions=1, duplicate_window=WINDOW))
-            fence = await _tails(nc, unique_name)
-            await _publish(nc, unique_name, _records(10, keys=1, tag="other-"))
-            await _past_the_window(nc, unique_name)
-            retry = await _publish(nc, unique_name, records, fence=fence)
-            return retry.summary, await read_stream(nc, unique_name)
-        finally:
-            await nc.close()
-
-    summary, stored = asyncio.run(go())
+    late = _records(10, keys=1, tag="other-")
+    summary, stored = _late_then_retry(nats_url, unique_name, 1, late, records)
     assert summary is not None and summary.failed == 30, summary.to_dict()
     error = summary.partitions[0].error or ""
     assert "another record at position 10" in error and "producer id" in error, error
@@ -325,10 +322,7 @@ def test_other_records_found_past_those_in_hand_fail_what_was_passed_over(nats_u
     async def go():
         nc = await nats.connect(nats_url)
         try:
-            await provision(nc, StreamSpec(unique_name, partitions=1, duplicate_window=WINDOW))
-            fence = await _tails(nc, unique_name)
-            await _publish(nc, unique_name, _records(10, keys=1, tag="other-"))
-            await _past_the_window(nc, unique_name)
+            fence = await _late_attempt(nc, unique_name, 1, _records(10, keys=1, tag="other-"))
             pub = OrderedPublisher(nc, unique_name, QUICK, fence=fence)
             await pub.start()
             part = await pub.publish(*records[0])
@@ -359,10 +353,7 @@ def test_an_input_that_ends_before_what_the_late_attempt_stored_fails_its_partit
     async def go():
         nc = await nats.connect(nats_url)
         try:
-            await provision(nc, StreamSpec(unique_name, partitions=1, duplicate_window=WINDOW))
-            fence = await _tails(nc, unique_name)
-            await _publish(nc, unique_name, records)
-            await _past_the_window(nc, unique_name)
+            fence = await _late_attempt(nc, unique_name, 1, records)
             pub = OrderedPublisher(nc, unique_name, QUICK, fence=fence)
             await pub.start()
             part = await pub.publish(*records[0])
