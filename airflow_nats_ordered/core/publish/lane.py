@@ -673,11 +673,13 @@ class _Lane:
         h = msg.headers or {}
         at = h.get(HDR_SEQ, "")
         refused, self.fence = self.fence, int(msg.seq or 0)
-        if self.fence == refused:
-            # the tail is where the fence expected it: the refusal was not of records stored
-            # since (a caller's own Nats-Expected-* header, a replica behind its leader):
-            # resend after a backoff, within delivery_timeout, as for any other failure
-            await self._recover(f"{reason} with the partition's last message at {refused}")
+        if refused is not None and self.fence <= refused:
+            # the tail read is not past where the fence expected it: the refusal was not of
+            # records stored since (a caller's own Nats-Expected-* header), the read came
+            # from a replica behind its leader, or messages were removed: fenced at what
+            # was read, resend after a backoff, within delivery_timeout, as for any other
+            # failure
+            await self._recover(f"{reason}; the partition's last message read is at {self.fence}")
             return
         if h.get(HDR_PRODUCER) != self.pub.producer_id or not at.isdigit():
             log.warning(

@@ -426,3 +426,30 @@ def test_a_refusal_the_tail_does_not_explain_ends_within_the_delivery_timeout(
     summary = asyncio.run(go())
     assert summary.failed == 1, summary.to_dict()
     assert "gave up" in (summary.partitions[0].error or ""), summary.partitions[0].error
+
+
+@pytest.mark.parametrize("left", [0, 1])
+def test_a_fence_past_the_tail_is_lowered_to_what_is_there(nats_url, unique_name, left):
+    """Messages were removed since the read (or the read came from a replica ahead of the
+    one answering now): the fence expects a sequence past the subject's last message. The
+    lane fences again at what it reads (after a backoff when a message is there) and
+    stores the records; it neither fails them nor resends for ever."""
+    records = _records(5, keys=1)
+
+    async def go():
+        nc = await nats.connect(nats_url)
+        try:
+            await provision(nc, StreamSpec(unique_name, partitions=1, duplicate_window=WINDOW))
+            if left:
+                other = PublisherConfig(ack_timeout=0.3, delivery_timeout=0.6, producer_id="x")
+                async with OrderedPublisher(nc, unique_name, other) as pub:
+                    await pub.publish("key0", b"there")
+            async with asyncio.timeout(60):
+                retry = await _publish(nc, unique_name, records, fence={0: 999})
+            return retry.summary, await read_stream(nc, unique_name)
+        finally:
+            await nc.close()
+
+    summary, stored = asyncio.run(go())
+    assert summary is not None and summary.failed == 0 and summary.acked == 5, summary.to_dict()
+    assert [s.data for s in stored] == [b"there"] * left + [d for _, d in records]
