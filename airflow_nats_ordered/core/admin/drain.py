@@ -134,7 +134,9 @@ async def wait_drained(
     :data:`CHECK_EVERY` seconds meanwhile); it raises :class:`RepartitionUnfinishedError`,
     naming the command that completes the repartition, when that has not happened within
     ``no_members_timeout`` seconds of the call, and the :class:`~.drain_errors.DrainTimeoutError` at
-    ``timeout`` says the same.
+    ``timeout`` says the same. If the run that records it also repartitioned again (the
+    stream is past the layout the wait began on), the marks are all of closed layouts: the
+    wait goes on until the group reads the stream's current layout.
     """
     t0 = time.monotonic()
     described = await describe(nc, stream)
@@ -250,6 +252,22 @@ async def wait_drained(
                 if unfinished is not None:  # recorded since? then the marks are known
                     now_described = await describe(nc, stream)
                     unfinished = now_described.pending_switch
+                    if unfinished is None and now_described.current_epoch != need_epoch:
+                        # the run that recorded it repartitioned again: the layout this wait
+                        # began on is closed too, and every mark given is at or below the
+                        # newest switch point, met once the group reads the current layout
+                        # (it moves only after applying every earlier one). The wait goes on
+                        # there, with that layout's commit records, from a new watcher
+                        described, need_epoch = now_described, now_described.current_epoch
+                        store.epoch = need_epoch
+                        group_epoch = described.oldest_epoch
+                        committed.clear()
+                        commit_rev.clear()
+                        blocked.clear()
+                        global_rev = 0
+                        await asyncio.shield(watcher.stop())
+                        watcher = await store.state.watch(">")
+                        caught_up = False
                     if unfinished is None:
                         marks = marks_to_wait(
                             given,

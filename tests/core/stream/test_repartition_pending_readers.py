@@ -30,7 +30,7 @@ import pytest
 from airflow_dags import nats_connection
 
 from airflow_nats_ordered import cli
-from airflow_nats_ordered.core.admin.drain import read_lag, wait_drained
+from airflow_nats_ordered.core.admin.drain import CHECK_EVERY, read_lag, wait_drained
 from airflow_nats_ordered.core.admin.drain_errors import (
     DrainTimeoutError,
     RepartitionUnfinishedError,
@@ -50,12 +50,15 @@ ROUNDS = 10
 GROUP = "g"
 
 
-def _repartition_cli(url: str, stream: str, crash_at: str | None) -> subprocess.CompletedProcess:
+def _repartition_cli(
+    url: str, stream: str, crash_at: str | None, partitions: int = 3
+) -> subprocess.CompletedProcess:
     env = dict(os.environ)
     env.pop(CRASH_ENV, None)
     if crash_at:
         env[CRASH_ENV] = crash_at
-    args = ["repartition", "--stream", stream, "--partitions", "3", "--json", "--server", url]
+    args = ["repartition", "--stream", stream, "--partitions", str(partitions)]
+    args += ["--json", "--server", url]
     return subprocess.run(
         [sys.executable, "-m", "airflow_nats_ordered.cli", *args],
         env=env,
@@ -213,6 +216,82 @@ def test_drain_lag_and_status_while_a_switch_point_is_pending_then_after_the_rer
         finally:
             for f in waits:
                 f.cancel()
+            for w in workers:
+                await w.stop()
+            await nc.close()
+
+    asyncio.run(main())
+
+
+def test_a_wait_begun_on_a_pending_switch_waits_for_the_layout_a_later_repartition_closed(
+    shared_nats_server, unique_name
+):
+    """A wait that began while a switch point was pending, and saw it recorded by a re-run
+    that also repartitioned again (epoch 1 closed too, the stream at epoch 2), waits until
+    the group has applied epoch 1's records. It used to compare the marks with the newest
+    switch point, which left none of them, and return once the group had reached epoch 1:
+    "drained" with every epoch-1 record still unapplied (found by the cluster explorer,
+    seed 23)."""
+    url, stream = shared_nats_server.url, unique_name
+    gate = asyncio.Event()  # holds every record of the second round (epoch 1's)
+    applied: list[tuple[str, int]] = []
+    when_returned: list[int] = []
+
+    async def handler(msg) -> None:
+        i = json.loads(msg.data)["i"]
+        if i >= ROUNDS:
+            await gate.wait()
+        applied.append((msg.key, i))
+
+    async def main() -> None:
+        nc = await nats.connect(url)
+        await provision(nc, StreamSpec(stream, partitions=4, storage="memory"))
+        workers = [
+            Worker(nc, WorkerConfig(stream, GROUP, member_id=m, lease_ttl=2.0), handler)
+            for m in ("w1", "w2")
+        ]
+        for w in workers:
+            await w.start()
+        wait: asyncio.Future | None = None
+        try:
+            await _publish(nc, stream, range(ROUNDS))
+
+            async def old_applied() -> bool:
+                return (await read_lag(nc, stream, GROUP)).drained
+
+            await _until(old_applied, "the first layout applied")
+            run = await asyncio.to_thread(_repartition_cli, url, stream, "subjects-switched")
+            assert run.returncode == -signal.SIGKILL, (run.returncode, run.stderr)
+            await _publish(nc, stream, range(ROUNDS, 2 * ROUNDS))  # epoch 1: 3 partitions
+
+            wait = asyncio.ensure_future(
+                wait_drained(nc, stream, GROUP, timeout=120, no_members_timeout=None)
+            )
+            wait.add_done_callback(lambda _: when_returned.append(len(set(applied))))
+            rerun = await asyncio.to_thread(_repartition_cli, url, stream, None, 2)
+            assert rerun.returncode == 0, rerun.stderr
+            s = await describe(nc, stream)
+            assert (s.current_epoch, s.pending_switch) == (2, None)
+
+            async def on_epoch_1() -> bool:  # epoch 0 finished: the group moved on
+                return (await read_lag(nc, stream, GROUP)).epoch == 1
+
+            await _until(on_epoch_1, "the group on epoch 1")
+            # the wait has seen the switch recorded (it looks every CHECK_EVERY seconds)
+            await asyncio.sleep(2 * CHECK_EVERY + 1.0)
+            assert not wait.done(), (wait.result(), len(set(applied)))
+            assert len(set(applied)) == ROUNDS * KEYS
+
+            gate.set()
+            progress = await wait
+            assert progress.done
+            assert when_returned == [2 * ROUNDS * KEYS]  # every record applied when it did
+            lag = await read_lag(nc, stream, GROUP)
+            assert (lag.epoch, lag.total_lag, lag.drained) == (2, 0, True)
+        finally:
+            gate.set()
+            if wait is not None:
+                wait.cancel()
             for w in workers:
                 await w.stop()
             await nc.close()
