@@ -19,25 +19,19 @@ that partition, naming the fix: the original input, or a new ``producerId``.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from nats.js.errors import NotFoundError
-
-from airflow_nats_ordered.core.connection.api import jetstream
 from airflow_nats_ordered.core.errors import NatsOrderedError, RecordError
 from airflow_nats_ordered.core.publish.config import PublisherConfig
 from airflow_nats_ordered.core.publish.msg_ids import (
-    HDR_MSG_ID,
-    HDR_PRODUCER,
-    HDR_SEQ,
     msg_id_at,
     msg_id_base,
 )
 from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
+from airflow_nats_ordered.core.publish.tails import StoredTail, read_tails
 from airflow_nats_ordered.core.stream.partitioned import describe
 from airflow_nats_ordered.spark.headers import BadHeaders
 
@@ -95,40 +89,11 @@ def resume_points(
     return out
 
 
-@dataclass(frozen=True)
-class StoredTail:
-    """A partition's last message: its stream sequence, and when it is the run's own, its
-    position in the run (``Nats-Ordered-Seq``) and msg-id (else 0 and "")."""
-
-    seq: int
-    position: int = 0
-    msg_id: str = ""
-
-
 async def stored_tails(nc: NATS, stream: str, producer_id: str) -> dict[int, StoredTail]:
     """Per partition with messages, its last message (:class:`StoredTail`), as the core's
     ``publish_run`` reads them to resume after an attempt that died before recording its
-    progress: positions 1..n of a partition whose last message is the run's n-th are stored
-    (a partition's records are stored in position order). A partition where another
-    producer published after the run shows only what the ledger recorded."""
-    ps = await describe(nc, stream)
-    js = jetstream(nc)
-    out: dict[int, StoredTail] = {}
-
-    async def tail(p: int) -> None:
-        try:
-            msg = await js.get_last_msg(ps.name, ps.subject(p), direct=True)
-        except NotFoundError:
-            return
-        h = msg.headers or {}
-        seq = h.get(HDR_SEQ, "")
-        if h.get(HDR_PRODUCER) == producer_id and seq.isdigit():
-            out[p] = StoredTail(int(msg.seq or 0), int(seq), h.get(HDR_MSG_ID, ""))
-        elif msg.seq:
-            out[p] = StoredTail(int(msg.seq))
-
-    await asyncio.gather(*(tail(p) for p in range(ps.partitions)))
-    return out
+    progress (:func:`~airflow_nats_ordered.core.publish.tails.read_tails`)."""
+    return await read_tails(nc, await describe(nc, stream), producer_id)
 
 
 def own_positions(

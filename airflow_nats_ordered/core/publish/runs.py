@@ -70,10 +70,10 @@ from airflow_nats_ordered.core.errors import (
     RecordTooLargeError,
 )
 from airflow_nats_ordered.core.publish.config import PublisherConfig
-from airflow_nats_ordered.core.publish.msg_ids import HDR_PRODUCER, HDR_SEQ
 from airflow_nats_ordered.core.publish.publisher import OrderedPublisher
 from airflow_nats_ordered.core.publish.run_layouts import OldLayout
 from airflow_nats_ordered.core.publish.summary import PublishSummary
+from airflow_nats_ordered.core.publish.tails import read_tails
 from airflow_nats_ordered.core.stream.keys import MAX_KEY_BYTES
 from airflow_nats_ordered.core.stream.partitioned import PartitionedStream, describe
 
@@ -585,23 +585,11 @@ async def stored_positions(
     between two progress records; its ``Nats-Ordered-Seq`` is the position). Also each
     partition's last stream sequence (partitions without messages are left out)."""
     out = dict(previous.acked_per_partition)
-    tails: dict[int, int] = {}
-    js = jetstream(nc)
-
-    async def tail(p: int) -> None:
-        try:
-            msg = await js.get_last_msg(stream.name, stream.subject(p), direct=True)
-        except NotFoundError:
-            return
-        if msg.seq:
-            tails[p] = int(msg.seq)
-        h = msg.headers or {}
-        seq = h.get(HDR_SEQ, "")
-        if h.get(HDR_PRODUCER) == producer_id and seq.isdigit():
-            out[p] = max(out.get(p, 0), int(seq))
-
-    await asyncio.gather(*(tail(p) for p in range(stream.partitions)))
-    return out, tails
+    read = await read_tails(nc, stream, producer_id)
+    for p, t in read.items():
+        if t.position:
+            out[p] = max(out.get(p, 0), t.position)
+    return out, {p: t.seq for p, t in read.items()}
 
 
 def raise_marks(rec: RunRecord, marks: dict[int, int]) -> None:
