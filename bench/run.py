@@ -287,6 +287,73 @@ async def v_fastbatch(nc: NATS, stream: str, recs: list[Record]) -> int:
     return await wait_stored(nc, stream, len(recs))
 
 
+async def v_fastbatch_one(nc: NATS, stream: str, recs: list[Record]) -> int:
+    """The server's cost of the cheapest order-safe batch of these frames: **one** fast batch
+    for the whole run over every partition (lever (b) of docs/benchmarks-publisher.md), the
+    frames of ``fastbatch`` (reply subjects one token shorter: no partition), built before
+    the clock starts and sent at the server's flow (up to two flows past the last
+    acknowledgement, at most 1,000 frames per write), one commit at the end. Where it stands
+    against ``raw-wire`` bounds what any fast-batch publisher of these records can reach."""
+    inbox = nc.new_inbox()
+    tag = inbox.rsplit(".", 1)[1][:12]
+    frames: list[bytes] = []
+    payload_of: list[int] = []
+    for key, subject, seq, data, mid in recs:
+        n = len(frames) + 1
+        reply = f"{inbox}.{tag}all1.500.fail.{n}.{0 if n == 1 else 1}.$FI".encode()
+        hdr = wire.header_block(
+            {
+                "Nats-Msg-Id": mid,
+                "Nats-Ordered-Key": key,
+                "Nats-Ordered-Seq": str(seq),
+                "Nats-Ordered-Producer": "bench",
+            }
+        )
+        frames.append(wire.frame(subject.encode(), reply, hdr, data))
+        payload_of.append(len(data))
+    end_reply = f"{inbox}.{tag}all1.500.fail.{len(frames) + 1}.3.$FI".encode()
+    end = wire.frame(recs[-1][1].encode(), end_reply, b"NATS/1.0\r\n\r\n", b"")
+    state = {"acked": 0, "flow": 1}
+    done = asyncio.Event()
+    more = asyncio.Event()
+    failed: list[Any] = []
+
+    async def on_reply(msg: Any) -> None:
+        ack = json.loads(msg.data)
+        if ack.get("type") == "ack":
+            state["acked"] = max(state["acked"], int(ack["seq"]))
+            state["flow"] = max(1, int(ack["msgs"]))
+            more.set()
+        elif "batch" in ack or ack.get("error"):
+            if ack.get("error"):
+                failed.append(ack)
+            done.set()
+            more.set()
+
+    sub = await nc.subscribe(f"{inbox}.>", cb=on_reply, pending_msgs_limit=-1)
+    mark_start()
+    fast = wire.supports_fast_path(nc)
+    sent = 0
+    while sent < len(frames) and not failed:
+        more.clear()
+        n = min(len(frames), state["acked"] + 2 * state["flow"], sent + 1000) - sent
+        if sent == 0:
+            n = 1  # the first message alone: its acknowledgement gives the flow
+        if n > 0:
+            await wire.send_frames(
+                nc, fast, frames[sent : sent + n], sum(payload_of[sent : sent + n]), 400
+            )
+            sent += n
+        else:
+            await more.wait()
+    await wire.send_frames(nc, fast, [end], 0, 20)
+    await asyncio.wait_for(done.wait(), 60)
+    await sub.unsubscribe()
+    if failed:
+        raise RuntimeError(f"one-batch baseline failed: {failed[0]}")
+    return await wait_stored(nc, stream, len(recs))
+
+
 async def v_ordered_many(nc: NATS, stream: str, recs: list[Record]) -> int:
     """The ordered publisher fed in bulk (``publish_many``): the same records, msg-ids and
     frames as ``ordered``, without a coroutine per record."""
@@ -305,6 +372,7 @@ VARIANTS: dict[str, Callable[[NATS, str, list[Record]], Awaitable[int]]] = {
     "ordered": v_ordered,
     "ordered-many": v_ordered_many,
     "fastbatch": v_fastbatch,
+    "fastbatch-one": v_fastbatch_one,
 }
 SELECTED = os.environ.get("BENCH_VARIANTS", ",".join(VARIANTS)).split(",")
 
@@ -405,6 +473,7 @@ async def main() -> int:
     vs_wire: list[float] = []  # ordered / raw-wire, per round
     many_vs_wire: list[float] = []  # ordered-many / raw-wire, per round
     wire_lost: list[int] = []  # rounds where raw-wire lost messages: left out of vs_wire
+    ceilings: dict[str, list[float]] = {}  # the plain fast batches / raw-wire, per round
     cpu: dict[str, list[tuple[float, float]]] = {v: [] for v in names}
     stored_ok: dict[str, bool] = {v: True for v in names}
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp, NatsServer(Path(tmp)) as srv:
@@ -441,6 +510,10 @@ async def main() -> int:
                     vs_wire.append(round_rates["ordered"] / round_rates["raw-wire"])
                 if "ordered-many" in round_rates:
                     many_vs_wire.append(round_rates["ordered-many"] / round_rates["raw-wire"])
+                for b in ("fastbatch", "fastbatch-one"):
+                    if b in round_rates:
+                        ceiling = round_rates[b] / round_rates["raw-wire"]
+                        ceilings.setdefault(b, []).append(ceiling)
             else:  # the ack-less baseline lost messages (and waited for them): no baseline
                 wire_lost.append(rnd + 1)
                 cpu["raw-wire"].pop()
@@ -450,7 +523,7 @@ async def main() -> int:
     out = Path(".bench")
     out.mkdir(exist_ok=True)
     if names:
-        print_publish(results, ratios, stored_ok, vs_wire, cpu, wire_lost, many_vs_wire)
+        print_publish(results, ratios, stored_ok, vs_wire, cpu, wire_lost, many_vs_wire, ceilings)
         (out / "publish.json").write_text(
             json.dumps(
                 {
@@ -460,6 +533,7 @@ async def main() -> int:
                     "ratios_vs_raw": ratios,
                     "ordered_vs_raw_wire": vs_wire,
                     "ordered_many_vs_raw_wire": many_vs_wire,
+                    "fast_batches_vs_raw_wire": ceilings,
                     "raw_wire_lost_rounds": wire_lost,
                     "cpu_us_per_record_client_server": cpu,
                     "all_stored": stored_ok,
@@ -482,6 +556,7 @@ def print_publish(
     cpu: dict[str, list[tuple[float, float]]],
     wire_lost: list[int],
     many_vs_wire: list[float] | None = None,
+    ceilings: dict[str, list[float]] | None = None,
 ) -> None:
     print()
     print(
@@ -518,6 +593,12 @@ def print_publish(
         + ", ".join(f"{r:.2f}" for r in vs_wire)
         + f"; load average {LOADS[0]:.1f} at the start, {os.getloadavg()[0]:.1f} at the end"
     )
+    for name, rs in (ceilings or {}).items():
+        print(
+            f"{name} = {statistics.median(rs):.2f} x raw-wire ({min(rs):.2f}..{max(rs):.2f}): "
+            "pre-built frames, no client work, the server's cost of an order-safe batch of "
+            "these records; a ceiling for any fast-batch publisher's rate"
+        )
     for name in ("ordered", "ordered-many"):
         if name in cpu and cpu[name]:
             print_goal2(name, vs_wire if name == "ordered" else many_vs_wire or [], cpu)
