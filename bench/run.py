@@ -201,6 +201,20 @@ async def v_ordered(nc: NATS, stream: str, recs: list[Record]) -> int:
     return pub.summary.acked
 
 
+def publisher_frame(key: str, subject: str, seq: int, data: bytes, mid: str, reply: bytes) -> bytes:
+    """A frame like the ordered publisher's: its four headers (the producer line
+    included) and a fast-batch reply subject."""
+    hdr = wire.header_block(
+        {
+            "Nats-Msg-Id": mid,
+            "Nats-Ordered-Key": key,
+            "Nats-Ordered-Seq": str(seq),
+            "Nats-Ordered-Producer": "bench",
+        }
+    )
+    return wire.frame(subject.encode(), reply, hdr, data)
+
+
 async def v_fastbatch(nc: NATS, stream: str, recs: list[Record]) -> int:
     """Issue 33 goal 2's server baseline: a plain fast batch per partition (gap ``fail``,
     flow 500 asked) of frames like the ordered publisher's (the same four headers, the
@@ -220,15 +234,7 @@ async def v_fastbatch(nc: NATS, stream: str, recs: list[Record]) -> int:
         got = frames.setdefault(p, [])
         n = len(got) + 1
         reply = f"{inbox}.{p}.{tag}p{p}b1.500.fail.{n}.{0 if n == 1 else 1}.$FI".encode()
-        hdr = wire.header_block(
-            {
-                "Nats-Msg-Id": mid,
-                "Nats-Ordered-Key": key,
-                "Nats-Ordered-Seq": str(seq),
-                "Nats-Ordered-Producer": "bench",
-            }
-        )
-        got.append(wire.frame(subject.encode(), reply, hdr, data))
+        got.append(publisher_frame(key, subject, seq, data, mid, reply))
         sizes[p] = len(data)
     ends = []
     for p, fs in frames.items():
@@ -301,15 +307,7 @@ async def v_fastbatch_one(nc: NATS, stream: str, recs: list[Record]) -> int:
     for key, subject, seq, data, mid in recs:
         n = len(frames) + 1
         reply = f"{inbox}.{tag}all1.500.fail.{n}.{0 if n == 1 else 1}.$FI".encode()
-        hdr = wire.header_block(
-            {
-                "Nats-Msg-Id": mid,
-                "Nats-Ordered-Key": key,
-                "Nats-Ordered-Seq": str(seq),
-                "Nats-Ordered-Producer": "bench",
-            }
-        )
-        frames.append(wire.frame(subject.encode(), reply, hdr, data))
+        frames.append(publisher_frame(key, subject, seq, data, mid, reply))
         payload_of.append(len(data))
     end_reply = f"{inbox}.{tag}all1.500.fail.{len(frames) + 1}.3.$FI".encode()
     end = wire.frame(recs[-1][1].encode(), end_reply, b"NATS/1.0\r\n\r\n", b"")

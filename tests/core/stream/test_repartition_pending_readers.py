@@ -101,6 +101,18 @@ async def _publish(nc, stream: str, rounds: range) -> dict[int, int]:
     return pub.summary.high_water_marks
 
 
+async def _two_workers(nc, stream: str, handler) -> list[Worker]:
+    """A 4-partition stream and two running members of group ``g`` applying ``handler``."""
+    await provision(nc, StreamSpec(stream, partitions=4, storage="memory"))
+    workers = [
+        Worker(nc, WorkerConfig(stream, GROUP, member_id=m, lease_ttl=2.0), handler)
+        for m in ("w1", "w2")
+    ]
+    for w in workers:
+        await w.start()
+    return workers
+
+
 async def _until(cond, what: str, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not await cond():
@@ -121,13 +133,7 @@ def test_drain_lag_and_status_while_a_switch_point_is_pending_then_after_the_rer
 
     async def main() -> None:
         nc = await nats.connect(url)
-        await provision(nc, StreamSpec(stream, partitions=4, storage="memory"))
-        workers = [
-            Worker(nc, WorkerConfig(stream, GROUP, member_id=m, lease_ttl=2.0), handler)
-            for m in ("w1", "w2")
-        ]
-        for w in workers:
-            await w.start()
+        workers = await _two_workers(nc, stream, handler)
         waits: list[asyncio.Future] = []
         try:
             old_marks = await _publish(nc, stream, range(ROUNDS))  # 4 partitions: 0..3
@@ -245,13 +251,7 @@ def test_a_wait_begun_on_a_pending_switch_waits_for_the_layout_a_later_repartiti
 
     async def main() -> None:
         nc = await nats.connect(url)
-        await provision(nc, StreamSpec(stream, partitions=4, storage="memory"))
-        workers = [
-            Worker(nc, WorkerConfig(stream, GROUP, member_id=m, lease_ttl=2.0), handler)
-            for m in ("w1", "w2")
-        ]
-        for w in workers:
-            await w.start()
+        workers = await _two_workers(nc, stream, handler)
         wait: asyncio.Future | None = None
         try:
             await _publish(nc, stream, range(ROUNDS))
