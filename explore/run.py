@@ -767,12 +767,18 @@ class Explorer:
     def _nats(self, fn: Callable[[Any], Awaitable[_T]], timeout: float) -> _T | None:
         import nats
 
+        async def quiet(exc: Exception) -> None:
+            # a node the nemesis killed refuses the connection: the client tries the next;
+            # nats-py's default callback would print each attempt's traceback
+            self.history.note(f"explorer read: {exc!r}")
+
         async def go() -> _T:
             nc = await nats.connect(
                 servers=self.servers.split(","),
                 connect_timeout=3,
                 max_reconnect_attempts=3,
                 name=CHECKER_NAME,
+                error_cb=quiet,
             )
             try:
                 return await asyncio.wait_for(fn(nc), timeout)
