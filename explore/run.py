@@ -41,14 +41,17 @@ from .checker import (
     AppliedRecord,
     DrainClaim,
     Facts,
+    GlobalStored,
+    Handover,
     LagClaim,
     MemberExit,
     PublishReport,
+    ReaderRun,
     StoredRecord,
     Violation,
     check,
 )
-from .generator import OPERATIONS, Action, Generator
+from .generator import GLOBAL_OPS, NOT_GLOBAL, OPERATIONS, Action, Generator
 from .history import Command, History
 from .known import SKIPPED_INVARIANTS
 from .nemesis import FAULTS, Fault, Nemesis
@@ -72,9 +75,16 @@ if str(TESTS) not in sys.path:
 from chaos_handlers import EVENTS_DDL  # noqa: E402
 from streamcheck import read_stream  # noqa: E402
 
+from .handlers import HANDOVERS_DDL  # noqa: E402  (imports chaos_handlers, from tests/)
+
 STREAM = "EXPLORE"
 GROUP = "g"
 HANDLER = "explore.handlers:PoisonRecorder"
+#: --global-order: the global-order readers' group and handler
+GLOBAL_GROUP = "gg"
+GLOBAL_HANDLER = "explore.handlers:GlobalRecorder"
+#: what a global-order reader prints once it took its position (cli/global_read.py)
+RESUMING = "resuming after global sequence "
 CLI = [sys.executable, "-m", "airflow_nats_ordered.cli"]
 #: deadlines: generous bounds for commands that take about a second (a loaded machine)
 BUDGET = {
@@ -91,6 +101,7 @@ BUDGET = {
     "final-drain": 300.0,
 }
 SERVICES = ("worker-join", "pool-join")
+READERS = ("global-read-join",)
 
 _T = TypeVar("_T")
 
@@ -109,6 +120,8 @@ class Options:
     partitions: int = 4
     #: accounts and one user per role: every process connects with its role's set only
     least_privilege: bool = False
+    #: every publish stamps a global sequence; global-order readers join and leave
+    global_order: bool = False
 
 
 @dataclass
@@ -128,13 +141,16 @@ class Explorer:
         self.history = History(opts.seed)
         opts.workdir.mkdir(parents=True, exist_ok=True)
         self.sink = opts.workdir / "sink.db"
+        self.global_sink = opts.workdir / "global.db"
         self.world = World(opts.workdir, opts.partitions)
+        ops = opts.ops - NOT_GLOBAL if opts.global_order else opts.ops - GLOBAL_OPS
         self.gen = Generator(
             random.Random(self.rng.random()),
             self.world,
-            enabled=opts.ops,
+            enabled=ops,
             skip_known=opts.skip_known,
-            poison="dead-letters-replay" in opts.ops or "dead-letters-purge" in opts.ops,
+            poison="dead-letters-replay" in ops or "dead-letters-purge" in ops,
+            global_order=opts.global_order,
         )
         self.nemesis = Nemesis(
             random.Random(self.rng.random()),
@@ -151,6 +167,7 @@ class Explorer:
             [str(ROOT), str(TESTS), *filter(None, [os.environ.get("PYTHONPATH")])]
         )
         env["CHAOS_SINK"] = str(self.sink)
+        env["GLOBAL_SINK"] = str(self.global_sink)
         env["CHAOS_DELAY"] = "0.002"
         env.pop("NATS_URL", None)
         for name in ("NATS_USER", "NATS_PASSWORD", "NATS_TOKEN", "NATS_CREDS", "NATS_NKEY"):
@@ -178,6 +195,8 @@ class Explorer:
             self._setup()
             self._chaos()
             self._final()
+            if self.o.global_order:
+                self._final_global()
             facts = self._facts()
             skip = frozenset(
                 SKIPPED_INVARIANTS[n] for n in self.o.skip_known if n in SKIPPED_INVARIANTS
@@ -210,7 +229,8 @@ class Explorer:
             f"seed {self.o.seed}, {self.o.seconds:.0f}s, "
             f"{'3-node cluster' if self.o.cluster else 'single server'}, "
             f"skip-known {','.join(sorted(self.o.skip_known)) or 'none'}"
-            + (", least privilege" if self.accounts is not None else ""),
+            + (", least privilege" if self.accounts is not None else "")
+            + (", global order" if self.o.global_order else ""),
             "phase",
         )
         extra = ""
@@ -232,6 +252,8 @@ class Explorer:
             self.servers = self.server.url
         with sqlite3.connect(self.sink) as db:
             db.execute(EVENTS_DDL)
+        with sqlite3.connect(self.global_sink) as db:
+            db.execute(HANDOVERS_DDL)
         argv = [
             *CLI,
             "provision",
@@ -398,6 +420,7 @@ class Explorer:
                 STREAM,
                 prod.id,
                 str(prod.path),
+                *(["--global-order"] if self.o.global_order else []),
             ]
         return self._cli(
             "publish",
@@ -413,6 +436,7 @@ class Explorer:
             "2",
             "--delivery-timeout",
             "30",
+            *(["--global-order"] if self.o.global_order else []),
         )
 
     def _start(self, action: Action) -> Running | None:
@@ -450,8 +474,31 @@ class Explorer:
                 "30",
             )
             return self._launch(op, argv, budget=None, members=p["prefix"])
-        if op in ("worker-leave", "pool-leave"):
-            kind = "worker-join" if op == "worker-leave" else "pool-join"
+        if op == "global-read-join":
+            argv = self._cli(
+                "global-read",
+                "--stream",
+                STREAM,
+                "--group",
+                GLOBAL_GROUP,
+                "--handler",
+                GLOBAL_HANDLER,
+                "--member-id",
+                p["reader"],
+                "--commit-every",
+                "20",
+                "--commit-interval",
+                "0.5",
+                "--fetch-batch",
+                "100",
+            )
+            return self._launch(
+                op, argv, budget=None, env={"GLOBAL_READER": p["reader"]}, reader=p["reader"]
+            )
+        if op in ("worker-leave", "pool-leave", "global-read-leave"):
+            kind = {"worker-leave": "worker-join", "pool-leave": "pool-join"}.get(
+                op, "global-read-join"
+            )
             live = [
                 r
                 for r in self.procs.running.values()
@@ -650,7 +697,7 @@ class Explorer:
             self.down.clear()
         deadline = time.monotonic() + 400
         while time.monotonic() < deadline and any(
-            r.cmd.op not in SERVICES for r in self.procs.running.values()
+            r.cmd.op not in SERVICES + READERS for r in self.procs.running.values()
         ):
             time.sleep(0.3)
             self._tick()
@@ -665,7 +712,7 @@ class Explorer:
             if prod.complete:
                 continue
             op = "publish-again" if prod.kind == "cli" else "run-again"
-            self._start_sync(Action(op, {"producer": prod.id}))
+            self._publish_sync(Action(op, {"producer": prod.id}))
         if self.world.partitions == 1 and "repartition" in self.o.ops:
             # one partition's lag is exact even when computed from stream sequences: give
             # the lag check partitions whose sequences interleave
@@ -695,7 +742,7 @@ class Explorer:
         if any(r.cmd.op in SERVICES for r in self.procs.running.values()):
             return  # the leave deadline was reported as a liveness problem
         prod = self.world.new_input("cli", 60, 0.0, [self.rng.random() for _ in range(60)], "last")
-        last = self._start_sync(Action("publish", {"producer": prod.id}))
+        last = self._publish_sync(Action("publish", {"producer": prod.id}))
         if last is None or last.cmd.exit_code != 0:
             self.liveness.append("the last publish (no worker running) did not succeed")
             return
@@ -714,6 +761,61 @@ class Explorer:
             for g in listing.cmd.result.get("groups", []):
                 if g.get("group") == GROUP:
                     self.lags.append(LagClaim("group list", int(g["total_lag"]), high))
+
+    def _publish_sync(self, action: Action) -> Running | None:
+        """A publish of the final phase; with --global-order tried again while it fails
+        (a SIGKILLed global-order publisher's sequencer claim lapses after 10 s only)."""
+        run = self._start_sync(action)
+        prod = self.world.producers[action.params["producer"]]
+        for _ in range(6 if self.o.global_order else 0):
+            if prod.complete or run is None:
+                break
+            self.history.note(f"final: {prod.id} not complete; again in 4 s")
+            end = time.monotonic() + 4
+            while time.monotonic() < end:
+                time.sleep(0.3)
+                self._tick()
+            again = "publish-again" if prod.kind == "cli" else "run-again"
+            run = self._start_sync(Action(again, action.params))
+        return run
+
+    def _final_global(self) -> None:
+        """A global-order reader runs until group gg's position is at every partition's
+        end (``status --wait-drained --group gg``); then every reader leaves (SIGTERM)."""
+        self.history.note("final: a global-order reader hands everything over", "phase")
+        if not any(
+            r.cmd.op in READERS and not r.cmd.info.get("leaving")
+            for r in self.procs.running.values()
+        ):
+            self._start(Action("global-read-join", {"reader": self.gen.name("gr")}))
+        argv = self._cli(
+            "status",
+            "--stream",
+            STREAM,
+            "--group",
+            GLOBAL_GROUP,
+            "--wait-drained",
+            "--timeout",
+            "240s",
+            "--no-members-timeout",
+            "60s",
+            "--json",
+        )
+        run = self._sync("final-global-drain", argv, BUDGET["final-drain"])
+        if run.cmd.exit_code != 0:
+            self.liveness.append(
+                f"final global drain #{run.cmd.id} did not end drained ({run.cmd.outcome}): "
+                f"{self.procs.log_tail(run, 1500)!r}"
+            )
+        for r in [r for r in self.procs.running.values() if r.cmd.op in READERS]:
+            if not r.cmd.info.get("leaving"):
+                self._leave(r)
+        end = time.monotonic() + BUDGET["leave"] + 10
+        while time.monotonic() < end and any(
+            r.cmd.op in READERS for r in self.procs.running.values()
+        ):
+            time.sleep(0.3)
+            self._tick()
 
     def _layout_pending(self) -> str | None:
         """What is left of an interrupted repartition (None: nothing, or unreadable)."""
@@ -804,6 +906,16 @@ class Explorer:
             )
             for s in stored_raw
         ]
+        global_stored = [
+            GlobalStored(s.seq, int(json.loads(s.data)["i"]), s.global_seq) for s in stored_raw
+        ]
+        with sqlite3.connect(self.global_sink, timeout=60) as db:
+            handed = [
+                Handover(int(row), str(reader), int(g), int(seq), int(i))
+                for row, reader, g, seq, i in db.execute(
+                    "SELECT id, reader, g, seq, i FROM handovers ORDER BY id"
+                )
+            ]
         letters = self._nats(lambda nc: _read_or_empty(nc, f"{STREAM}_DLQ"), 120.0) or []
         with sqlite3.connect(self.sink, timeout=60) as db:
             applied = [
@@ -862,6 +974,9 @@ class Explorer:
             liveness=self.liveness,
             layout_pending=self._layout_pending(),
             denials=self._denials(),
+            global_stored=global_stored if self.o.global_order else [],
+            handed=handed,
+            readers=self._readers(),
             members=[
                 MemberExit(
                     run.cmd.id,
@@ -877,6 +992,39 @@ class Explorer:
                 if run.cmd.op in SERVICES and run.cmd.outcome != "killed at the end"
             ],
         )
+
+    def _readers(self) -> list[ReaderRun]:
+        runs = sorted(
+            [
+                *[r for r in self.procs.done.values() if r.cmd.op in READERS],
+                *[r for r in self.procs.running.values() if r.cmd.op in READERS],
+            ],
+            key=lambda r: r.cmd.start,
+        )
+        out = []
+        for run in runs:
+            log = self.procs.log_tail(run, 10**7)
+            at = log.find(RESUMING)
+            resumed = None
+            if at >= 0:
+                resumed = int(log[at + len(RESUMING) :].split()[0].rstrip(",.;:"))
+            out.append(
+                ReaderRun(
+                    run.cmd.id,
+                    str(run.cmd.info["reader"]),
+                    resumed,
+                    run.cmd.exit_code,
+                    leaving=bool(run.cmd.info.get("leaving")),
+                    # still running (its leave deadline was reported) or killed by the
+                    # explorer (hung: liveness says so): no exit to judge
+                    killed=bool(run.cmd.info.get("killed"))
+                    or run.cmd.id in self.procs.running
+                    or (run.cmd.outcome or "").startswith(("hung", "killed at the end")),
+                    superseded=any(o.cmd.start > run.cmd.start for o in runs),
+                    tail=self.procs.log_tail(run, 800),
+                )
+            )
+        return out
 
     def _teardown(self) -> None:
         self.procs.kill_all()
