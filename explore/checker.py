@@ -43,6 +43,8 @@ INVARIANTS = {
     "after the position it resumed from, which no reader had not handed over yet",
     "global-complete": "with --global-order, every stored record carries a global sequence of "
     "its own, every one was handed over, and each handed-over record is the stored one",
+    "global-drained": "with --global-order, a drain of the readers' group that reported "
+    "success came after every record stored before it started was handed over",
     "global-reader-exit": "with --global-order, a reader ends only when told (SIGTERM, then "
     "exit 0), by SIGKILL, or fenced by a newer reader of its group (exit 3), or exits 2 before "
     "it took its position",
@@ -206,6 +208,9 @@ class Facts:
     global_stored: list[GlobalStored] = field(default_factory=list)
     handed: list[Handover] = field(default_factory=list)
     readers: list[ReaderRun] = field(default_factory=list)
+    #: drains of the readers' group that reported success (``applied_upto``: the last
+    #: hand-over row written when it ended)
+    global_drains: list[DrainClaim] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -573,6 +578,21 @@ def _global_complete(facts: Facts, by_gid: dict[int, InputRecord]) -> list[str]:
 FENCED = "taken over by another reader"
 
 
+def _global_drained(facts: Facts, by_gid: dict[int, InputRecord]) -> list[str]:
+    out = []
+    for d in facts.global_drains:
+        handed = {h.seq for h in facts.handed if h.row <= d.applied_upto}
+        missing = [
+            s.seq for s in facts.global_stored if s.seq <= d.high_water and s.seq not in handed
+        ]
+        if missing:
+            out.append(
+                f"global drain #{d.command} reported drained up to seq {d.high_water} but "
+                f"{len(missing)} stored record(s) were not handed over (seqs {missing[:10]})"
+            )
+    return out
+
+
 def _global_reader_exit(facts: Facts, by_gid: dict[int, InputRecord]) -> list[str]:
     out = []
     for r in facts.readers:
@@ -607,6 +627,7 @@ _CHECKS = {
     "no-permission-violation": _no_permission_violation,
     "global-order": _global_order,
     "global-complete": _global_complete,
+    "global-drained": _global_drained,
     "global-reader-exit": _global_reader_exit,
 }
 assert set(_CHECKS) == set(INVARIANTS)

@@ -36,10 +36,11 @@ OPERATIONS: dict[str, float] = {
     # --global-order only: a global-read of group gg (a second one fences the first)
     "global-read-join": 1.0,
     "global-read-leave": 0.5,  # SIGTERM: write the position, exit 0
+    "global-drain": 0.5,  # status --wait-drained --group gg
 }
 
 #: the operations of --global-order only
-GLOBAL_OPS = frozenset({"global-read-join", "global-read-leave"})
+GLOBAL_OPS = frozenset({"global-read-join", "global-read-leave", "global-drain"})
 #: what --global-order leaves out: a global-order stream refuses a repartition, and a
 #: dead letter's replay carries no global sequence (it would stop the reader)
 NOT_GLOBAL = frozenset({"repartition", "dead-letters-replay", "dead-letters-purge"})
@@ -117,6 +118,7 @@ class Generator:
             "status": not running.get("status", 0),
             "global-read-join": self.global_order and readers < MAX_READERS,
             "global-read-leave": self.global_order and readers >= 1,
+            "global-drain": self.global_order and not running.get("global-drain", 0),
         }
         weights = {op: w for op, w in OPERATIONS.items() if op in self.enabled and ok[op]}
         if workers + pools == 0 and "worker-join" in weights:

@@ -96,6 +96,8 @@ BUDGET = {
     "dead-letters-replay": 90.0,
     "dead-letters-purge": 90.0,
     "drain": 150.0,
+    "global-drain": 150.0,
+    "final-global-drain": 300.0,
     "status": 60.0,
     "leave": 90.0,  # a SIGTERM'd worker or pool: commit, release, exit
     "final-drain": 300.0,
@@ -180,6 +182,7 @@ class Explorer:
         self.wrong_users: list[str] = []  # processes not connected as their role's user
         self.liveness: list[str] = []
         self.drains: list[DrainClaim] = []
+        self.global_drains: list[DrainClaim] = []
         self.lags: list[LagClaim] = []
         self.resumes: list[tuple[float, Running]] = []
         self.down: list[tuple[float, int]] = []  # cluster nodes to start again (when, index)
@@ -366,6 +369,10 @@ class Explorer:
                 isinstance(cmd.result, dict) and cmd.result.get("status") == "complete"
             ):
                 prod.complete = True
+        if cmd.op in ("global-drain", "final-global-drain") and cmd.exit_code == 0:
+            self.global_drains.append(
+                DrainClaim(cmd.id, int(cmd.info["high_water"]), self._last_handover())
+            )
         if cmd.op in ("drain", "final-drain") and cmd.exit_code == 0:
             self.drains.append(DrainClaim(cmd.id, int(cmd.info["high_water"]), self._last_event()))
 
@@ -596,6 +603,8 @@ class Explorer:
             return self._launch(op, argv, budget=BUDGET[op], purge=sorted(gids))
         if op == "drain":
             return self._drain("drain", "90s")
+        if op == "global-drain":
+            return self._drain("global-drain", "90s", GLOBAL_GROUP)
         if op == "status":
             if self.rng.random() < 0.5:
                 argv = self._cli("status", "--stream", STREAM, "--group", GROUP, "--json")
@@ -604,7 +613,7 @@ class Explorer:
             return self._launch(op, argv, budget=BUDGET[op], as_op="group-list")
         raise ValueError(f"unknown operation {op}")
 
-    def _drain(self, op: str, timeout: str) -> Running | None:
+    def _drain(self, op: str, timeout: str, group: str = GROUP) -> Running | None:
         high = self._nats(self._last_seq, 20.0)
         if high is None:
             return None
@@ -613,7 +622,7 @@ class Explorer:
             "--stream",
             STREAM,
             "--group",
-            GROUP,
+            group,
             "--wait-drained",
             "--timeout",
             timeout,
@@ -788,25 +797,16 @@ class Explorer:
             for r in self.procs.running.values()
         ):
             self._start(Action("global-read-join", {"reader": self.gen.name("gr")}))
-        argv = self._cli(
-            "status",
-            "--stream",
-            STREAM,
-            "--group",
-            GLOBAL_GROUP,
-            "--wait-drained",
-            "--timeout",
-            "240s",
-            "--no-members-timeout",
-            "60s",
-            "--json",
-        )
-        run = self._sync("final-global-drain", argv, BUDGET["final-drain"])
-        if run.cmd.exit_code != 0:
-            self.liveness.append(
-                f"final global drain #{run.cmd.id} did not end drained ({run.cmd.outcome}): "
-                f"{self.procs.log_tail(run, 1500)!r}"
-            )
+        run = self._drain("final-global-drain", "240s", GLOBAL_GROUP)
+        if run is None:
+            self.liveness.append("final global drain: the stream's last sequence was unreadable")
+        else:
+            self._wait(run)
+            if run.cmd.exit_code != 0:
+                self.liveness.append(
+                    f"final global drain #{run.cmd.id} did not end drained ({run.cmd.outcome}): "
+                    f"{self.procs.log_tail(run, 1500)!r}"
+                )
         for r in [r for r in self.procs.running.values() if r.cmd.op in READERS]:
             if not r.cmd.info.get("leaving"):
                 self._leave(r)
@@ -891,6 +891,10 @@ class Explorer:
     async def _last_seq(nc: Any) -> int:
         info = await nc.jetstream().stream_info(STREAM)
         return int(info.state.last_seq)
+
+    def _last_handover(self) -> int:
+        with sqlite3.connect(self.global_sink, timeout=60) as db:
+            return int(db.execute("SELECT COALESCE(MAX(id), 0) FROM handovers").fetchone()[0])
 
     def _last_event(self) -> int:
         with sqlite3.connect(self.sink, timeout=60) as db:
@@ -977,6 +981,7 @@ class Explorer:
             global_stored=global_stored if self.o.global_order else [],
             handed=handed,
             readers=self._readers(),
+            global_drains=self.global_drains,
             members=[
                 MemberExit(
                     run.cmd.id,

@@ -293,6 +293,16 @@ def test_a_handed_over_record_that_is_not_the_stored_one_breaks_global_complete(
     assert any("carried by 2 stored records" in v.message for v in found)
 
 
+def test_a_global_drain_before_everything_was_handed_over_breaks_global_drained():
+    f = global_clean()
+    f.global_drains = [DrainClaim(30, high_water=3, applied_upto=3)]  # seqs 1-3: rows 1-3
+    assert check(f) == []
+    f.global_drains.append(DrainClaim(31, high_water=4, applied_upto=3))  # seq 4: row 5
+    found = check(f)
+    assert [v.invariant for v in found] == ["global-drained"]
+    assert "global drain #31" in found[0].message and "seqs [4]" in found[0].message
+
+
 def test_a_reader_that_exits_unbidden_breaks_global_reader_exit():
     f = global_clean()
     fenced = "error: ... position on stream EXPLORE was taken over by another reader ..."
@@ -402,6 +412,7 @@ def test_every_invariant_is_shown_failing_above():
         "no-permission-violation",
         "global-order",
         "global-complete",
+        "global-drained",
         "global-reader-exit",
     }
     assert tested == set(INVARIANTS)
