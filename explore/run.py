@@ -26,6 +26,7 @@ import random
 import signal
 import sqlite3
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -187,7 +188,8 @@ class Explorer:
         self.resumes: list[tuple[float, Running]] = []
         self.down: list[tuple[float, int]] = []  # cluster nodes to start again (when, index)
         self.busy: dict[int, str] = {}  # command id -> producer id it publishes
-        self.aimed: list[tuple[float, Running]] = []  # repartitions to SIGKILL (when)
+        self.aimed_hits: list[Running] = []  # aimed-at publishes a timer killed (to note)
+        self.aimed: list[tuple[float, Running]] = []  # repartitions, global publishes to SIGKILL
         self.final = False
 
     # ------------------------------------------------------------------ the run
@@ -310,6 +312,9 @@ class Explorer:
                 self.procs.signal_group(run, signal.SIGCONT)
                 run.stopped = False
                 self.history.fault(f"SIGCONT {run.cmd.op} #{run.cmd.id}", run.cmd)
+        while self.aimed_hits:
+            shot = self.aimed_hits.pop(0)
+            self.history.fault(f"SIGKILL {shot.cmd.op} #{shot.cmd.id} (aimed)", shot.cmd)
         for due, run in list(self.aimed):
             if due <= now:
                 self.aimed.remove((due, run))
@@ -459,6 +464,15 @@ class Explorer:
             )
             prod.publishes.append(run.cmd.id)
             self.busy[run.cmd.id] = prod.id
+            aim = None
+            if self.o.global_order and not self.final:
+                aim = self.nemesis.aim_at_global_publish()
+            if aim is not None:
+                # a publish lasts about a second: a timer, not the tick, kills it in time
+                timer = threading.Timer(aim, self._kill_aimed, (run,))
+                timer.daemon = True
+                timer.start()
+                self.history.note(f"nemesis aims at {op} #{run.cmd.id}: +{aim:.1f}s")
             if any(r.cmd.op == "repartition" for r in self.procs.running.values()):
                 prod.repartitioned = True
             return run
@@ -631,6 +645,15 @@ class Explorer:
             "--json",
         )
         return self._launch(op, argv, budget=BUDGET[op], high_water=high)
+
+    def _kill_aimed(self, run: Running) -> None:
+        """(A timer's thread) SIGKILL an aimed-at publish still running; the history notes
+        it at the next tick (the history is the main thread's)."""
+        if self.final or run.proc.returncode is not None or run.proc.poll() is not None:
+            return
+        run.cmd.info["killed"] = True
+        self.procs.signal_group(run, signal.SIGKILL)
+        self.aimed_hits.append(run)
 
     def _leave(self, run: Running) -> None:
         """SIGTERM a worker or pool: it must leave (exit) within BUDGET['leave']."""
