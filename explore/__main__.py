@@ -67,6 +67,13 @@ def main(argv: list[str] | None = None) -> int:
         "role's permissions (nats-ordered permissions); any refusal is a violation",
     )
     ap.add_argument(
+        "--global-order",
+        action="store_true",
+        help="every publish stamps a global sequence (publish --global-order, one at a time); "
+        "global-order readers (group gg) join and leave; no repartition, no dead-letter "
+        "commands (see docs/explore.md)",
+    )
+    ap.add_argument(
         "--skip-known",
         default="all",
         help="known defects whose triggers are turned off: all (default), none, or names: "
@@ -82,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workdir", type=Path, help="keep every run's files here")
     ap.add_argument("--keep", action="store_true", help="keep the work dirs of passing seeds")
     args = ap.parse_args(argv)
+    if args.global_order and args.least_privilege:
+        raise SystemExit("--global-order with --least-privilege is not supported yet")
     seeds = list(args.seed or [])
     if args.seeds:
         seeds += [int(s) for s in args.seeds.split(",") if s.strip()]
@@ -95,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
         extra.append("--cluster")
     if args.least_privilege:
         extra.append("--least-privilege")
+    if args.global_order:
+        extra.append("--global-order")
     if args.skip_known != "all":
         extra.append(f"--skip-known {args.skip_known}")
     if args.ops != "all":
@@ -122,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
             faults=_names(args.faults, FAULTS, "fault(s)"),
             fault_rate=args.fault_rate,
             least_privilege=args.least_privilege,
+            global_order=args.global_order,
         )
         print(f"explore: seed {seed}, {args.minutes:g} min ...", flush=True)
         try:

@@ -38,6 +38,16 @@ INVARIANTS = {
     "no-permission-violation": "with --least-privilege, no process was refused a permission "
     "(no 'permission denied' in any command's log) and the server logged no 'Permissions "
     "Violation'",
+    "global-order": "with --global-order, each global-order reader handed over the stored "
+    "records in increasing global sequence without passing over a stored one, starting right "
+    "after the position it resumed from, which no reader had not handed over yet",
+    "global-complete": "with --global-order, every stored record carries a global sequence of "
+    "its own, every one was handed over, and each handed-over record is the stored one",
+    "global-drained": "with --global-order, a drain of the readers' group that reported "
+    "success came after every record stored before it started was handed over",
+    "global-reader-exit": "with --global-order, a reader ends only when told (SIGTERM, then "
+    "exit 0), by SIGKILL, or fenced by a newer reader of its group (exit 3), or exits 2 before "
+    "it took its position",
 }
 
 
@@ -135,6 +145,44 @@ class MemberExit:
     joined: bool = True
 
 
+@dataclass(frozen=True)
+class GlobalStored:
+    """A stored record of a ``--global-order`` run: its stream sequence, the record's global
+    id (``gid``) and its ``Nats-Global-Seq`` (None: it has none)."""
+
+    seq: int
+    gid: int
+    gseq: int | None
+
+
+@dataclass(frozen=True)
+class Handover:
+    """One record a global-order reader handed to its handler (``row``: the order the
+    handlers wrote them in, over every reader)."""
+
+    row: int
+    reader: str
+    gseq: int
+    seq: int
+    gid: int
+
+
+@dataclass(frozen=True)
+class ReaderRun:
+    """One ``global-read`` process: its member id, the global sequence it said it resumes
+    after (None: it never said), how it ended."""
+
+    command: int
+    reader: str
+    resumed_after: int | None
+    exit_code: int | None
+    leaving: bool = False
+    killed: bool = False
+    #: a reader of the same group started after it (so it may have been fenced)
+    superseded: bool = False
+    tail: str = ""
+
+
 @dataclass
 class Facts:
     inputs: list[InputRecord]
@@ -155,6 +203,14 @@ class Facts:
     #: refusals seen (``--least-privilege``): a command's log line reporting a denied
     #: permission, or a server's ``Permissions Violation`` line, each naming where it was
     denials: list[str] = field(default_factory=list)
+    #: ``--global-order``: the stream's records with their global sequences, the readers'
+    #: hand-overs and the reader processes (empty otherwise: the global invariants hold)
+    global_stored: list[GlobalStored] = field(default_factory=list)
+    handed: list[Handover] = field(default_factory=list)
+    readers: list[ReaderRun] = field(default_factory=list)
+    #: drains of the readers' group that reported success (``applied_upto``: the last
+    #: hand-over row written when it ended)
+    global_drains: list[DrainClaim] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -447,6 +503,112 @@ def _no_permission_violation(facts: Facts, by_gid: dict[int, InputRecord]) -> li
     return list(facts.denials)
 
 
+def _global_order(facts: Facts, by_gid: dict[int, InputRecord]) -> list[str]:
+    """Per reader, each hand-over is the stored record right after the previous one in
+    global order; its first is the one right after the position it resumed from, and that
+    position was handed over before (a restart may go back to it, never past what was
+    handed over)."""
+    gseqs = sorted({s.gseq for s in facts.global_stored if s.gseq is not None})
+    after = dict(zip(gseqs, gseqs[1:], strict=False))
+    resumed = {r.reader: r.resumed_after for r in facts.readers}
+    out = []
+    seen_max = 0  # the largest global sequence handed over so far, over every reader
+    last: dict[str, int] = {}
+    for h in sorted(facts.handed, key=lambda h: h.row):
+        prev = last.get(h.reader)
+        if prev is None:
+            start = resumed.get(h.reader)
+            if start is not None:
+                if start > seen_max:
+                    out.append(
+                        f"reader {h.reader} resumed after global sequence {start}, but only "
+                        f"{seen_max} had been handed over (row {h.row})"
+                    )
+                want = next((g for g in gseqs if g > start), None)
+                if h.gseq != want:
+                    out.append(
+                        f"reader {h.reader} resumed after {start} and first handed over "
+                        f"global sequence {h.gseq} (row {h.row}); the next stored is {want}"
+                    )
+        elif h.gseq != after.get(prev):
+            what = "again or backwards" if h.gseq <= prev else "passing over stored records"
+            out.append(
+                f"reader {h.reader} handed over global sequence {h.gseq} (row {h.row}) right "
+                f"after {prev}, {what}; the next stored is {after.get(prev)}"
+            )
+        last[h.reader] = h.gseq
+        seen_max = max(seen_max, h.gseq)
+    return out
+
+
+def _global_complete(facts: Facts, by_gid: dict[int, InputRecord]) -> list[str]:
+    out = []
+    by_seq = {s.seq: s for s in facts.global_stored}
+    owners: dict[int, list[int]] = defaultdict(list)
+    for s in facts.global_stored:
+        if s.gseq is None:
+            out.append(f"stored record gid {s.gid} (seq {s.seq}) has no global sequence")
+        else:
+            owners[s.gseq].append(s.seq)
+    for g, seqs in sorted(owners.items()):
+        if len(seqs) > 1:
+            out.append(f"global sequence {g} is carried by {len(seqs)} stored records: {seqs}")
+    handed_seqs = set()
+    for h in facts.handed:
+        handed_seqs.add(h.seq)
+        at = by_seq.get(h.seq)
+        if at is None or (at.gseq, at.gid) != (h.gseq, h.gid):
+            had = "nothing" if at is None else f"gid {at.gid}, global sequence {at.gseq}"
+            out.append(
+                f"reader {h.reader} handed over gid {h.gid}, global sequence {h.gseq} as seq "
+                f"{h.seq} (row {h.row}); the stream holds {had} there"
+            )
+    missing = [
+        s.seq for s in facts.global_stored if s.gseq is not None and s.seq not in handed_seqs
+    ]
+    if missing:
+        out.append(
+            f"{len(missing)} stored record(s) were never handed over by a global-order reader "
+            f"(seqs {missing[:10]})"
+        )
+    return out
+
+
+#: the words of a global-order reader fenced by a newer one (core/group/global_position.py)
+FENCED = "taken over by another reader"
+
+
+def _global_drained(facts: Facts, by_gid: dict[int, InputRecord]) -> list[str]:
+    out = []
+    for d in facts.global_drains:
+        handed = {h.seq for h in facts.handed if h.row <= d.applied_upto}
+        missing = [
+            s.seq for s in facts.global_stored if s.seq <= d.high_water and s.seq not in handed
+        ]
+        if missing:
+            out.append(
+                f"global drain #{d.command} reported drained up to seq {d.high_water} but "
+                f"{len(missing)} stored record(s) were not handed over (seqs {missing[:10]})"
+            )
+    return out
+
+
+def _global_reader_exit(facts: Facts, by_gid: dict[int, InputRecord]) -> list[str]:
+    out = []
+    for r in facts.readers:
+        if r.killed or (r.leaving and r.exit_code == 0):
+            continue
+        if r.exit_code == 3 and r.superseded and FENCED in r.tail:
+            continue  # fenced by the newer reader of its group (also at its SIGTERM's write)
+        if r.exit_code == 2 and r.resumed_after is None:
+            continue  # its documented refusal to start (e.g. while a cluster elects leaders)
+        why = "after SIGTERM" if r.leaving else "on its own"
+        if r.leaving and r.resumed_after is None:
+            why += " while starting (before it took its position)"
+        out.append(f"#{r.command} global reader {r.reader} exited {r.exit_code} {why}: {r.tail!r}")
+    return out
+
+
 _CHECKS = {
     "stored-once": _stored_once,
     "stream-key-order": _stream_key_order,
@@ -463,5 +625,9 @@ _CHECKS = {
     "layout-complete": _layout_complete,
     "liveness": _liveness,
     "no-permission-violation": _no_permission_violation,
+    "global-order": _global_order,
+    "global-complete": _global_complete,
+    "global-drained": _global_drained,
+    "global-reader-exit": _global_reader_exit,
 }
 assert set(_CHECKS) == set(INVARIANTS)

@@ -33,10 +33,22 @@ OPERATIONS: dict[str, float] = {
     "dead-letters-purge": 0.3,
     "drain": 1.0,  # status --wait-drained
     "status": 0.5,  # status --json and group list --json
+    # --global-order only: a global-read of group gg (a second one fences the first)
+    "global-read-join": 1.0,
+    "global-read-leave": 0.5,  # SIGTERM: write the position, exit 0
+    "global-drain": 0.5,  # status --wait-drained --group gg
 }
+
+#: the operations of --global-order only
+GLOBAL_OPS = frozenset({"global-read-join", "global-read-leave", "global-drain"})
+#: what --global-order leaves out: a global-order stream refuses a repartition, and a
+#: dead letter's replay carries no global sequence (it would stop the reader)
+NOT_GLOBAL = frozenset({"repartition", "dead-letters-replay", "dead-letters-purge"})
+PUBLISHES = ("publish", "publish-again", "run", "run-again")
 
 MAX_WORKERS = 4
 MAX_POOLS = 1
+MAX_READERS = 2  # a second global reader fences the first
 
 
 @dataclass(frozen=True)
@@ -56,8 +68,10 @@ class Generator:
         enabled: frozenset[str],
         skip_known: frozenset[str],
         poison: bool,
+        global_order: bool = False,
     ) -> None:
         self.rng = rng
+        self.global_order = global_order
         self.world = world
         self.enabled = enabled
         self.skip = skip_known
@@ -83,11 +97,14 @@ class Generator:
         rep = running.get("repartition", 0)
         workers = running.get("worker-join", 0)
         pools = running.get("pool-join", 0)
+        readers = running.get("global-read-join", 0)
+        # --global-order: one global-order publisher at a time (the stream's sequencer claim)
+        alone = not self.global_order or not any(running.get(op, 0) for op in PUBLISHES)
         ok = {
-            "publish": True,
-            "publish-again": bool(self.reusable("cli", running, busy)),
-            "run": True,
-            "run-again": bool(self.reusable("run", running, busy)),
+            "publish": alone,
+            "publish-again": alone and bool(self.reusable("cli", running, busy)),
+            "run": alone,
+            "run-again": alone and bool(self.reusable("run", running, busy)),
             "worker-join": workers < MAX_WORKERS,
             "worker-leave": workers >= 1 and workers + pools >= 2,
             "pool-join": pools < MAX_POOLS,
@@ -99,10 +116,17 @@ class Generator:
             "dead-letters-purge": self.poison and not running.get("dead-letters-purge", 0),
             "drain": not running.get("drain", 0),
             "status": not running.get("status", 0),
+            "global-read-join": self.global_order and readers < MAX_READERS,
+            "global-read-leave": self.global_order and readers >= 1,
+            "global-drain": self.global_order and not running.get("global-drain", 0),
         }
         weights = {op: w for op, w in OPERATIONS.items() if op in self.enabled and ok[op]}
         if workers + pools == 0 and "worker-join" in weights:
             weights["worker-join"] *= 6  # a group with no member stays a short while only
+        if readers and "global-read-join" in weights:
+            weights["global-read-join"] *= 0.3  # a second reader (fencing) now and then
+        elif "global-read-join" in weights:
+            weights["global-read-join"] *= 3  # no reader stays a short while only
         return weights
 
     def next(self, running: Mapping[str, int], busy: set[str]) -> Action | None:
@@ -139,4 +163,6 @@ class Generator:
             return {"size": 2, "prefix": self.name("pool")}
         if op == "worker-join":
             return {"member": self.name("w")}
+        if op == "global-read-join":
+            return {"reader": self.name("gr")}
         return {}

@@ -94,6 +94,15 @@ class Nemesis:
             return None
         return self.rng.uniform(0.5, 6.0)
 
+    def aim_at_global_publish(self) -> float | None:
+        """A global-order publish (``--global-order``) just started: seconds after which to
+        SIGKILL it, or None. Killed, it leaves the stream's sequencer claim behind (the next
+        publishes are refused until it lapses, then take it over) and global sequences
+        stamped on records it never stored."""
+        if "kill" not in self.enabled or self.rng.random() >= 0.25:
+            return None
+        return self.rng.uniform(0.4, 1.6)
+
     def crash_repartition_at(self, points: Sequence[str]) -> str | None:
         """A repartition is about to start: the named crash point (one of ``points``) at
         which it kills itself, or None (a third of them crash)."""

@@ -26,6 +26,7 @@ import random
 import signal
 import sqlite3
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -41,14 +42,17 @@ from .checker import (
     AppliedRecord,
     DrainClaim,
     Facts,
+    GlobalStored,
+    Handover,
     LagClaim,
     MemberExit,
     PublishReport,
+    ReaderRun,
     StoredRecord,
     Violation,
     check,
 )
-from .generator import OPERATIONS, Action, Generator
+from .generator import GLOBAL_OPS, NOT_GLOBAL, OPERATIONS, Action, Generator
 from .history import Command, History
 from .known import SKIPPED_INVARIANTS
 from .nemesis import FAULTS, Fault, Nemesis
@@ -72,9 +76,16 @@ if str(TESTS) not in sys.path:
 from chaos_handlers import EVENTS_DDL  # noqa: E402
 from streamcheck import read_stream  # noqa: E402
 
+from .handlers import HANDOVERS_DDL  # noqa: E402  (imports chaos_handlers, from tests/)
+
 STREAM = "EXPLORE"
 GROUP = "g"
 HANDLER = "explore.handlers:PoisonRecorder"
+#: --global-order: the global-order readers' group and handler
+GLOBAL_GROUP = "gg"
+GLOBAL_HANDLER = "explore.handlers:GlobalRecorder"
+#: what a global-order reader prints once it took its position (cli/global_read.py)
+RESUMING = "resuming after global sequence "
 CLI = [sys.executable, "-m", "airflow_nats_ordered.cli"]
 #: deadlines: generous bounds for commands that take about a second (a loaded machine)
 BUDGET = {
@@ -86,11 +97,14 @@ BUDGET = {
     "dead-letters-replay": 90.0,
     "dead-letters-purge": 90.0,
     "drain": 150.0,
+    "global-drain": 150.0,
+    "final-global-drain": 300.0,
     "status": 60.0,
     "leave": 90.0,  # a SIGTERM'd worker or pool: commit, release, exit
     "final-drain": 300.0,
 }
 SERVICES = ("worker-join", "pool-join")
+READERS = ("global-read-join",)
 
 _T = TypeVar("_T")
 
@@ -109,6 +123,8 @@ class Options:
     partitions: int = 4
     #: accounts and one user per role: every process connects with its role's set only
     least_privilege: bool = False
+    #: every publish stamps a global sequence; global-order readers join and leave
+    global_order: bool = False
 
 
 @dataclass
@@ -128,13 +144,16 @@ class Explorer:
         self.history = History(opts.seed)
         opts.workdir.mkdir(parents=True, exist_ok=True)
         self.sink = opts.workdir / "sink.db"
+        self.global_sink = opts.workdir / "global.db"
         self.world = World(opts.workdir, opts.partitions)
+        ops = opts.ops - NOT_GLOBAL if opts.global_order else opts.ops - GLOBAL_OPS
         self.gen = Generator(
             random.Random(self.rng.random()),
             self.world,
-            enabled=opts.ops,
+            enabled=ops,
             skip_known=opts.skip_known,
-            poison="dead-letters-replay" in opts.ops or "dead-letters-purge" in opts.ops,
+            poison="dead-letters-replay" in ops or "dead-letters-purge" in ops,
+            global_order=opts.global_order,
         )
         self.nemesis = Nemesis(
             random.Random(self.rng.random()),
@@ -151,6 +170,7 @@ class Explorer:
             [str(ROOT), str(TESTS), *filter(None, [os.environ.get("PYTHONPATH")])]
         )
         env["CHAOS_SINK"] = str(self.sink)
+        env["GLOBAL_SINK"] = str(self.global_sink)
         env["CHAOS_DELAY"] = "0.002"
         env.pop("NATS_URL", None)
         for name in ("NATS_USER", "NATS_PASSWORD", "NATS_TOKEN", "NATS_CREDS", "NATS_NKEY"):
@@ -163,11 +183,13 @@ class Explorer:
         self.wrong_users: list[str] = []  # processes not connected as their role's user
         self.liveness: list[str] = []
         self.drains: list[DrainClaim] = []
+        self.global_drains: list[DrainClaim] = []
         self.lags: list[LagClaim] = []
         self.resumes: list[tuple[float, Running]] = []
         self.down: list[tuple[float, int]] = []  # cluster nodes to start again (when, index)
         self.busy: dict[int, str] = {}  # command id -> producer id it publishes
-        self.aimed: list[tuple[float, Running]] = []  # repartitions to SIGKILL (when)
+        self.aimed_hits: list[Running] = []  # aimed-at publishes a timer killed (to note)
+        self.aimed: list[tuple[float, Running]] = []  # repartitions, global publishes to SIGKILL
         self.final = False
 
     # ------------------------------------------------------------------ the run
@@ -178,6 +200,8 @@ class Explorer:
             self._setup()
             self._chaos()
             self._final()
+            if self.o.global_order:
+                self._final_global()
             facts = self._facts()
             skip = frozenset(
                 SKIPPED_INVARIANTS[n] for n in self.o.skip_known if n in SKIPPED_INVARIANTS
@@ -210,7 +234,8 @@ class Explorer:
             f"seed {self.o.seed}, {self.o.seconds:.0f}s, "
             f"{'3-node cluster' if self.o.cluster else 'single server'}, "
             f"skip-known {','.join(sorted(self.o.skip_known)) or 'none'}"
-            + (", least privilege" if self.accounts is not None else ""),
+            + (", least privilege" if self.accounts is not None else "")
+            + (", global order" if self.o.global_order else ""),
             "phase",
         )
         extra = ""
@@ -232,6 +257,8 @@ class Explorer:
             self.servers = self.server.url
         with sqlite3.connect(self.sink) as db:
             db.execute(EVENTS_DDL)
+        with sqlite3.connect(self.global_sink) as db:
+            db.execute(HANDOVERS_DDL)
         argv = [
             *CLI,
             "provision",
@@ -285,6 +312,9 @@ class Explorer:
                 self.procs.signal_group(run, signal.SIGCONT)
                 run.stopped = False
                 self.history.fault(f"SIGCONT {run.cmd.op} #{run.cmd.id}", run.cmd)
+        while self.aimed_hits:
+            shot = self.aimed_hits.pop(0)
+            self.history.fault(f"SIGKILL {shot.cmd.op} #{shot.cmd.id} (aimed)", shot.cmd)
         for due, run in list(self.aimed):
             if due <= now:
                 self.aimed.remove((due, run))
@@ -344,6 +374,10 @@ class Explorer:
                 isinstance(cmd.result, dict) and cmd.result.get("status") == "complete"
             ):
                 prod.complete = True
+        if cmd.op in ("global-drain", "final-global-drain") and cmd.exit_code == 0:
+            self.global_drains.append(
+                DrainClaim(cmd.id, int(cmd.info["high_water"]), self._last_handover())
+            )
         if cmd.op in ("drain", "final-drain") and cmd.exit_code == 0:
             self.drains.append(DrainClaim(cmd.id, int(cmd.info["high_water"]), self._last_event()))
 
@@ -398,6 +432,7 @@ class Explorer:
                 STREAM,
                 prod.id,
                 str(prod.path),
+                *(["--global-order"] if self.o.global_order else []),
             ]
         return self._cli(
             "publish",
@@ -413,6 +448,7 @@ class Explorer:
             "2",
             "--delivery-timeout",
             "30",
+            *(["--global-order"] if self.o.global_order else []),
         )
 
     def _start(self, action: Action) -> Running | None:
@@ -428,6 +464,15 @@ class Explorer:
             )
             prod.publishes.append(run.cmd.id)
             self.busy[run.cmd.id] = prod.id
+            aim = None
+            if self.o.global_order and not self.final:
+                aim = self.nemesis.aim_at_global_publish()
+            if aim is not None:
+                # a publish lasts about a second: a timer, not the tick, kills it in time
+                timer = threading.Timer(aim, self._kill_aimed, (run,))
+                timer.daemon = True
+                timer.start()
+                self.history.note(f"nemesis aims at {op} #{run.cmd.id}: +{aim:.1f}s")
             if any(r.cmd.op == "repartition" for r in self.procs.running.values()):
                 prod.repartitioned = True
             return run
@@ -450,8 +495,31 @@ class Explorer:
                 "30",
             )
             return self._launch(op, argv, budget=None, members=p["prefix"])
-        if op in ("worker-leave", "pool-leave"):
-            kind = "worker-join" if op == "worker-leave" else "pool-join"
+        if op == "global-read-join":
+            argv = self._cli(
+                "global-read",
+                "--stream",
+                STREAM,
+                "--group",
+                GLOBAL_GROUP,
+                "--handler",
+                GLOBAL_HANDLER,
+                "--member-id",
+                p["reader"],
+                "--commit-every",
+                "20",
+                "--commit-interval",
+                "0.5",
+                "--fetch-batch",
+                "100",
+            )
+            return self._launch(
+                op, argv, budget=None, env={"GLOBAL_READER": p["reader"]}, reader=p["reader"]
+            )
+        if op in ("worker-leave", "pool-leave", "global-read-leave"):
+            kind = {"worker-leave": "worker-join", "pool-leave": "pool-join"}.get(
+                op, "global-read-join"
+            )
             live = [
                 r
                 for r in self.procs.running.values()
@@ -549,6 +617,8 @@ class Explorer:
             return self._launch(op, argv, budget=BUDGET[op], purge=sorted(gids))
         if op == "drain":
             return self._drain("drain", "90s")
+        if op == "global-drain":
+            return self._drain("global-drain", "90s", GLOBAL_GROUP)
         if op == "status":
             if self.rng.random() < 0.5:
                 argv = self._cli("status", "--stream", STREAM, "--group", GROUP, "--json")
@@ -557,7 +627,7 @@ class Explorer:
             return self._launch(op, argv, budget=BUDGET[op], as_op="group-list")
         raise ValueError(f"unknown operation {op}")
 
-    def _drain(self, op: str, timeout: str) -> Running | None:
+    def _drain(self, op: str, timeout: str, group: str = GROUP) -> Running | None:
         high = self._nats(self._last_seq, 20.0)
         if high is None:
             return None
@@ -566,7 +636,7 @@ class Explorer:
             "--stream",
             STREAM,
             "--group",
-            GROUP,
+            group,
             "--wait-drained",
             "--timeout",
             timeout,
@@ -575,6 +645,15 @@ class Explorer:
             "--json",
         )
         return self._launch(op, argv, budget=BUDGET[op], high_water=high)
+
+    def _kill_aimed(self, run: Running) -> None:
+        """(A timer's thread) SIGKILL an aimed-at publish still running; the history notes
+        it at the next tick (the history is the main thread's)."""
+        if self.final or run.proc.returncode is not None or run.proc.poll() is not None:
+            return
+        run.cmd.info["killed"] = True
+        self.procs.signal_group(run, signal.SIGKILL)
+        self.aimed_hits.append(run)
 
     def _leave(self, run: Running) -> None:
         """SIGTERM a worker or pool: it must leave (exit) within BUDGET['leave']."""
@@ -650,7 +729,7 @@ class Explorer:
             self.down.clear()
         deadline = time.monotonic() + 400
         while time.monotonic() < deadline and any(
-            r.cmd.op not in SERVICES for r in self.procs.running.values()
+            r.cmd.op not in SERVICES + READERS for r in self.procs.running.values()
         ):
             time.sleep(0.3)
             self._tick()
@@ -665,7 +744,7 @@ class Explorer:
             if prod.complete:
                 continue
             op = "publish-again" if prod.kind == "cli" else "run-again"
-            self._start_sync(Action(op, {"producer": prod.id}))
+            self._publish_sync(Action(op, {"producer": prod.id}))
         if self.world.partitions == 1 and "repartition" in self.o.ops:
             # one partition's lag is exact even when computed from stream sequences: give
             # the lag check partitions whose sequences interleave
@@ -695,7 +774,7 @@ class Explorer:
         if any(r.cmd.op in SERVICES for r in self.procs.running.values()):
             return  # the leave deadline was reported as a liveness problem
         prod = self.world.new_input("cli", 60, 0.0, [self.rng.random() for _ in range(60)], "last")
-        last = self._start_sync(Action("publish", {"producer": prod.id}))
+        last = self._publish_sync(Action("publish", {"producer": prod.id}))
         if last is None or last.cmd.exit_code != 0:
             self.liveness.append("the last publish (no worker running) did not succeed")
             return
@@ -714,6 +793,52 @@ class Explorer:
             for g in listing.cmd.result.get("groups", []):
                 if g.get("group") == GROUP:
                     self.lags.append(LagClaim("group list", int(g["total_lag"]), high))
+
+    def _publish_sync(self, action: Action) -> Running | None:
+        """A publish of the final phase; with --global-order tried again while it fails
+        (a SIGKILLed global-order publisher's sequencer claim lapses after 10 s only)."""
+        run = self._start_sync(action)
+        prod = self.world.producers[action.params["producer"]]
+        for _ in range(6 if self.o.global_order else 0):
+            if prod.complete or run is None:
+                break
+            self.history.note(f"final: {prod.id} not complete; again in 4 s")
+            end = time.monotonic() + 4
+            while time.monotonic() < end:
+                time.sleep(0.3)
+                self._tick()
+            again = "publish-again" if prod.kind == "cli" else "run-again"
+            run = self._start_sync(Action(again, action.params))
+        return run
+
+    def _final_global(self) -> None:
+        """A global-order reader runs until group gg's position is at every partition's
+        end (``status --wait-drained --group gg``); then every reader leaves (SIGTERM)."""
+        self.history.note("final: a global-order reader hands everything over", "phase")
+        if not any(
+            r.cmd.op in READERS and not r.cmd.info.get("leaving")
+            for r in self.procs.running.values()
+        ):
+            self._start(Action("global-read-join", {"reader": self.gen.name("gr")}))
+        run = self._drain("final-global-drain", "240s", GLOBAL_GROUP)
+        if run is None:
+            self.liveness.append("final global drain: the stream's last sequence was unreadable")
+        else:
+            self._wait(run)
+            if run.cmd.exit_code != 0:
+                self.liveness.append(
+                    f"final global drain #{run.cmd.id} did not end drained ({run.cmd.outcome}): "
+                    f"{self.procs.log_tail(run, 1500)!r}"
+                )
+        for r in [r for r in self.procs.running.values() if r.cmd.op in READERS]:
+            if not r.cmd.info.get("leaving"):
+                self._leave(r)
+        end = time.monotonic() + BUDGET["leave"] + 10
+        while time.monotonic() < end and any(
+            r.cmd.op in READERS for r in self.procs.running.values()
+        ):
+            time.sleep(0.3)
+            self._tick()
 
     def _layout_pending(self) -> str | None:
         """What is left of an interrupted repartition (None: nothing, or unreadable)."""
@@ -796,6 +921,10 @@ class Explorer:
         info = await nc.jetstream().stream_info(STREAM)
         return int(info.state.last_seq)
 
+    def _last_handover(self) -> int:
+        with sqlite3.connect(self.global_sink, timeout=60) as db:
+            return int(db.execute("SELECT COALESCE(MAX(id), 0) FROM handovers").fetchone()[0])
+
     def _last_event(self) -> int:
         with sqlite3.connect(self.sink, timeout=60) as db:
             return int(db.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0])
@@ -810,6 +939,16 @@ class Explorer:
             )
             for s in stored_raw
         ]
+        global_stored = [
+            GlobalStored(s.seq, int(json.loads(s.data)["i"]), s.global_seq) for s in stored_raw
+        ]
+        with sqlite3.connect(self.global_sink, timeout=60) as db:
+            handed = [
+                Handover(int(row), str(reader), int(g), int(seq), int(i))
+                for row, reader, g, seq, i in db.execute(
+                    "SELECT id, reader, g, seq, i FROM handovers ORDER BY id"
+                )
+            ]
         letters = self._nats(lambda nc: _read_or_empty(nc, f"{STREAM}_DLQ"), 120.0) or []
         with sqlite3.connect(self.sink, timeout=60) as db:
             applied = [
@@ -868,6 +1007,10 @@ class Explorer:
             liveness=self.liveness,
             layout_pending=self._layout_pending(),
             denials=self._denials(),
+            global_stored=global_stored if self.o.global_order else [],
+            handed=handed,
+            readers=self._readers(),
+            global_drains=self.global_drains,
             members=[
                 MemberExit(
                     run.cmd.id,
@@ -883,6 +1026,39 @@ class Explorer:
                 if run.cmd.op in SERVICES and run.cmd.outcome != "killed at the end"
             ],
         )
+
+    def _readers(self) -> list[ReaderRun]:
+        runs = sorted(
+            [
+                *[r for r in self.procs.done.values() if r.cmd.op in READERS],
+                *[r for r in self.procs.running.values() if r.cmd.op in READERS],
+            ],
+            key=lambda r: r.cmd.start,
+        )
+        out = []
+        for run in runs:
+            log = self.procs.log_tail(run, 10**7)
+            at = log.find(RESUMING)
+            resumed = None
+            if at >= 0:
+                resumed = int(log[at + len(RESUMING) :].split()[0].rstrip(",.;:"))
+            out.append(
+                ReaderRun(
+                    run.cmd.id,
+                    str(run.cmd.info["reader"]),
+                    resumed,
+                    run.cmd.exit_code,
+                    leaving=bool(run.cmd.info.get("leaving")),
+                    # still running (its leave deadline was reported) or killed by the
+                    # explorer (hung: liveness says so): no exit to judge
+                    killed=bool(run.cmd.info.get("killed"))
+                    or run.cmd.id in self.procs.running
+                    or (run.cmd.outcome or "").startswith(("hung", "killed at the end")),
+                    superseded=any(o.cmd.start > run.cmd.start for o in runs),
+                    tail=self.procs.log_tail(run, 800),
+                )
+            )
+        return out
 
     def _teardown(self) -> None:
         self.procs.kill_all()

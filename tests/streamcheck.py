@@ -36,6 +36,8 @@ class Stored:
     msg_id: str
     key: str
     data: bytes
+    #: its ``Nats-Global-Seq`` header (publish --global-order), None without one
+    global_seq: int | None = None
 
 
 async def read_stream(
@@ -112,6 +114,7 @@ async def read_stream(
                         h.get("Nats-Msg-Id", ""),
                         message_key(h) or "",
                         m.data,
+                        int(h["Nats-Global-Seq"]) if "Nats-Global-Seq" in h else None,
                     )
                 )
     finally:

@@ -15,10 +15,13 @@ from explore.checker import (  # noqa: E402
     AppliedRecord,
     DrainClaim,
     Facts,
+    GlobalStored,
+    Handover,
     InputRecord,
     LagClaim,
     MemberExit,
     PublishReport,
+    ReaderRun,
     StoredRecord,
     check,
 )
@@ -196,6 +199,129 @@ def test_a_member_that_exits_on_its_own_breaks_member_exit():
     assert check(f, skip=frozenset({"member-startup-exit"})) == []
 
 
+def global_clean() -> Facts:
+    """--global-order (the clean history's stream, its replay aside): the stored records
+    carry global sequences 1, 2, 4, 5, 6 (3 was stamped on a record a killed publisher never
+    stored). Reader r1 hands over 1, 2, 4 and is killed having written position 2; r2
+    resumes after 2 and hands over 4 again, then 5 and 6."""
+    f = clean()
+    f.global_stored = [
+        GlobalStored(seq, gid, g) for seq, gid, g in [(1, 1, 1), (2, 2, 2), (3, 4, 4), (4, 3, 5)]
+    ]
+    f.global_stored.append(GlobalStored(5, 5, 6))
+    f.handed = [
+        Handover(row, reader, g, seq, gid)
+        for row, (reader, g, seq, gid) in enumerate(
+            [
+                ("r1", 1, 1, 1),
+                ("r1", 2, 2, 2),
+                ("r1", 4, 3, 4),
+                ("r2", 4, 3, 4),
+                ("r2", 5, 4, 3),
+                ("r2", 6, 5, 5),
+            ],
+            1,
+        )
+    ]
+    f.readers = [
+        ReaderRun(20, "r1", 0, -9, killed=True),
+        ReaderRun(21, "r2", 2, 0, leaving=True),
+    ]
+    return f
+
+
+def gnames(f: Facts) -> list[str]:
+    return [v.invariant for v in check(f)]
+
+
+def test_a_clean_global_history_with_a_restart_has_no_violation():
+    assert check(global_clean()) == []
+
+
+def test_a_reader_out_of_global_order_breaks_global_order():
+    f = global_clean()
+    f.handed[1], f.handed[2] = (  # r1: 1, 4, 2
+        Handover(2, "r1", 4, 3, 4),
+        Handover(3, "r1", 2, 2, 2),
+    )
+    found = check(f)
+    assert [v.invariant for v in found] == ["global-order", "global-order"]
+    assert "passing over stored records" in found[0].message
+    assert "again or backwards" in found[1].message
+
+
+def test_a_reader_passing_over_a_stored_record_breaks_global_order():
+    f = global_clean()
+    del f.handed[4]  # r2 hands over 4 then 6: gseq 5 (seq 4) passed over (and never handed)
+    assert gnames(f) == ["global-order", "global-complete"]
+    assert "the next stored is 5" in check(f)[0].message
+    # passed over by r2 although r1 had handed it over: still out of order
+    f.handed.insert(3, Handover(3, "r1", 5, 4, 3))
+    f.handed[4:] = [Handover(4, "r2", 4, 3, 4), Handover(5, "r2", 6, 5, 5)]
+    f.readers[1] = ReaderRun(21, "r2", 2, 0, leaving=True)
+    assert gnames(f) == ["global-order"]
+
+
+def test_a_restart_beyond_what_was_handed_over_breaks_global_order():
+    f = global_clean()
+    # r2 claims to resume after 4 (never written: r1 handed over up to 4 only... then 5)
+    f.readers[1] = ReaderRun(21, "r2", 5, 0, leaving=True)
+    assert "global-order" in gnames(f)
+    f = global_clean()
+    f.readers[1] = ReaderRun(21, "r2", 1, 0, leaving=True)  # resumes after 1, starts at 4
+    assert gnames(f) == ["global-order"]
+    assert "first handed over global sequence 4" in check(f)[0].message
+
+
+def test_a_record_never_handed_over_breaks_global_complete():
+    f = global_clean()
+    f.handed = f.handed[:-1]
+    assert gnames(f) == ["global-complete"]
+    assert "never handed over" in check(f)[0].message
+
+
+def test_a_handed_over_record_that_is_not_the_stored_one_breaks_global_complete():
+    f = global_clean()
+    f.handed[4] = Handover(5, "r2", 5, 4, 2)  # the stream holds gid 3 at seq 4
+    assert gnames(f) == ["global-complete"]
+    f = global_clean()
+    f.global_stored.append(GlobalStored(6, 4, None))  # a record without a global sequence
+    f.global_stored.append(GlobalStored(7, 1, 6))  # a global sequence carried twice
+    found = check(f)
+    assert {v.invariant for v in found} == {"global-complete"}
+    assert any("no global sequence" in v.message for v in found)
+    assert any("carried by 2 stored records" in v.message for v in found)
+
+
+def test_a_global_drain_before_everything_was_handed_over_breaks_global_drained():
+    f = global_clean()
+    f.global_drains = [DrainClaim(30, high_water=3, applied_upto=3)]  # seqs 1-3: rows 1-3
+    assert check(f) == []
+    f.global_drains.append(DrainClaim(31, high_water=4, applied_upto=3))  # seq 4: row 5
+    found = check(f)
+    assert [v.invariant for v in found] == ["global-drained"]
+    assert "global drain #31" in found[0].message and "seqs [4]" in found[0].message
+
+
+def test_a_reader_that_exits_unbidden_breaks_global_reader_exit():
+    f = global_clean()
+    fenced = "error: ... position on stream EXPLORE was taken over by another reader ..."
+    f.readers += [
+        ReaderRun(22, "r3", 6, 3, superseded=True, tail=fenced),  # fenced: documented
+        ReaderRun(23, "r4", None, 2),  # refused to start: documented
+        ReaderRun(24, "r5", 6, 3, superseded=True, leaving=True, tail=fenced),
+    ]
+    assert check(f) == []
+    f.readers.append(ReaderRun(25, "r6", 6, 3, tail="a record outside the global order"))
+    f.readers.append(ReaderRun(26, "r7", None, -15, leaving=True))  # SIGTERM while starting
+    f.readers.append(ReaderRun(27, "r8", 6, 3, tail=fenced))  # "fenced", but nobody newer
+    found = check(f)
+    assert [v.invariant for v in found] == ["global-reader-exit"] * 3
+    assert "#25 global reader r6 exited 3 on its own" in found[0].message
+    assert "exited -15 after SIGTERM while starting" in found[1].message
+    assert "#27" in found[2].message
+
+
 def test_a_repartition_left_interrupted_breaks_layout_complete():
     f = clean()
     assert check(f) == []
@@ -284,6 +410,10 @@ def test_every_invariant_is_shown_failing_above():
         "layout-complete",
         "liveness",
         "no-permission-violation",
+        "global-order",
+        "global-complete",
+        "global-drained",
+        "global-reader-exit",
     }
     assert tested == set(INVARIANTS)
 
