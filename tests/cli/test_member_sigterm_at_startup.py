@@ -29,6 +29,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 from locations import TESTS
 
 CLI = [sys.executable, "-m", "airflow_nats_ordered.cli"]
@@ -72,7 +73,18 @@ def _wait_catching(pid: int, sig: int, timeout: float = 60) -> None:
     raise AssertionError(f"process {pid} did not catch signal {sig} within {timeout:.0f} s")
 
 
-def test_a_worker_sigterm_during_startup_leaves_with_exit_0(unique_name):
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["worker", "--lease-ttl", "2", "--member-id", "m1"],
+        # found by the explorer's --global-order mode: the reader documents "SIGTERM:
+        # finish the record in hand, write the position and exit 0", and died by the
+        # signal (-15) until its own handlers were installed
+        ["global-read", "--member-id", "r1"],
+    ],
+    ids=["worker", "global-read"],
+)
+def test_a_member_sigterm_during_startup_leaves_with_exit_0(unique_name, command):
     # a server that accepts the connection and never answers: the worker stays in its
     # start-up (connecting), before it installs its own handlers, for as long as the test
     # needs; the signal goes once the CLI catches SIGTERM. Before the fix nothing caught it
@@ -82,7 +94,12 @@ def test_a_worker_sigterm_during_startup_leaves_with_exit_0(unique_name):
     with socket.create_server(("127.0.0.1", 0)) as silent:
         url = f"nats://127.0.0.1:{silent.getsockname()[1]}"
         proc = subprocess.Popen(
-            [*CLI, "worker", *_member_flags(url, unique_name), "--member-id", "m1"],
+            [
+                *CLI,
+                command[0],
+                *("--stream", unique_name, "--group", "g", "--handler", "chaos_handlers:ignore"),
+                *("--server", url, *command[1:]),
+            ],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             env=_env(),
