@@ -89,8 +89,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workdir", type=Path, help="keep every run's files here")
     ap.add_argument("--keep", action="store_true", help="keep the work dirs of passing seeds")
     args = ap.parse_args(argv)
-    if args.global_order and args.least_privilege:
-        raise SystemExit("--global-order with --least-privilege is not supported yet")
     seeds = list(args.seed or [])
     if args.seeds:
         seeds += [int(s) for s in args.seeds.split(",") if s.strip()]

@@ -74,6 +74,10 @@ OP_USERS: dict[str, str] = {
     "final-drain": "watcher",
     "status": "watcher",  # ``status --group``; ``group list`` runs as ``operator``
     "group-list": "operator",
+    # --global-order: the reader of group gg, and the watcher of gg for its drains
+    "global-read-join": "reader",
+    "global-drain": "watcher_gg",
+    "final-global-drain": "watcher_gg",
 }
 
 #: user -> (role, with the group?)
@@ -84,6 +88,8 @@ USERS: dict[str, tuple[str, bool]] = {
     "operator": ("operator", False),
     "watcher": ("watcher", True),
 }
+#: with ``--global-order``, also: user -> role, with the global-order readers' group
+GLOBAL_USERS: dict[str, str] = {"reader": "reader", "watcher_gg": "watcher"}
 
 #: what the server logs for each refusal it sends: ``[ERR] ... - "ACCOUNT/user:NAME" - Publish
 #: Violation - Subject "SUBJ"`` (or ``Subscription Violation``); the client is sent
@@ -103,10 +109,13 @@ class Accounts:
     """The users of one least-privilege run: their passwords (random, per run) and the
     server config block."""
 
-    def __init__(self, stream: str, group: str) -> None:
+    def __init__(self, stream: str, group: str, global_group: str | None = None) -> None:
         self.stream = stream
         self.group = group
-        self.passwords = {u: secrets.token_hex(12) for u in [*USERS, ADMIN]}
+        #: the global-order readers' group (``--global-order``), else None
+        self.global_group = global_group
+        users = [*USERS, *(GLOBAL_USERS if global_group else ()), ADMIN]
+        self.passwords = {u: secrets.token_hex(12) for u in users}
 
     def server_env(self) -> dict[str, str]:
         """The variables the server reads the passwords from (``$<USER>_PASSWORD``)."""
@@ -123,6 +132,11 @@ class Accounts:
             permissions_for(role, self.stream, self.group if grouped else None).to_conf(user)
             for user, (role, grouped) in USERS.items()
         ]
+        if self.global_group:
+            entries += [
+                permissions_for(role, self.stream, self.global_group).to_conf(user)
+                for user, role in GLOBAL_USERS.items()
+            ]
         entries.append(f"{{ user: {ADMIN}, password: ${password_variable(ADMIN)} }}")
         users = "\n".join(_indent(e, 6) for e in entries)
         return (
@@ -161,7 +175,7 @@ def wrong_users(conns: Iterable[tuple[str, str]]) -> list[str]:
     return [
         f"a process connected as {user or 'nobody'!r}, not its role's user (connection {name!r})"
         for name, user in conns
-        if name.startswith("nats-ordered") and user not in USERS
+        if name.startswith("nats-ordered") and user not in USERS and user not in GLOBAL_USERS
     ]
 
 

@@ -176,7 +176,11 @@ class Explorer:
         for name in ("NATS_USER", "NATS_PASSWORD", "NATS_TOKEN", "NATS_CREDS", "NATS_NKEY"):
             env.pop(name, None)
         self.procs = Processes(self.history, opts.workdir, env)
-        self.accounts = Accounts(STREAM, GROUP) if opts.least_privilege else None
+        self.accounts = (
+            Accounts(STREAM, GROUP, GLOBAL_GROUP if opts.global_order else None)
+            if opts.least_privilege
+            else None
+        )
         self._server_env: list[str] = []  # the password variables set for the server
         self._conn_sampled = 0.0  # when the server's connections were last listed
         self.users_seen: Counter[str] = Counter()  # connections seen per user
