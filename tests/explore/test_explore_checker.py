@@ -361,7 +361,7 @@ def test_a_refused_permission_breaks_no_permission_violation(tmp_path):
 
 def test_the_least_privilege_config_gives_each_user_its_role():
     from airflow_nats_ordered.core.admin.permissions import permissions_for
-    from explore.privilege import OP_USERS, USERS, Accounts
+    from explore.privilege import GLOBAL_USERS, OP_USERS, USERS, Accounts
 
     accounts = Accounts("EXPLORE", "g")
     conf = accounts.config()
@@ -376,9 +376,28 @@ def test_the_least_privilege_config_gives_each_user_its_role():
         "NATS_USER": "worker",
         "NATS_PASSWORD": accounts.passwords["worker"],
     }
-    assert set(OP_USERS.values()) == set(USERS)  # each user serves an operation
+    assert set(OP_USERS.values()) == {*USERS, *GLOBAL_USERS}  # each user serves an operation
     assert OP_USERS["worker-join"] == OP_USERS["pool-join"] == "worker"
     assert OP_USERS["publish"] == OP_USERS["run"] == "publisher"
+    assert not set(GLOBAL_USERS) & set(accounts.passwords)  # only with --global-order
+
+
+def test_with_global_order_the_readers_and_their_watcher_get_the_readers_group():
+    from airflow_nats_ordered.core.admin.permissions import permissions_for
+    from explore.privilege import GLOBAL_USERS, OP_USERS, USERS, Accounts
+
+    accounts = Accounts("EXPLORE", "g", "gg")
+    conf = "\n".join(line[6:] for line in accounts.config().splitlines())
+    for user, role in GLOBAL_USERS.items():
+        assert permissions_for(role, "EXPLORE", "gg").to_conf(user) in conf
+        assert permissions_for(role, "EXPLORE", "g").to_conf(user) not in conf
+    for user, (role, grouped) in USERS.items():  # the others unchanged
+        assert permissions_for(role, "EXPLORE", "g" if grouped else None).to_conf(user) in conf
+    assert set(accounts.server_env()) == {
+        f"{u.upper()}_PASSWORD" for u in [*USERS, *GLOBAL_USERS, "admin"]
+    }
+    assert OP_USERS["global-read-join"] == "reader"
+    assert OP_USERS["global-drain"] == OP_USERS["final-global-drain"] == "watcher_gg"
 
 
 def test_a_process_connected_as_the_admin_is_reported():
