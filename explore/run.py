@@ -380,10 +380,16 @@ class Explorer:
                 prod.complete = True
         if cmd.op in ("global-drain", "final-global-drain") and cmd.exit_code == 0:
             self.global_drains.append(
-                DrainClaim(cmd.id, int(cmd.info["high_water"]), self._last_handover())
+                DrainClaim(
+                    cmd.id,
+                    int(cmd.info["high_water"]),
+                    self._last_row(self.global_sink, "handovers"),
+                )
             )
         if cmd.op in ("drain", "final-drain") and cmd.exit_code == 0:
-            self.drains.append(DrainClaim(cmd.id, int(cmd.info["high_water"]), self._last_event()))
+            self.drains.append(
+                DrainClaim(cmd.id, int(cmd.info["high_water"]), self._last_row(self.sink, "events"))
+            )
 
     # ------------------------------------------------------------------ operations
     def _launch(
@@ -925,27 +931,24 @@ class Explorer:
         info = await nc.jetstream().stream_info(STREAM)
         return int(info.state.last_seq)
 
-    def _last_handover(self) -> int:
-        with sqlite3.connect(self.global_sink, timeout=60) as db:
-            return int(db.execute("SELECT COALESCE(MAX(id), 0) FROM handovers").fetchone()[0])
-
-    def _last_event(self) -> int:
-        with sqlite3.connect(self.sink, timeout=60) as db:
-            return int(db.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0])
+    @staticmethod
+    def _last_row(path: Path, table: str) -> int:
+        """The id of the last row of ``table`` (the sink's ``events``, the global readers'
+        ``handovers``); 0 when empty."""
+        with sqlite3.connect(path, timeout=60) as db:
+            return int(db.execute(f"SELECT COALESCE(MAX(id), 0) FROM {table}").fetchone()[0])
 
     def _facts(self) -> Facts:
         stored_raw = self._nats(lambda nc: read_stream(nc, STREAM, patience=60.0), 300.0)
         if stored_raw is None:
             raise RuntimeError("could not read the stream back")
-        stored = [
-            StoredRecord(
-                s.seq, s.subject, int(json.loads(s.data)["i"]), s.msg_id.startswith("replay-")
-            )
-            for s in stored_raw
-        ]
-        global_stored = [
-            GlobalStored(s.seq, int(json.loads(s.data)["i"]), s.global_seq) for s in stored_raw
-        ]
+        stored: list[StoredRecord] = []
+        global_stored: list[GlobalStored] = []  # with --global-order only
+        for s in stored_raw:
+            i = int(json.loads(s.data)["i"])
+            stored.append(StoredRecord(s.seq, s.subject, i, s.msg_id.startswith("replay-")))
+            if self.o.global_order:
+                global_stored.append(GlobalStored(s.seq, i, s.global_seq))
         with sqlite3.connect(self.global_sink, timeout=60) as db:
             handed = [
                 Handover(int(row), str(reader), int(g), int(seq), int(i))
@@ -1011,7 +1014,7 @@ class Explorer:
             liveness=self.liveness,
             layout_pending=self._layout_pending(),
             denials=self._denials(),
-            global_stored=global_stored if self.o.global_order else [],
+            global_stored=global_stored,
             handed=handed,
             readers=self._readers(),
             global_drains=self.global_drains,
